@@ -1,0 +1,1 @@
+"""Hearth's desktop app: wiring, the engine worker thread, stores, and the Qt UI."""

@@ -1,0 +1,1 @@
+"""Qt widgets: thin views that render state and emit intents."""

@@ -1,0 +1,1 @@
+"""Compute backends behind one contract (see base.py): NumPy reference, C kernels, MLX."""

@@ -1,0 +1,275 @@
+"""A validating, memory-mapped GGUF reader.
+
+Every count, length, dimension, type and offset in the file is checked against the file's size before it
+is used, so a malformed or hostile file raises ``ModelFormatError`` with a one-line message instead of
+crashing, hanging or allocating without bound. Tensor data is never copied: tensors are views into a
+read-only memory map. Type tables (block sizes) come from the ``gguf`` package.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import mmap
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+GGUF_MAGIC = b"GGUF"
+SUPPORTED_VERSIONS = (2, 3)
+MAX_DIMS = 4
+MAX_ALIGNMENT = 1 << 16
+MAX_ARRAY_DEPTH = 1  # an array of arrays is refused; no model uses one
+
+# GGUF value types: id -> (struct format, size); strings (8) and arrays (9) are handled separately.
+_SCALAR_TYPES = {
+    0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
+    6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8),
+}
+_NUMPY_TYPES = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32,
+                6: np.float32, 7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
+_STRING, _ARRAY = 8, 9
+_MIN_KV_BYTES = 8 + 4 + 1  # empty key length, value type, smallest value
+_MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # name length, n_dims, type, offset
+
+
+class ModelFormatError(ValueError):
+    """The file is not a valid GGUF model; the message names the problem in one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lives in the file. ``shape`` is in GGML order: ``shape[0]`` is the row length."""
+
+    name: str
+    shape: tuple[int, ...]
+    qtype: GGMLQuantizationType
+    offset: int  # absolute byte offset in the file
+    nbytes: int
+
+    @property
+    def n_elements(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads from a buffer."""
+
+    def __init__(self, buf: mmap.mmap | bytes, size: int):
+        self.buf, self.size, self.pos = buf, size, 0
+
+    def need(self, n: int, what: str) -> None:
+        if n < 0 or self.pos + n > self.size:
+            raise ModelFormatError(f"{what} runs past the end of the file (needs {n} bytes at offset {self.pos}, file has {self.size})")
+
+    def scalar(self, fmt: str, size: int, what: str) -> Any:
+        self.need(size, what)
+        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += size
+        return value
+
+    def u32(self, what: str) -> int:
+        return self.scalar("<I", 4, what)
+
+    def u64(self, what: str) -> int:
+        return self.scalar("<Q", 8, what)
+
+    def string(self, what: str) -> str:
+        n = self.u64(f"length of {what}")
+        self.need(n, what)
+        raw = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ModelFormatError(f"{what} is not valid UTF-8 ({e.reason} at byte {e.start})") from None
+
+
+class GGUFFile:
+    """A parsed GGUF file: ``metadata`` (key -> value), ``tensors`` (name -> TensorInfo) and tensor views."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        try:
+            self._file = open(self.path, "rb")
+        except OSError as e:
+            raise ModelFormatError(f"cannot open {self.path}: {e.strerror}") from None
+        try:
+            self.file_size = os.fstat(self._file.fileno()).st_size
+            if self.file_size < 24:
+                raise ModelFormatError(f"file is too small to be GGUF ({self.file_size} bytes)")
+            self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+            self._parse()
+        except BaseException:
+            self.close()
+            raise
+        self._array = np.frombuffer(self._map, dtype=np.uint8)
+
+    # -- parsing ---------------------------------------------------------------------------------------
+    def _parse(self) -> None:
+        cur = _Cursor(self._map, self.file_size)
+        magic = bytes(self._map[0:4])
+        if magic != GGUF_MAGIC:
+            raise ModelFormatError(f"not a GGUF file (magic {magic!r}, expected b'GGUF')")
+        cur.pos = 4
+        self.version = cur.u32("version")
+        if self.version not in SUPPORTED_VERSIONS:
+            if struct.unpack("<I", struct.pack(">I", self.version))[0] in SUPPORTED_VERSIONS:
+                raise ModelFormatError("big-endian GGUF files are not supported")
+            raise ModelFormatError(f"unsupported GGUF version {self.version} (supported: 2, 3)")
+        n_tensors = cur.u64("tensor count")
+        n_kv = cur.u64("metadata count")
+        remaining = self.file_size - cur.pos
+        if n_kv > remaining // _MIN_KV_BYTES:
+            raise ModelFormatError(f"metadata count {n_kv} is impossible for a file of {self.file_size} bytes")
+        if n_tensors > remaining // _MIN_TENSOR_INFO_BYTES:
+            raise ModelFormatError(f"tensor count {n_tensors} is impossible for a file of {self.file_size} bytes")
+        self.metadata = self._read_metadata(cur, n_kv)
+        self.alignment = self._alignment()
+        infos = [self._read_tensor_info(cur, i) for i in range(n_tensors)]
+        self.data_offset = -(-cur.pos // self.alignment) * self.alignment
+        self.tensors = self._place_tensors(infos)
+
+    def _read_metadata(self, cur: _Cursor, n_kv: int) -> dict[str, Any]:
+        metadata: dict[str, Any] = {}
+        for i in range(n_kv):
+            key = cur.string(f"metadata key #{i}")
+            if not key:
+                raise ModelFormatError(f"metadata key #{i} is empty")
+            if key in metadata:
+                raise ModelFormatError(f"metadata key {key!r} appears twice")
+            vtype = cur.u32(f"type of {key!r}")
+            metadata[key] = self._read_value(cur, vtype, key, depth=0)
+        return metadata
+
+    def _read_value(self, cur: _Cursor, vtype: int, key: str, depth: int) -> Any:
+        if vtype in _SCALAR_TYPES:
+            fmt, size = _SCALAR_TYPES[vtype]
+            return cur.scalar(fmt, size, f"value of {key!r}")
+        if vtype == _STRING:
+            return cur.string(f"value of {key!r}")
+        if vtype != _ARRAY:
+            raise ModelFormatError(f"metadata {key!r} has invalid value type {vtype}")
+        if depth >= MAX_ARRAY_DEPTH:
+            raise ModelFormatError(f"metadata {key!r} is a nested array, which is not supported")
+        etype = cur.u32(f"element type of {key!r}")
+        count = cur.u64(f"length of {key!r}")
+        if etype in _SCALAR_TYPES:
+            size = _SCALAR_TYPES[etype][1]
+            if count > (self.file_size - cur.pos) // size:
+                raise ModelFormatError(f"array {key!r} of {count} elements runs past the end of the file")
+            values = np.frombuffer(self._map, dtype=_NUMPY_TYPES[etype], count=count, offset=cur.pos).copy()
+            cur.pos += count * size
+            return values
+        if etype == _STRING:
+            if count > (self.file_size - cur.pos) // 8:
+                raise ModelFormatError(f"array {key!r} of {count} strings runs past the end of the file")
+            return [cur.string(f"element {j} of {key!r}") for j in range(count)]
+        if etype == _ARRAY:
+            raise ModelFormatError(f"metadata {key!r} is a nested array, which is not supported")
+        raise ModelFormatError(f"array {key!r} has invalid element type {etype}")
+
+    def _alignment(self) -> int:
+        value = self.metadata.get("general.alignment", 32)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ModelFormatError("general.alignment must be an integer")
+        if value <= 0 or value & (value - 1) or value > MAX_ALIGNMENT:
+            raise ModelFormatError(f"general.alignment {value} is not a power of two up to {MAX_ALIGNMENT}")
+        return value
+
+    def _read_tensor_info(self, cur: _Cursor, i: int) -> tuple[str, tuple[int, ...], GGMLQuantizationType, int, int]:
+        name = cur.string(f"name of tensor #{i}")
+        n_dims = cur.u32(f"dimension count of {name!r}")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise ModelFormatError(f"tensor {name!r} has {n_dims} dimensions (1 to {MAX_DIMS} allowed)")
+        shape = tuple(cur.u64(f"dimension {d} of {name!r}") for d in range(n_dims))
+        raw_type = cur.u32(f"type of {name!r}")
+        offset = cur.u64(f"offset of {name!r}")
+        try:
+            qtype = GGMLQuantizationType(raw_type)
+            block_size, type_size = GGML_QUANT_SIZES[qtype]
+        except (ValueError, KeyError):
+            raise ModelFormatError(f"tensor {name!r} has unknown type {raw_type}") from None
+        n_elements = 1
+        for d in shape:
+            if d == 0:
+                raise ModelFormatError(f"tensor {name!r} has a zero dimension {shape}")
+            n_elements *= d
+            if n_elements >= 1 << 62:
+                raise ModelFormatError(f"tensor {name!r} has an overflowing shape {shape}")
+        if shape[0] % block_size:
+            raise ModelFormatError(f"tensor {name!r}: row length {shape[0]} is not a multiple of the {qtype.name} block size {block_size}")
+        nbytes = n_elements // block_size * type_size
+        return name, shape, qtype, offset, nbytes
+
+    def _place_tensors(self, infos: list) -> dict[str, TensorInfo]:
+        tensors: dict[str, TensorInfo] = {}
+        for name, shape, qtype, offset, nbytes in infos:
+            if name in tensors:
+                raise ModelFormatError(f"tensor name {name!r} appears twice")
+            if offset % self.alignment:
+                raise ModelFormatError(f"tensor {name!r} offset {offset} is not aligned to {self.alignment}")
+            start = self.data_offset + offset
+            if start + nbytes > self.file_size:
+                raise ModelFormatError(f"tensor {name!r} ends past the end of the file (truncated or bad offset)")
+            tensors[name] = TensorInfo(name, shape, qtype, start, nbytes)
+        ordered = sorted(tensors.values(), key=lambda t: t.offset)
+        for a, b in zip(ordered, ordered[1:]):
+            if a.offset + a.nbytes > b.offset:
+                raise ModelFormatError(f"tensors {a.name!r} and {b.name!r} overlap in the file")
+        return tensors
+
+    # -- access ----------------------------------------------------------------------------------------
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor's bytes as a read-only uint8 view, shaped (rows, bytes_per_row)."""
+        info = self.tensor(name)
+        block_size, type_size = GGML_QUANT_SIZES[info.qtype]
+        row_bytes = info.shape[0] // block_size * type_size
+        flat = self._array[info.offset:info.offset + info.nbytes]
+        return flat.reshape(info.nbytes // row_bytes, row_bytes)
+
+    def tensor(self, name: str) -> TensorInfo:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise ModelFormatError(f"the model has no tensor {name!r}") from None
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = dataclasses.MISSING) -> Any:
+        """A metadata value checked against ``kind``; missing keys give ``default`` or raise."""
+        if key not in self.metadata:
+            if default is dataclasses.MISSING:
+                raise ModelFormatError(f"the model's metadata has no {key!r}")
+            return default
+        value = self.metadata[key]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if int in kinds and isinstance(value, bool) and bool not in kinds:
+            raise ModelFormatError(f"metadata {key!r} should be an integer, not a boolean")
+        if not isinstance(value, kinds):
+            names = "/".join(k.__name__ for k in kinds)
+            raise ModelFormatError(f"metadata {key!r} should be {names}, not {type(value).__name__}")
+        return value
+
+    def close(self) -> None:
+        self._array = None
+        if getattr(self, "_map", None) is not None:
+            try:
+                self._map.close()
+            except BufferError:
+                pass  # numpy views still alive; the map is released when they are
+        self._file.close()
+
+    def __enter__(self) -> GGUFFile:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_gguf(path: str | os.PathLike) -> GGUFFile:
+    """Open and validate a GGUF file. Raises ``ModelFormatError`` for anything malformed."""
+    return GGUFFile(path)

@@ -1,0 +1,245 @@
+"""The NumPy reference backend: one float32 decoder for every architecture, read from ModelConfig.
+
+Weights are dequantized to float32 once at load with the gguf package (simple and exact, at the cost of
+4 bytes per parameter). The C backend subclasses this decoder and replaces the matrix products and
+attention with kernels that work on the packed GGUF blocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+
+from ..config import ModelConfig
+from ..gguf_file import GGUFFile
+from ..kv_cache import NumpyKVCache
+from ..model_tensors import layer_tensor_names, output_tensor_name
+from .base import Backend, KVCache, MemoryStats
+
+PREFILL_CHUNK = 512  # tokens per forward chunk: bounds the (heads, chunk, n_past) score matrix
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """Normalise the last axis to unit root-mean-square, then scale by ``weight``."""
+    variance = np.mean(np.square(x), axis=-1, keepdims=True, dtype=np.float32)
+    return x * (1.0 / np.sqrt(variance + eps)) * weight
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(np.float32(0.7978845608028654) * (x + np.float32(0.044715) * x * x * x)))
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
+
+
+def rope_inv_freq(config: ModelConfig, base: float, freq_factors: np.ndarray | None) -> np.ndarray:
+    """Inverse frequencies, shape (rope_dim // 2,), divided by per-dimension factors when the model has them."""
+    inv_freq = base ** (-np.arange(0, config.rope_dim, 2, dtype=np.float64) / config.rope_dim)
+    if freq_factors is not None:
+        inv_freq = inv_freq / freq_factors.astype(np.float64)
+    return (inv_freq / config.rope_scale).astype(np.float64)
+
+
+def apply_rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, neox: bool) -> np.ndarray:
+    """Rotate the first ``2 * len(inv_freq)`` dims of ``x`` (n, heads, head_dim) by position."""
+    angles = positions[:, None].astype(np.float64) * inv_freq[None, :]  # (n, rope_dim/2)
+    cos = np.cos(angles).astype(np.float32)[:, None, :]
+    sin = np.sin(angles).astype(np.float32)[:, None, :]
+    rope_dim = 2 * inv_freq.shape[0]
+    out = x.copy()
+    if neox:
+        half = rope_dim // 2
+        x1, x2 = x[..., :half], x[..., half:rope_dim]
+        out[..., :half] = x1 * cos - x2 * sin
+        out[..., half:rope_dim] = x2 * cos + x1 * sin
+    else:
+        x1, x2 = x[..., 0:rope_dim:2], x[..., 1:rope_dim:2]
+        out[..., 0:rope_dim:2] = x1 * cos - x2 * sin
+        out[..., 1:rope_dim:2] = x2 * cos + x1 * sin
+    return out
+
+
+def attention_mask(q_pos: np.ndarray, k_len: int, window: int) -> np.ndarray:
+    """Additive mask (n, k_len): causal, and limited to the last ``window`` positions when window > 0."""
+    k_pos = np.arange(k_len)[None, :]
+    allowed = k_pos <= q_pos[:, None]
+    if window > 0:
+        allowed &= (q_pos[:, None] - k_pos) < window
+    return np.where(allowed, np.float32(0.0), np.float32(-np.inf))
+
+
+@dataclasses.dataclass
+class Layer:
+    """One decoder block's weights; matrices are whatever the backend's ``matmul`` takes."""
+
+    attn_norm: np.ndarray  # (n_embd,)
+    wq: Any  # (n_heads * head_dim, n_embd)
+    wk: Any  # (n_kv_heads * head_dim, n_embd)
+    wv: Any  # (n_kv_heads * v_head_dim, n_embd)
+    wo: Any  # (n_embd, n_heads * v_head_dim)
+    ffn_norm: np.ndarray
+    w_gate: Any  # (n_ff, n_embd)
+    w_up: Any  # (n_ff, n_embd)
+    w_down: Any  # (n_embd, n_ff)
+    bq: np.ndarray | None = None
+    bk: np.ndarray | None = None
+    bv: np.ndarray | None = None
+    q_norm: np.ndarray | None = None  # (head_dim,)
+    k_norm: np.ndarray | None = None
+    post_attn_norm: np.ndarray | None = None
+    post_ffn_norm: np.ndarray | None = None
+
+
+class NumpyBackend(Backend):
+    """Reference decoder in float32 NumPy. Subclasses override ``load_matrix`` and ``matmul``."""
+
+    name = "numpy"
+
+    def __init__(self, gguf: GGUFFile, config: ModelConfig):
+        self.gguf, self.config = gguf, config
+        self.layers = [self._load_layer(i) for i in range(config.n_layers)]
+        self.output_norm = self.load_vector("output_norm.weight")
+        self.token_embd = gguf.raw("token_embd.weight")  # packed rows, dequantized on lookup
+        self.token_embd_type = gguf.tensor("token_embd.weight").qtype
+        self.output = self.load_matrix(output_tensor_name(gguf, config))
+        freq_factors = self.load_vector("rope_freqs.weight") if config.has_rope_freqs else None
+        self.inv_freq = {base: rope_inv_freq(config, base, freq_factors)
+                         for base in {config.layer_rope_base(i) for i in range(config.n_layers)}}
+        self.activation = ACTIVATIONS[config.activation]
+
+    # -- weights: overridden by backends that keep the packed blocks ----------------------------------
+    def load_matrix(self, name: str) -> Any:
+        """A weight matrix in the form ``matmul`` takes; here dequantized float32 (rows, cols)."""
+        return dequantize(self.gguf.raw(name), self.gguf.tensor(name).qtype).astype(np.float32, copy=False)
+
+    def matmul(self, x: np.ndarray, w: Any) -> np.ndarray:
+        """``x @ w.T`` for x (n, cols) float32 -> (n, rows)."""
+        return x @ w.T
+
+    def load_vector(self, name: str) -> np.ndarray:
+        info = self.gguf.tensor(name)
+        raw = self.gguf.raw(name)
+        if info.qtype == GGMLQuantizationType.F32:
+            return raw.view(np.float32).reshape(-1)
+        return dequantize(raw, info.qtype).astype(np.float32).reshape(-1)
+
+    def _load_layer(self, i: int) -> Layer:
+        names = layer_tensor_names(self.gguf, self.config, i)
+        matrices = {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"}
+        fields = {}
+        for field, name in names.items():
+            if name is None:
+                fields[field] = None
+            elif field in matrices:
+                fields[field] = self.load_matrix(name)
+            else:
+                fields[field] = self.load_vector(name)
+        return Layer(**fields)
+
+    def embed(self, tokens: np.ndarray) -> np.ndarray:
+        """Embedding rows for ``tokens``, scaled as the architecture asks; (n, n_embd) float32."""
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= self.config.n_vocab):
+            raise ValueError(f"token id out of range 0..{self.config.n_vocab - 1}")
+        rows = dequantize(self.token_embd[tokens], self.token_embd_type).astype(np.float32)
+        if self.config.embed_scale != 1.0:
+            rows *= np.float32(self.config.embed_scale)
+        return rows
+
+    # -- the decoder --------------------------------------------------------------------------------
+    def new_cache(self, n_ctx: int) -> KVCache:
+        return NumpyKVCache(self.config, n_ctx)
+
+    def forward(self, tokens: Sequence[int], cache: KVCache, all_logits: bool = False) -> np.ndarray:
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if tokens.size == 0:
+            raise ValueError("forward needs at least one token")
+        cache.reserve(tokens.size)
+        outputs = []
+        for start in range(0, tokens.size, PREFILL_CHUNK):
+            chunk = tokens[start:start + PREFILL_CHUNK]
+            hidden = self._forward_chunk(chunk, cache)
+            if all_logits:
+                outputs.append(self.logits(hidden))
+        if all_logits:
+            return np.concatenate(outputs)
+        return self.logits(hidden[-1:])[0]
+
+    def logits(self, hidden: np.ndarray) -> np.ndarray:
+        """Final norm and output projection of hidden states (n, n_embd) -> (n, n_vocab)."""
+        x = rms_norm(hidden, self.output_norm, self.config.rms_eps)
+        return self.matmul(np.ascontiguousarray(x, dtype=np.float32), self.output)
+
+    def _forward_chunk(self, tokens: np.ndarray, cache: NumpyKVCache) -> np.ndarray:
+        positions = np.arange(cache.n_past, cache.n_past + tokens.size)
+        x = self.embed(tokens)  # (n, n_embd)
+        for i, layer in enumerate(self.layers):
+            x = x + self._attention_block(i, layer, x, positions, cache)
+            x = x + self._ffn_block(layer, x)
+        cache.advance(tokens.size)
+        return x
+
+    def _attention_block(self, i: int, layer: Layer, x: np.ndarray, positions: np.ndarray, cache) -> np.ndarray:
+        c = self.config
+        n = x.shape[0]
+        h = np.ascontiguousarray(rms_norm(x, layer.attn_norm, c.rms_eps), dtype=np.float32)
+        q, k, v = self.matmul(h, layer.wq), self.matmul(h, layer.wk), self.matmul(h, layer.wv)
+        if layer.bq is not None:
+            q, k, v = q + layer.bq, k + layer.bk, v + layer.bv
+        q = q.reshape(n, c.n_heads, c.head_dim)
+        k = k.reshape(n, c.n_kv_heads, c.head_dim)
+        v = v.reshape(n, c.n_kv_heads, c.v_head_dim)
+        if layer.q_norm is not None:
+            q = rms_norm(q, layer.q_norm, c.rms_eps)
+            k = rms_norm(k, layer.k_norm, c.rms_eps)
+        inv_freq = self.inv_freq[c.layer_rope_base(i)]
+        q = apply_rope(q, positions, inv_freq, c.rope_neox)
+        k = apply_rope(k, positions, inv_freq, c.rope_neox)
+        cache.store(i, k.transpose(1, 0, 2), v.transpose(1, 0, 2))
+        window = c.sliding_window if c.is_sliding(i) else 0
+        out = self._attend(q, cache.keys[i], cache.values[i], positions, window)
+        out = self.matmul(np.ascontiguousarray(out), layer.wo)
+        if layer.post_attn_norm is not None:
+            out = rms_norm(out, layer.post_attn_norm, c.rms_eps)
+        return out
+
+    def _attend(self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, positions: np.ndarray, window: int) -> np.ndarray:
+        """Grouped-query attention of q (n, n_heads, head_dim) over the cache; returns (n, n_heads * v_head_dim)."""
+        c = self.config
+        n = q.shape[0]
+        k_len = int(positions[-1]) + 1
+        group = c.n_heads // c.n_kv_heads
+        qg = (q * np.float32(c.attn_scale)).transpose(1, 0, 2).reshape(c.n_kv_heads, group * n, c.head_dim)
+        scores = qg @ keys[:, :k_len].transpose(0, 2, 1)  # (n_kv_heads, group * n, k_len)
+        scores = scores.reshape(c.n_kv_heads, group, n, k_len) + attention_mask(positions, k_len, window)
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True)
+        out = scores.reshape(c.n_kv_heads, group * n, k_len) @ values[:, :k_len]  # (n_kv_heads, group * n, v_head_dim)
+        return out.reshape(c.n_heads, n, c.v_head_dim).transpose(1, 0, 2).reshape(n, c.n_heads * c.v_head_dim)
+
+    def _ffn_block(self, layer: Layer, x: np.ndarray) -> np.ndarray:
+        c = self.config
+        h = np.ascontiguousarray(rms_norm(x, layer.ffn_norm, c.rms_eps), dtype=np.float32)
+        act = self.activation(self.matmul(h, layer.w_gate)) * self.matmul(h, layer.w_up)
+        out = self.matmul(np.ascontiguousarray(act, dtype=np.float32), layer.w_down)
+        if layer.post_ffn_norm is not None:
+            out = rms_norm(out, layer.post_ffn_norm, c.rms_eps)
+        return out
+
+    def memory(self) -> MemoryStats:
+        weights = sum(getattr(w, "nbytes", 0) for layer in self.layers for w in vars(layer).values() if w is not None)
+        weights += self.output.nbytes + self.token_embd.nbytes
+        return MemoryStats(weights_bytes=weights, kv_cache_bytes=0)
+
+    def close(self) -> None:
+        self.layers = []
+        self.output = None

@@ -1,1 +1,46 @@
 """Compute backends behind one contract (see base.py): NumPy reference, C kernels, MLX."""
+
+from __future__ import annotations
+
+from ..config import ModelConfig
+from ..gguf_file import GGUFFile
+from .base import Backend
+
+BACKENDS = ("auto", "numpy", "cpu", "mlx")
+
+
+class BackendUnavailableError(RuntimeError):
+    """The requested backend cannot run on this machine; the message says why."""
+
+
+def create_backend(name: str, gguf: GGUFFile, config: ModelConfig) -> tuple[Backend, str | None]:
+    """Build the named backend. Returns the backend and a notice for the user when it fell back.
+
+    "auto" picks MLX on Apple Silicon with Metal, else the C kernels, else NumPy.
+    """
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r} (choose from {', '.join(BACKENDS)})")
+    if name in ("auto", "mlx"):
+        from . import platform_mlx
+        reason = platform_mlx.unavailable_reason(require_metal=name == "auto")
+        if reason is None:
+            from .mlx_backend import MlxBackend
+            return MlxBackend(gguf, config), None
+        if name == "mlx":
+            raise BackendUnavailableError(f"the MLX backend cannot run here: {reason}")
+    if name in ("auto", "cpu"):
+        try:
+            from .cpu import kernels
+        except ImportError as e:
+            kernels = None
+            reason = str(e)
+        else:
+            reason = kernels.UNAVAILABLE_REASON
+        if kernels is not None and kernels.AVAILABLE:
+            from .cpu.backend import CpuBackend
+            return CpuBackend(gguf, config), None
+        notice = f"The fast CPU kernels are not available ({reason}); using the slower NumPy backend."
+        from .numpy_backend import NumpyBackend
+        return NumpyBackend(gguf, config), notice
+    from .numpy_backend import NumpyBackend
+    return NumpyBackend(gguf, config), None

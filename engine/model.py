@@ -1,0 +1,173 @@
+"""Model: a loaded GGUF model with its tokenizer, chat template and backend; the engine's public face."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from .backends import create_backend
+from .chat_template import ChatTemplate
+from .config import ModelConfig
+from .context import fit_messages
+from .generate import GenerationEvent, prefill, stream_generate
+from .gguf_file import GGUFFile, read_gguf
+from .sampling import SamplingParams, make_sampler
+from .tokenizer import IncrementalDecoder, Tokenizer
+
+DEFAULT_N_CTX = 4096
+
+
+class Model:
+    """A model ready to tokenize, render chats and generate.
+
+    One sequence is kept alive between calls (its tokens and KV cache), so a follow-up prompt that
+    starts with the previous one only processes the new tokens. Not thread-safe, except ``cancel``.
+    """
+
+    def __init__(self, gguf: GGUFFile, backend: str = "auto", n_ctx: int | None = None):
+        self.gguf = gguf
+        self.path = gguf.path
+        self.config = ModelConfig.from_gguf(gguf)
+        self.tokenizer = Tokenizer.from_gguf(gguf)
+        self.notices: list[str] = []
+        self.backend, notice = create_backend(backend, gguf, self.config)
+        if notice:
+            self.notices.append(notice)
+        self.n_ctx = min(n_ctx or DEFAULT_N_CTX, self.config.n_ctx_train)
+        bos = self.tokenizer.token_text(self.tokenizer.bos_id) if self.tokenizer.bos_id is not None else ""
+        eos = self.tokenizer.token_text(self.tokenizer.eos_id) if self.tokenizer.eos_id is not None else ""
+        self.template, notice = ChatTemplate.for_model(gguf.metadata, bos_token=bos, eos_token=eos)
+        if notice:
+            self.notices.append(notice)
+        self._cache = None
+        self._tokens: list[int] = []  # the tokens whose keys and values are in self._cache
+        self._cancel = threading.Event()
+
+    @property
+    def name(self) -> str:
+        return self.gguf.get("general.name", str, self.path.stem)
+
+    # -- text ----------------------------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """Token ids of ``text`` with llama.cpp's semantics for BOS/EOS and special tokens."""
+        return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
+        """The chat template applied to ``messages`` (OpenAI-style role/content dicts)."""
+        return self.template.render(messages, add_generation_prompt=add_generation_prompt, **extra)
+
+    # -- compute -------------------------------------------------------------------------------------
+    def next_token_logits(self, ids: Sequence[int]) -> np.ndarray:
+        """float32 logits (n_vocab,) for the token after ``ids``, reusing the cached prefix."""
+        cached = self._reuse_prefix(list(ids))
+        logits = prefill(self.backend, self._cache, list(ids[cached:]) or [ids[-1]], 512)
+        self._tokens = list(ids)
+        return logits
+
+    def _reuse_prefix(self, ids: list[int]) -> int:
+        """Keep the longest cached prefix of ``ids`` (at least one token is always recomputed)."""
+        if not ids:
+            raise ValueError("at least one token is needed")
+        if len(ids) > self.n_ctx:
+            raise ValueError(f"{len(ids)} tokens do not fit the context of {self.n_ctx}")
+        if self._cache is None:
+            self._cache = self.backend.new_cache(self.n_ctx)
+        common = 0
+        for a, b in zip(self._tokens, ids[:-1]):
+            if a != b:
+                break
+            common += 1
+        self._cache.truncate(common)
+        self._tokens = self._tokens[:common]
+        return common
+
+    def generate(self, prompt: str | Sequence[int], max_tokens: int = 64, temperature: float = 0.0,
+                 top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0,
+                 presence_penalty: float = 0.0, frequency_penalty: float = 0.0, seed: int | None = None,
+                 stop: Sequence[str] = (), prefill_chunk: int = 512) -> Iterator[GenerationEvent]:
+        """Stream tokens after ``prompt``.
+
+        Args:
+            prompt: text (tokenized with add_special=True, parse_special=True) or token ids.
+            max_tokens: most tokens to generate.
+            temperature: 0 for greedy decoding.
+            top_k, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty: sampling filters.
+            seed: sampler seed; the same seed gives the same output.
+            stop: strings that end generation; they are not included in the text.
+            prefill_chunk: tokens per prefill step (``cancel`` is checked between steps).
+
+        Yields:
+            One GenerationEvent per token; the last has ``finish_reason``.
+        """
+        ids = self.tokenize(prompt, add_special=True, parse_special=True) if isinstance(prompt, str) else list(prompt)
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
+                                frequency_penalty=frequency_penalty, seed=seed)
+        yield from self.generate_ids(ids, params, max_tokens, stop, prefill_chunk)
+
+    def generate_ids(self, ids: list[int], params: SamplingParams, max_tokens: int, stop: Sequence[str] = (),
+                     prefill_chunk: int = 512) -> Iterator[GenerationEvent]:
+        """Like ``generate`` with a token prompt and ready-made sampling parameters."""
+        self._cancel.clear()
+        cached = self._reuse_prefix(ids)
+        self._tokens = list(ids)  # valid once prefill is done; on cancel the cache may hold less
+        try:
+            for event in stream_generate(self.backend, self._cache, ids, cached, make_sampler(params),
+                                         IncrementalDecoder(self.tokenizer), self.tokenizer.eog_ids, max_tokens,
+                                         stop, prefill_chunk, self._cancel):
+                self._tokens.append(event.id)
+                yield event
+        finally:
+            # the last token is not fed back, and a cancelled prefill leaves the cache short
+            self._tokens = self._tokens[:self._cache.n_past]
+
+    def chat(self, messages: list[dict], params: SamplingParams | None = None, max_tokens: int = 512,
+             overflow: str = "drop_oldest", stop: Sequence[str] = ()) -> tuple[int, Iterator[GenerationEvent]]:
+        """Render ``messages`` with the chat template and stream the reply.
+
+        Args:
+            overflow: "drop_oldest" keeps the system prompt and drops the oldest turns until the prompt fits
+                with room for the reply; "stop" raises ContextOverflowError instead.
+
+        Returns:
+            How many messages were dropped to fit, and the event stream.
+        """
+        reserve = min(max_tokens, self.n_ctx // 4)
+
+        def count(msgs: list[dict]) -> int:
+            return len(self.tokenize(self.render(msgs), add_special=True, parse_special=True))
+
+        kept, dropped = fit_messages(messages, count, self.n_ctx - reserve, overflow)
+        ids = self.tokenize(self.render(kept), add_special=True, parse_special=True)
+        return dropped, self.generate_ids(ids, params or SamplingParams(), max_tokens, stop)
+
+    def cancel(self) -> None:
+        """Stop the running generation at the next token or prefill chunk (safe from any thread)."""
+        self._cancel.set()
+
+    def close(self) -> None:
+        self.backend.close()
+        self._cache = None
+        self.gguf.close()
+
+
+def load(path: str | os.PathLike, backend: str = "auto", n_ctx: int | None = None) -> Model:
+    """Load a GGUF model.
+
+    Args:
+        path: the .gguf file.
+        backend: "auto", "numpy", "cpu" or "mlx".
+        n_ctx: context length in tokens (default 4096, capped at the model's training context).
+
+    Raises:
+        ModelFormatError: the file is not a valid or supported GGUF model.
+        BackendUnavailableError: the requested backend cannot run here.
+    """
+    return Model(read_gguf(Path(path)), backend=backend, n_ctx=n_ctx)

@@ -1,0 +1,207 @@
+"""The ``python -m engine`` command line: inspect, tokenize, render, generate and bench a GGUF model."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .backends import BACKENDS
+from .gguf_file import ModelFormatError, read_gguf
+
+_ARRAY_PREVIEW = 8
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ModelFormatError, ValueError, RuntimeError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m engine", description="Hearth's inference engine on GGUF models.")
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    p = sub.add_parser("inspect", help="metadata, tensor counts by type, parameter count, estimated memory")
+    p.add_argument("model", type=Path)
+    p.add_argument("--n-ctx", type=int, default=4096, help="context length for the memory estimate")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("tokenize", help="token ids of a text, with llama.cpp's semantics")
+    p.add_argument("model", type=Path)
+    p.add_argument("text")
+    p.add_argument("--no-add-special", action="store_true", help="do not add BOS/EOS")
+    p.add_argument("--parse-special", action="store_true", help="match control tokens written in the text")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_tokenize)
+
+    p = sub.add_parser("render", help="apply the model's chat template to a messages JSON file")
+    p.add_argument("model", type=Path)
+    p.add_argument("messages", type=Path, help='JSON list of {"role": ..., "content": ...}')
+    p.add_argument("--no-generation-prompt", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("generate", help="generate text from a prompt (streamed)")
+    p.add_argument("model", type=Path)
+    p.add_argument("--prompt", help="raw prompt text (special tokens in it are parsed)")
+    p.add_argument("--chat", help="a user message, wrapped in the model's chat template")
+    p.add_argument("--system", help="system prompt for --chat")
+    p.add_argument("--backend", choices=BACKENDS, default="auto")
+    p.add_argument("--n-ctx", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--json", action="store_true", help="print one JSON object with ids, text and timings")
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("bench", help="prefill/decode tokens per second, load time and memory, optionally beside a peer")
+    p.add_argument("model", type=Path)
+    p.add_argument("--backend", choices=BACKENDS, default="cpu")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: physical cores)")
+    p.add_argument("--prompt-tokens", type=int, default=512)
+    p.add_argument("--gen-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3, help="interleaved runs; medians are reported")
+    p.add_argument("--compare", choices=["llama.cpp", "mlx-lm"], default=None)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def _emit(args, data, text: str) -> None:
+    print(json.dumps(data, ensure_ascii=False, indent=1) if args.json else text)
+
+
+def _metadata_summary(value):
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, list) and len(value) > _ARRAY_PREVIEW:
+        return {"array_length": len(value), "first": value[:_ARRAY_PREVIEW]}
+    return value
+
+
+def cmd_inspect(args) -> int:
+    from .config import ModelConfig
+    from .memory_estimate import estimate_memory
+
+    with read_gguf(args.model) as gguf:
+        by_type = collections.Counter(t.qtype.name for t in gguf.tensors.values())
+        n_params = sum(t.n_elements for t in gguf.tensors.values())
+        config = ModelConfig.from_gguf(gguf)
+        estimate = estimate_memory(gguf, args.n_ctx)
+        data = {
+            "file": str(args.model), "file_bytes": gguf.file_size, "gguf_version": gguf.version,
+            "architecture": config.arch, "parameters": n_params, "tensors": len(gguf.tensors),
+            "tensor_types": dict(by_type.most_common()),
+            "memory_estimate": {"n_ctx": args.n_ctx, "weights_bytes": estimate.weights_bytes,
+                                "kv_cache_bytes": estimate.kv_cache_bytes, "overhead_bytes": estimate.overhead_bytes,
+                                "total_bytes": estimate.total_bytes},
+            "metadata": {k: _metadata_summary(v) for k, v in gguf.metadata.items()},
+        }
+    lines = [f"{data['architecture']}  {n_params / 1e6:.1f}M parameters  {len(gguf.tensors)} tensors  "
+             f"{gguf.file_size / 2**20:.1f} MiB",
+             "tensor types: " + ", ".join(f"{k} {v}" for k, v in by_type.most_common()),
+             f"estimated memory at n_ctx {args.n_ctx}: {estimate.total_bytes / 2**20:.0f} MiB "
+             f"(weights {estimate.weights_bytes / 2**20:.0f}, KV {estimate.kv_cache_bytes / 2**20:.0f}, "
+             f"overhead {estimate.overhead_bytes / 2**20:.0f})", ""]
+    lines += [f"{k} = {v}" for k, v in data["metadata"].items()]
+    _emit(args, data, "\n".join(lines))
+    return 0
+
+
+def _load_tokenizer(path: Path):
+    from .tokenizer import Tokenizer
+
+    return Tokenizer.from_gguf(read_gguf(path))
+
+
+def cmd_tokenize(args) -> int:
+    tokenizer = _load_tokenizer(args.model)
+    ids = tokenizer.encode(args.text, add_special=not args.no_add_special, parse_special=args.parse_special)
+    pieces = [tokenizer.token_text(i) for i in ids]
+    _emit(args, {"ids": ids, "pieces": pieces}, "\n".join(f"{i}\t{p!r}" for i, p in zip(ids, pieces)))
+    return 0
+
+
+def cmd_render(args) -> int:
+    from .chat_template import ChatTemplate
+
+    messages = json.loads(args.messages.read_text(encoding="utf-8"))
+    with read_gguf(args.model) as gguf:
+        tokenizer = _load_tokenizer(args.model)
+        bos = tokenizer.token_text(tokenizer.bos_id) if tokenizer.bos_id is not None else ""
+        eos = tokenizer.token_text(tokenizer.eos_id) if tokenizer.eos_id is not None else ""
+        template, notice = ChatTemplate.for_model(gguf.metadata, bos_token=bos, eos_token=eos)
+    text = template.render(messages, add_generation_prompt=not args.no_generation_prompt)
+    if notice:
+        print(f"note: {notice}", file=sys.stderr)
+    _emit(args, {"text": text, "notice": notice}, text)
+    return 0
+
+
+def cmd_generate(args) -> int:
+    from .model import load
+
+    if (args.prompt is None) == (args.chat is None):
+        raise ValueError("give exactly one of --prompt and --chat")
+    model = load(args.model, backend=args.backend, n_ctx=args.n_ctx)
+    for notice in model.notices:
+        print(f"note: {notice}", file=sys.stderr)
+    prompt = args.prompt
+    if args.chat is not None:
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": args.chat}]
+        prompt = model.render(messages)
+    ids, text, last = [], [], None
+    for event in model.generate(prompt, max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                                top_p=args.top_p, min_p=args.min_p, repeat_penalty=args.repeat_penalty,
+                                seed=args.seed, stop=args.stop):
+        ids.append(event.id)
+        text.append(event.text)
+        last = event
+        if not args.json:
+            print(event.text, end="", flush=True)
+    stats = _stats(last)
+    if args.json:
+        print(json.dumps({"ids": ids, "text": "".join(text), **stats}, ensure_ascii=False))
+    else:
+        print(f"\n[{stats['generated_tokens']} tokens, {stats['prefill_tps']:.1f} prefill tok/s, "
+              f"{stats['decode_tps']:.1f} decode tok/s, finish: {stats['finish_reason']}]", file=sys.stderr)
+    return 0
+
+
+def _stats(event) -> dict:
+    if event is None:
+        return {"generated_tokens": 0, "prompt_tokens": 0, "prefill_tps": 0.0, "decode_tps": 0.0, "finish_reason": None}
+    return {"generated_tokens": event.generated_tokens, "prompt_tokens": event.prompt_tokens,
+            "cached_tokens": event.cached_tokens, "time_to_first_token_s": round(event.prefill_s, 4),
+            "prefill_tps": round(event.prefill_tps, 2), "decode_tps": round(event.decode_tps, 2),
+            "finish_reason": event.finish_reason}
+
+
+def cmd_bench(args) -> int:
+    if args.compare == "mlx-lm" or args.backend == "mlx":
+        from .backends.mlx_bench import run_mlx_bench
+
+        report = run_mlx_bench(args.model, prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens,
+                               compare=args.compare == "mlx-lm", repeats=args.repeats)
+    else:
+        from .bench import run_bench
+
+        report = run_bench(args.model, args.backend, args.threads, args.prompt_tokens, args.gen_tokens,
+                           args.compare, args.repeats)
+    text = "\n".join(f"{k}: {v}" for k, v in report.items())
+    _emit(args, report, text)
+    return 0

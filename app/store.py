@@ -1,0 +1,362 @@
+"""The conversation store: SQLite in WAL mode, every finished message in its own durable transaction.
+
+No Qt here. The GUI thread owns the one connection. A reply that is still streaming is written through a
+``ReplyWriter``, which saves the text at most ``interval`` seconds apart, so a crash or a kill loses at most
+the last moments of that reply and never a message the user already saw finish.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from .chat_settings import ChatSettings
+
+DB_FILENAME = "conversations.db"
+MESSAGE_STATES = ("complete", "streaming", "stopped", "interrupted", "error")
+
+
+class StoreError(RuntimeError):
+    """The store cannot be opened or written; the message says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Conversation:
+    id: int
+    title: str
+    created_at: float
+    updated_at: float
+    model_path: str | None
+    settings: ChatSettings
+
+
+@dataclasses.dataclass(frozen=True)
+class Message:
+    id: int
+    conversation_id: int
+    seq: int  # position in the conversation; gaps are left by deleted messages
+    role: str  # "user", "assistant" (system prompts live in the settings)
+    content: str
+    state: str  # one of MESSAGE_STATES
+    stats: dict  # per-answer numbers (tokens, prefill_s, decode_tps, ...), {} for user messages
+    created_at: float
+
+
+def _v1(db: sqlite3.Connection) -> None:
+    _run_script(db, """
+        CREATE TABLE conversations (
+            id INTEGER PRIMARY KEY,
+            title TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            model_path TEXT,
+            settings TEXT NOT NULL DEFAULT '{}'
+        );
+        CREATE TABLE messages (
+            id INTEGER PRIMARY KEY,
+            conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+            seq INTEGER NOT NULL,
+            role TEXT NOT NULL,
+            content TEXT NOT NULL,
+            state TEXT NOT NULL DEFAULT 'complete',
+            stats TEXT NOT NULL DEFAULT '{}',
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        );
+        CREATE INDEX messages_by_conversation ON messages(conversation_id, seq);
+    """)
+
+
+def _v2(db: sqlite3.Connection) -> None:
+    # soft delete (for undo) and app-wide settings such as the last open conversation
+    _run_script(db, """
+        ALTER TABLE conversations ADD COLUMN deleted_at REAL;
+        CREATE TABLE app_settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    """)
+
+
+def _run_script(db: sqlite3.Connection, script: str) -> None:
+    # statement by statement: executescript() would commit the migration's transaction half-way
+    for statement in script.split(";"):
+        if statement.strip():
+            db.execute(statement)
+
+
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_v1, _v2)  # MIGRATIONS[i]: version i -> i + 1
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def check_integrity(path: Path) -> str | None:
+    """None when the database at ``path`` is sound (or absent), else what SQLite found wrong."""
+    if not path.exists():
+        return None
+    try:
+        db = sqlite3.connect(path)
+        try:
+            rows = db.execute("PRAGMA integrity_check").fetchall()
+        finally:
+            db.close()
+    except sqlite3.DatabaseError as e:
+        return str(e)
+    problems = [r[0] for r in rows if r[0] != "ok"]
+    return "; ".join(problems[:5]) or None
+
+
+def quarantine(path: Path, clock: Callable[[], float] = time.time) -> Path:
+    """Move a damaged database (and its WAL and shared-memory files) aside; return the new path."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(clock()))
+    target = path.with_name(f"{path.stem}.damaged-{stamp}{path.suffix}")
+    for suffix in ("", "-wal", "-shm"):
+        src = Path(str(path) + suffix)
+        if src.exists():
+            src.rename(Path(str(target) + suffix))
+    return target
+
+
+class ConversationStore:
+    """Conversations, their messages and per-conversation settings in one SQLite file."""
+
+    def __init__(self, path: str | Path, clock: Callable[[], float] = time.time):
+        self.path = Path(path)
+        self.clock = clock
+        self.db = sqlite3.connect(self.path, isolation_level=None)  # autocommit; transactions are explicit
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.execute("PRAGMA foreign_keys=ON")
+        self.db.execute("PRAGMA busy_timeout=5000")
+        self._migrate()
+
+    @classmethod
+    def open(cls, path: str | Path) -> tuple[ConversationStore, str | None]:
+        """Open the store, first checking the file; a damaged file is moved aside and a fresh one started.
+
+        Returns:
+            The store and, when a damaged file was moved aside, a message for the user saying where it went.
+        """
+        path = Path(path)
+        problem = check_integrity(path)
+        notice = None
+        if problem:
+            moved = quarantine(path)
+            notice = (f"The conversation database was damaged ({problem}). It was moved to {moved} and a new, "
+                      f"empty one was started.")
+        store = cls(path)
+        store.purge_deleted()
+        store.mark_interrupted()
+        return store, notice
+
+    def _migrate(self) -> None:
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(f"{self.path} was written by a newer Hearth (schema {version} > {SCHEMA_VERSION})")
+        for step in range(version, SCHEMA_VERSION):
+            with self._transaction():
+                MIGRATIONS[step](self.db)
+                self.db.execute(f"PRAGMA user_version = {step + 1}")
+
+    def _transaction(self):
+        return _Transaction(self.db)
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- conversations -------------------------------------------------------------------------------
+    def create_conversation(self, title: str = "New chat", model_path: str | None = None,
+                            settings: ChatSettings | None = None) -> Conversation:
+        now = self.clock()
+        settings_json = json.dumps((settings or ChatSettings()).to_dict())
+        with self._transaction():
+            cur = self.db.execute(
+                "INSERT INTO conversations (title, created_at, updated_at, model_path, settings) VALUES (?,?,?,?,?)",
+                (title, now, now, model_path, settings_json))
+        return self.conversation(cur.lastrowid)
+
+    def conversation(self, conversation_id: int) -> Conversation:
+        row = self.db.execute("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
+        if row is None:
+            raise KeyError(conversation_id)
+        return _conversation(row)
+
+    def conversations(self, query: str = "") -> list[Conversation]:
+        """Conversations not deleted, most recently active first; ``query`` matches titles and message text."""
+        sql = "SELECT * FROM conversations c WHERE deleted_at IS NULL"
+        args: tuple = ()
+        if query.strip():
+            pattern = "%" + query.strip().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            sql += (" AND (c.title LIKE ?1 ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages m"
+                    " WHERE m.conversation_id = c.id AND m.content LIKE ?1 ESCAPE '\\'))")
+            args = (pattern,)
+        rows = self.db.execute(sql + " ORDER BY updated_at DESC, id DESC", args).fetchall()
+        return [_conversation(r) for r in rows]
+
+    def rename(self, conversation_id: int, title: str) -> None:
+        self._update_conversation(conversation_id, "title = ?", (title.strip() or "Untitled",), touch=False)
+
+    def set_settings(self, conversation_id: int, settings: ChatSettings) -> None:
+        self._update_conversation(conversation_id, "settings = ?", (json.dumps(settings.to_dict()),), touch=False)
+
+    def set_model_path(self, conversation_id: int, model_path: str | None) -> None:
+        self._update_conversation(conversation_id, "model_path = ?", (model_path,), touch=False)
+
+    def delete_conversation(self, conversation_id: int) -> None:
+        """Hide the conversation; ``undo_delete`` brings it back until the store is next opened."""
+        self._update_conversation(conversation_id, "deleted_at = ?", (self.clock(),), touch=False)
+
+    def undo_delete(self, conversation_id: int) -> None:
+        self._update_conversation(conversation_id, "deleted_at = NULL", (), touch=False)
+
+    def purge_deleted(self) -> int:
+        """Remove deleted conversations for good; returns how many."""
+        with self._transaction():
+            return self.db.execute("DELETE FROM conversations WHERE deleted_at IS NOT NULL").rowcount
+
+    def _update_conversation(self, conversation_id: int, assignment: str, args: tuple, touch: bool = True) -> None:
+        with self._transaction():
+            cur = self.db.execute(f"UPDATE conversations SET {assignment} WHERE id = ?", (*args, conversation_id))
+            if cur.rowcount == 0:
+                raise KeyError(conversation_id)
+            if touch:
+                self.db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (self.clock(), conversation_id))
+
+    # -- messages ------------------------------------------------------------------------------------
+    def messages(self, conversation_id: int) -> list[Message]:
+        rows = self.db.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY seq",
+                               (conversation_id,)).fetchall()
+        return [_message(r) for r in rows]
+
+    def message(self, message_id: int) -> Message:
+        row = self.db.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
+        if row is None:
+            raise KeyError(message_id)
+        return _message(row)
+
+    def add_message(self, conversation_id: int, role: str, content: str, state: str = "complete",
+                    stats: dict | None = None) -> Message:
+        """Append a message in its own transaction; it is on disk when this returns."""
+        _check_state(state)
+        now = self.clock()
+        with self._transaction():
+            seq = self.db.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM messages WHERE conversation_id = ?",
+                                  (conversation_id,)).fetchone()[0]
+            cur = self.db.execute(
+                "INSERT INTO messages (conversation_id, seq, role, content, state, stats, created_at, updated_at)"
+                " VALUES (?,?,?,?,?,?,?,?)",
+                (conversation_id, seq, role, content, state, json.dumps(stats or {}), now, now))
+            self.db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, conversation_id))
+        return self.message(cur.lastrowid)
+
+    def update_message(self, message_id: int, content: str | None = None, state: str | None = None,
+                       stats: dict | None = None) -> None:
+        """Change a message's text, state or stats in one transaction."""
+        sets, args = ["updated_at = ?"], [self.clock()]
+        if content is not None:
+            sets.append("content = ?")
+            args.append(content)
+        if state is not None:
+            _check_state(state)
+            sets.append("state = ?")
+            args.append(state)
+        if stats is not None:
+            sets.append("stats = ?")
+            args.append(json.dumps(stats))
+        with self._transaction():
+            cur = self.db.execute(f"UPDATE messages SET {', '.join(sets)} WHERE id = ?", (*args, message_id))
+            if cur.rowcount == 0:
+                raise KeyError(message_id)
+
+    def delete_message(self, message_id: int) -> None:
+        with self._transaction():
+            self.db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
+
+    def delete_messages_after(self, conversation_id: int, seq: int) -> int:
+        """Delete every message after position ``seq`` (to regenerate or resend from there); returns how many."""
+        with self._transaction():
+            return self.db.execute("DELETE FROM messages WHERE conversation_id = ? AND seq > ?",
+                                   (conversation_id, seq)).rowcount
+
+    def mark_interrupted(self) -> int:
+        """Mark replies left 'streaming' by a previous run that ended abruptly; returns how many."""
+        with self._transaction():
+            return self.db.execute("UPDATE messages SET state = 'interrupted' WHERE state = 'streaming'").rowcount
+
+    def begin_reply(self, conversation_id: int, interval: float = 0.5,
+                    clock: Callable[[], float] = time.monotonic) -> ReplyWriter:
+        """Start an assistant reply that will stream in; see ``ReplyWriter``."""
+        message = self.add_message(conversation_id, "assistant", "", state="streaming")
+        return ReplyWriter(self, message.id, interval, clock)
+
+    # -- app settings --------------------------------------------------------------------------------
+    def setting(self, key: str, default=None):
+        row = self.db.execute("SELECT value FROM app_settings WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else default
+
+    def set_setting(self, key: str, value) -> None:
+        with self._transaction():
+            self.db.execute("INSERT INTO app_settings (key, value) VALUES (?, ?)"
+                            " ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, json.dumps(value)))
+
+
+class ReplyWriter:
+    """Saves a streaming reply: the text at most ``interval`` seconds apart, then its final state and stats."""
+
+    def __init__(self, store: ConversationStore, message_id: int, interval: float = 0.5,
+                 clock: Callable[[], float] = time.monotonic):
+        self.store = store
+        self.message_id = message_id
+        self.interval = interval
+        self.clock = clock
+        self.text = ""
+        self._saved_text = ""
+        self._saved_at = clock()
+
+    def append(self, piece: str) -> bool:
+        """Add streamed text; write it out when ``interval`` has passed since the last write. True if written."""
+        self.text += piece
+        if self.clock() - self._saved_at < self.interval or self.text == self._saved_text:
+            return False
+        self.save()
+        return True
+
+    def save(self) -> None:
+        self.store.update_message(self.message_id, content=self.text)
+        self._saved_text, self._saved_at = self.text, self.clock()
+
+    def finish(self, state: str = "complete", stats: dict | None = None) -> None:
+        """Write the whole text with its final state in one transaction."""
+        self.store.update_message(self.message_id, content=self.text, state=state, stats=stats or {})
+        self._saved_text = self.text
+
+
+class _Transaction:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT`` (or ``ROLLBACK`` on an exception) on an autocommit connection."""
+
+    def __init__(self, db: sqlite3.Connection):
+        self.db = db
+
+    def __enter__(self):
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, exc_type, exc, tb):
+        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+        return False
+
+
+def _check_state(state: str) -> None:
+    if state not in MESSAGE_STATES:
+        raise ValueError(f"unknown message state {state!r}")
+
+
+def _conversation(row: sqlite3.Row) -> Conversation:
+    return Conversation(row["id"], row["title"], row["created_at"], row["updated_at"], row["model_path"],
+                        ChatSettings.from_dict(json.loads(row["settings"] or "{}")))
+
+
+def _message(row: sqlite3.Row) -> Message:
+    return Message(row["id"], row["conversation_id"], row["seq"], row["role"], row["content"], row["state"],
+                   json.loads(row["stats"] or "{}"), row["created_at"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -16,6 +18,7 @@ from .context import fit_messages
 from .generate import GenerationEvent, prefill, stream_generate
 from .gguf_file import GGUFFile, read_gguf
 from .sampling import SamplingParams, make_sampler
+from .session import Session, SessionError, load_session, save_session
 from .tokenizer import IncrementalDecoder, Tokenizer
 
 DEFAULT_N_CTX = 4096
@@ -45,11 +48,22 @@ class Model:
             self.notices.append(notice)
         self._cache = None
         self._tokens: list[int] = []  # the tokens whose keys and values are in self._cache
+        self._history: list[int] = []  # the whole sequence: self._tokens plus a last token not yet fed back
+        self._sampler = None  # the last generation's sampler, whose state a snapshot keeps
         self._cancel = threading.Event()
 
     @property
     def name(self) -> str:
         return self.gguf.get("general.name", str, self.path.stem)
+
+    @functools.cached_property
+    def sha256(self) -> str:
+        """The GGUF file's sha256: the model's identity in exports and snapshots."""
+        digest = hashlib.sha256()
+        with open(self.path, "rb") as f:
+            while chunk := f.read(1 << 22):
+                digest.update(chunk)
+        return digest.hexdigest()
 
     # -- text ----------------------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
@@ -68,7 +82,7 @@ class Model:
         """float32 logits (n_vocab,) for the token after ``ids``, reusing the cached prefix."""
         cached = self._reuse_prefix(list(ids))
         logits = prefill(self.backend, self._cache, list(ids[cached:]) or [ids[-1]], 512)
-        self._tokens = list(ids)
+        self._tokens, self._history = list(ids), list(ids)
         return logits
 
     def _reuse_prefix(self, ids: list[int]) -> int:
@@ -113,20 +127,26 @@ class Model:
         yield from self.generate_ids(ids, params, max_tokens, stop, prefill_chunk)
 
     def generate_ids(self, ids: list[int], params: SamplingParams, max_tokens: int, stop: Sequence[str] = (),
-                     prefill_chunk: int = 512) -> Iterator[GenerationEvent]:
-        """Like ``generate`` with a token prompt and ready-made sampling parameters."""
+                     prefill_chunk: int = 512, sampler_state: dict | None = None) -> Iterator[GenerationEvent]:
+        """Like ``generate`` with a token prompt and ready-made sampling parameters.
+
+        ``sampler_state`` (from a snapshot) continues a seeded sampler exactly where it stopped.
+        """
         self._cancel.clear()
         cached = self._reuse_prefix(ids)
-        self._tokens = list(ids)  # valid once prefill is done; on cancel the cache may hold less
+        self._history = list(ids)
+        self._sampler = make_sampler(params)
+        if sampler_state is not None:
+            self._sampler.set_state(sampler_state)
         try:
-            for event in stream_generate(self.backend, self._cache, ids, cached, make_sampler(params),
+            for event in stream_generate(self.backend, self._cache, ids, cached, self._sampler,
                                          IncrementalDecoder(self.tokenizer), self.tokenizer.eog_ids, max_tokens,
                                          stop, prefill_chunk, self._cancel):
-                self._tokens.append(event.id)
+                self._history.append(event.id)
                 yield event
         finally:
             # the last token is not fed back, and a cancelled prefill leaves the cache short
-            self._tokens = self._tokens[:self._cache.n_past]
+            self._tokens = self._history[:self._cache.n_past]
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None, max_tokens: int = 512,
              overflow: str = "drop_oldest", stop: Sequence[str] = ()) -> tuple[int, Iterator[GenerationEvent]]:
@@ -147,6 +167,39 @@ class Model:
         kept, dropped = fit_messages(messages, count, self.n_ctx - reserve, overflow)
         ids = self.tokenize(self.render(kept), add_special=True, parse_special=True)
         return dropped, self.generate_ids(ids, params or SamplingParams(), max_tokens, stop)
+
+    # -- snapshots -------------------------------------------------------------------------------------
+    @property
+    def sequence(self) -> list[int]:
+        """Every token of the live sequence: the last prompt and what was generated after it."""
+        return list(self._history)
+
+    def save_session(self, path: str | os.PathLike, conversation=None) -> Session:
+        """Snapshot the live sequence (tokens, KV cache, sampler state) and ``conversation`` to ``path``."""
+        if self._cache is None or not self._history:
+            raise SessionError("there is no conversation state to save yet")
+        session = Session(tokens=list(self._history), kv=self._cache.export_state(), model_sha256=self.sha256,
+                          model_name=self.name, backend=self.backend.name, n_ctx=self.n_ctx,
+                          conversation=conversation,
+                          sampler_state=self._sampler.get_state() if self._sampler is not None else None)
+        save_session(path, session)
+        return session
+
+    def load_session(self, path: str | os.PathLike) -> Session:
+        """Restore a snapshot into this model; the next generation continues where it stopped.
+
+        Raises:
+            SessionError: another model, a damaged file, wrong shapes or a context that is too small.
+        """
+        c = self.config
+        session = load_session(path, self.sha256, c.n_layers, (c.n_kv_heads, c.head_dim, c.v_head_dim))
+        if len(session.tokens) > self.n_ctx:
+            raise SessionError(f"the session has {len(session.tokens)} tokens; this model's context is {self.n_ctx}")
+        cache = self.backend.new_cache(self.n_ctx)
+        cache.import_state(session.kv)
+        self._cache, self._history = cache, list(session.tokens)
+        self._tokens = self._history[:cache.n_past]
+        return session
 
     def cancel(self) -> None:
         """Stop the running generation at the next token or prefill chunk (safe from any thread)."""

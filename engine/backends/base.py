@@ -44,6 +44,10 @@ class KVCache(abc.ABC):
         """How many positions are filled."""
 
     @abc.abstractmethod
+    def reserve(self, n_new: int) -> None:
+        """Make room for ``n_new`` more positions (growing in steps); ValueError past ``n_ctx``."""
+
+    @abc.abstractmethod
     def truncate(self, n_past: int) -> None:
         """Forget every position from ``n_past`` on (rollback for speculation, edits and regeneration)."""
 

@@ -65,6 +65,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat-penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--save-session", type=Path, metavar="FILE",
+                   help="after generating, snapshot the sequence (tokens, KV cache, sampler state) to FILE")
+    p.add_argument("--load-session", type=Path, metavar="FILE",
+                   help="restore a snapshot and continue generating where it stopped (no --prompt needed)")
     p.add_argument("--json", action="store_true", help="print one JSON object with ids, text and timings")
     p.set_defaults(func=cmd_generate)
 
@@ -155,25 +159,34 @@ def cmd_render(args) -> int:
 def cmd_generate(args) -> int:
     from .model import load
 
-    if (args.prompt is None) == (args.chat is None):
-        raise ValueError("give exactly one of --prompt and --chat")
+    from .sampling import SamplingParams
+
+    if sum(x is not None for x in (args.prompt, args.chat, args.load_session)) != 1:
+        raise ValueError("give exactly one of --prompt, --chat and --load-session")
     model = load(args.model, backend=args.backend, n_ctx=args.n_ctx)
     for notice in model.notices:
         print(f"note: {notice}", file=sys.stderr)
-    prompt = args.prompt
-    if args.chat is not None:
+    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                            repeat_penalty=args.repeat_penalty, seed=args.seed)
+    sampler_state = None
+    if args.load_session is not None:
+        session = model.load_session(args.load_session)
+        ids_in, sampler_state = session.tokens, session.sampler_state
+    elif args.chat is not None:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": args.chat}]
-        prompt = model.render(messages)
+        ids_in = model.tokenize(model.render(messages), add_special=True, parse_special=True)
+    else:
+        ids_in = model.tokenize(args.prompt, add_special=True, parse_special=True)
     ids, text, last = [], [], None
-    for event in model.generate(prompt, max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-                                top_p=args.top_p, min_p=args.min_p, repeat_penalty=args.repeat_penalty,
-                                seed=args.seed, stop=args.stop):
+    for event in model.generate_ids(ids_in, params, args.max_tokens, args.stop, sampler_state=sampler_state):
         ids.append(event.id)
         text.append(event.text)
         last = event
         if not args.json:
             print(event.text, end="", flush=True)
     stats = _stats(last)
+    if args.save_session is not None:
+        model.save_session(args.save_session)
     if args.json:
         print(json.dumps({"ids": ids, "text": "".join(text), **stats}, ensure_ascii=False))
     else:

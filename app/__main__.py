@@ -1,0 +1,87 @@
+"""Hearth's entry point: ``python -m app`` or ``hearth``; ``hearth models ...`` manages the model library.
+
+Start-up order:
+1. Parse the command line; ``models`` goes to the model library CLI and ``--version`` prints and exits.
+2. Create the QApplication (palette follows the OS; ``--color-scheme`` can force light or dark).
+3. Open the conversation store in the data directory: integrity check, migrations, damaged file moved aside.
+4. Start the engine host: the worker QObject on its own QThread (nothing loaded yet).
+5. Build the ChatController (store + host + built-in model path) and the MainWindow around it; show the window.
+6. The controller opens the last conversation and asks the worker to load its model in the background.
+7. Run the event loop; on exit, stop any answer, close the model, end the engine thread, close the store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="hearth", description="Chat with language models on this computer.")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    parser.add_argument("--data-dir", metavar="DIR", help="keep conversations and settings in DIR")
+    parser.add_argument("--smoke-test", metavar="OUTDIR",
+                        help="open the window, chat once with the built-in model, save screenshots to OUTDIR, exit")
+    parser.add_argument("--color-scheme", choices=("auto", "light", "dark"), default="auto",
+                        help="follow the OS (default) or force light or dark")
+    parser.add_argument("--model", metavar="GGUF", help="use this model file instead of the built-in one")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["models"]:
+        from .models.cli import main as models_main
+        return models_main(argv[1:])
+    args = _parse(argv)
+    if args.version:
+        import engine
+        print(f"hearth {engine.__version__}")
+        return 0
+    return run_app(args)
+
+
+def run_app(args: argparse.Namespace) -> int:
+    from PySide6.QtWidgets import QApplication
+
+    from .app_session import AppSession
+    from .paths import data_dir, log_dir
+    from .ui.theme import ThemeKeeper, apply_color_scheme, app_icon
+
+    data = data_dir(args.data_dir or (Path(args.smoke_test) / "data" if args.smoke_test else None))
+    _setup_logging(log_dir(data if args.data_dir or args.smoke_test else None))
+    app = QApplication.instance() or QApplication([sys.argv[0]])
+    app.setApplicationName("Hearth")
+    app.setApplicationDisplayName("Hearth")
+    app.setDesktopFileName("hearth")
+    app.setWindowIcon(app_icon())
+    apply_color_scheme(app, args.color_scheme)
+    theme = ThemeKeeper(app)  # noqa: F841 - lives as the app's child, re-styles on light/dark switches
+    session = AppSession(data, args.model)
+    session.window.show()
+    session.start()
+    if args.smoke_test:
+        from .smoke_test import SmokeTest
+        smoke = SmokeTest(session, Path(args.smoke_test))
+        smoke.start()
+    elif os.environ.get("HEARTH_SCRIPT"):
+        from .scripted_session import ScriptedSession
+        script = ScriptedSession(session.controller, os.environ["HEARTH_SCRIPT"])
+        script.start()
+    code = app.exec()
+    session.close()
+    if args.smoke_test:
+        return smoke.exit_code
+    return code
+
+
+def _setup_logging(directory: Path) -> None:
+    logging.basicConfig(filename=directory / "hearth.log", level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

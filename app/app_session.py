@@ -1,0 +1,43 @@
+"""The composition root: the store, the engine host, the controller and the window of one app session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .chat_controller import ChatController
+from .model_choices import ModelChoices
+from .paths import BuiltinModelMissingError, builtin_model_path
+from .store import DB_FILENAME, ConversationStore
+from .ui.main_window import MainWindow
+from .worker import EngineHost, load_engine_model
+
+
+class AppSession:
+    """Everything one window needs, built in start-up order and torn down in reverse."""
+
+    def __init__(self, data: Path, model: str | None = None, engine_factory=None):
+        self.data = data
+        self.store, self.recovery_notice = ConversationStore.open(data / DB_FILENAME)
+        try:
+            builtin = builtin_model_path()
+        except BuiltinModelMissingError as e:
+            builtin, self.builtin_problem = None, str(e)
+        else:
+            self.builtin_problem = None
+        self.host = EngineHost(engine_factory or load_engine_model)
+        default = model or (str(builtin) if builtin else None)
+        self.controller = ChatController(self.store, self.host, default, builtin_path=str(builtin) if builtin else None)
+        self.window = MainWindow(self.controller, ModelChoices(data, builtin))
+
+    def start(self) -> None:
+        self.controller.start()
+        if self.recovery_notice:
+            self.window.notice_bar.show_notice("error", self.recovery_notice)
+        elif self.builtin_problem:
+            self.window.notice_bar.show_notice("error", f"The built-in model is missing: {self.builtin_problem}")
+
+    def close(self) -> None:
+        self.controller.stop_and_forget()
+        self.host.shutdown()
+        self.window.deleteLater()
+        self.store.close()

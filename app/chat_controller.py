@@ -1,0 +1,323 @@
+"""The chat controller: turns the user's intents into store writes and engine requests; no widgets.
+
+It owns the conversation being shown and the one reply being generated (which may belong to another
+conversation when the user switches away mid-answer), and saves that reply as it streams.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from PySide6.QtCore import QObject, Signal, Slot
+
+from .chat_settings import ChatSettings
+from .paths import BUILTIN_MODEL_NAME
+from .store import ConversationStore, Message, ReplyWriter
+from .worker import EngineHost
+
+TITLE_CHARS = 48
+
+
+@dataclasses.dataclass
+class _Reply:
+    request_id: int
+    conversation_id: int
+    writer: ReplyWriter
+
+
+class ChatController(QObject):
+    """Conversation logic between the views, the store and the engine host.
+
+    Signals:
+        conversations_changed(): the list of conversations (titles, order, membership) changed.
+        conversation_opened(int): the shown conversation changed; views reload ``messages()``.
+        messages_changed(int): a conversation's messages were added, edited or deleted.
+        reply_text(int, str): message id and the whole text so far of the streaming reply.
+        generating_changed(bool): whether a reply is being generated for the shown conversation.
+        model_changed(dict): the loaded model's info (path, name, n_ctx, notices); {} while none is loaded.
+        status(str): a short line for the status bar.
+        notice(str, str): kind ("info", "warning", "error") and a message for the user.
+        context_usage(int, int): tokens used and the context length, for the shown conversation.
+        conversation_deleted(int, str): id and title, so the view can offer to undo.
+        reply_finished(int, dict): message id and stats of a finished reply.
+    """
+
+    conversations_changed = Signal()
+    conversation_opened = Signal(int)
+    messages_changed = Signal(int)
+    reply_text = Signal(int, str)
+    generating_changed = Signal(bool)
+    model_changed = Signal(dict)
+    status = Signal(str)
+    notice = Signal(str, str)
+    context_usage = Signal(int, int)
+    conversation_deleted = Signal(int, str)
+    reply_finished = Signal(int, dict)
+
+    def __init__(self, store: ConversationStore, host: EngineHost, default_model: str | None,
+                 builtin_path: str | None = None, parent: QObject | None = None):
+        super().__init__(parent)
+        self.store = store
+        self.host = host
+        self.default_model = default_model
+        self.builtin_path = builtin_path
+        self.current_id: int | None = None
+        self.model_info: dict = {}
+        self._reply: _Reply | None = None
+        host.loaded.connect(self._on_loaded)
+        host.load_failed.connect(self._on_load_failed)
+        host.tokens.connect(self._on_tokens)
+        host.finished.connect(self._on_finished)
+        host.error.connect(self._on_error)
+        host.progress.connect(self.status)
+        host.restarted.connect(lambda text: self.notice.emit("error", text))
+
+    # -- start-up ------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Open the last conversation (or a new one) and load its model in the background."""
+        last = self.store.setting("last_conversation")
+        ids = [c.id for c in self.store.conversations()]
+        self.open_conversation(last if last in ids else (ids[0] if ids else self.new_conversation()))
+        self.preload()
+
+    def preload(self) -> None:
+        path = self.model_path()
+        if path:
+            self.status.emit("Loading the model…")
+            self.host.load(path, self.settings().n_ctx)
+        else:
+            self.notice.emit("error", "No model is available: the built-in model is not installed. "
+                                      "Open a GGUF file on the Models page.")
+
+    # -- queries for the views -------------------------------------------------------------------------
+    def messages(self) -> list[Message]:
+        """The shown conversation's messages, with the live text of a reply still streaming."""
+        if self.current_id is None:
+            return []
+        messages = self.store.messages(self.current_id)
+        if self._reply and self._reply.conversation_id == self.current_id:
+            live = self._reply.writer
+            messages = [dataclasses.replace(m, content=live.text) if m.id == live.message_id else m for m in messages]
+        return messages
+
+    def settings(self) -> ChatSettings:
+        return self.store.conversation(self.current_id).settings if self.current_id else ChatSettings()
+
+    def model_path(self) -> str | None:
+        if self.current_id is not None:
+            path = self.store.conversation(self.current_id).model_path
+            if path:
+                return path
+        return self.default_model
+
+    def is_generating(self) -> bool:
+        return self._reply is not None and self._reply.conversation_id == self.current_id
+
+    def streaming_message_id(self) -> int | None:
+        return self._reply.writer.message_id if self._reply else None
+
+    # -- conversations -------------------------------------------------------------------------------
+    def new_conversation(self) -> int:
+        """Open a new, empty conversation (the shown one, when it is still empty) and return its id."""
+        if self.current_id is not None and not self.store.messages(self.current_id):
+            self.open_conversation(self.current_id)
+            return self.current_id
+        settings = self.settings() if self.current_id else ChatSettings()
+        conv = self.store.create_conversation("New chat", self.model_path(), settings)
+        self.conversations_changed.emit()
+        self.open_conversation(conv.id)
+        return conv.id
+
+    def open_conversation(self, conversation_id: int) -> None:
+        self.current_id = conversation_id
+        self.store.set_setting("last_conversation", conversation_id)
+        self.conversation_opened.emit(conversation_id)
+        self.generating_changed.emit(self.is_generating())
+        self._emit_context_usage()
+
+    def rename(self, conversation_id: int, title: str) -> None:
+        self.store.rename(conversation_id, title)
+        self.conversations_changed.emit()
+
+    def delete_conversation(self, conversation_id: int) -> None:
+        """Delete (undoably); the shown conversation moves to the next one or a new one."""
+        if self._reply and self._reply.conversation_id == conversation_id:
+            self.stop()
+        title = self.store.conversation(conversation_id).title
+        self.store.delete_conversation(conversation_id)
+        self.conversations_changed.emit()
+        self.conversation_deleted.emit(conversation_id, title)
+        if self.current_id == conversation_id:
+            rest = self.store.conversations()
+            self.open_conversation(rest[0].id if rest else self.new_conversation())
+
+    def undo_delete(self, conversation_id: int) -> None:
+        self.store.undo_delete(conversation_id)
+        self.conversations_changed.emit()
+        self.open_conversation(conversation_id)
+
+    def update_settings(self, settings: ChatSettings) -> None:
+        if self.current_id is not None:
+            self.store.set_settings(self.current_id, settings.clamped())
+
+    def set_model(self, path: str) -> None:
+        """Use the GGUF at ``path`` for the shown conversation and load it now."""
+        if self.current_id is not None:
+            self.store.set_model_path(self.current_id, path)
+        self.preload()
+
+    # -- messages ------------------------------------------------------------------------------------
+    def send(self, text: str) -> bool:
+        """Add a user message to the shown conversation and start the reply. False if there is nothing to send."""
+        text = text.strip()
+        if not text or self.current_id is None:
+            return False
+        conv = self.store.conversation(self.current_id)
+        self.store.add_message(conv.id, "user", text)
+        if conv.title == "New chat":
+            self.store.rename(conv.id, _title_from(text))
+        self.conversations_changed.emit()
+        self.messages_changed.emit(conv.id)
+        self._generate()
+        return True
+
+    def stop(self) -> None:
+        if self._reply is not None:
+            self.host.stop(self._reply.request_id)
+
+    def regenerate(self) -> None:
+        """Replace the last answer of the shown conversation with a new one."""
+        messages = self.store.messages(self.current_id)
+        users = [m for m in messages if m.role == "user"]
+        if not users:
+            return
+        self.stop_and_forget()
+        self.store.delete_messages_after(self.current_id, users[-1].seq)
+        self.messages_changed.emit(self.current_id)
+        self._generate()
+
+    def edit_and_resend(self, message_id: int, text: str) -> None:
+        """Replace a user message's text, drop everything after it and answer again."""
+        text = text.strip()
+        message = self.store.message(message_id)
+        if not text or message.role != "user":
+            return
+        self.stop_and_forget()
+        self.store.update_message(message_id, content=text)
+        self.store.delete_messages_after(message.conversation_id, message.seq)
+        self.messages_changed.emit(message.conversation_id)
+        self._generate()
+
+    def delete_message(self, message_id: int) -> None:
+        if self._reply and self._reply.writer.message_id == message_id:
+            self.stop_and_forget()
+        message = self.store.message(message_id)
+        self.store.delete_message(message_id)
+        self.messages_changed.emit(message.conversation_id)
+        self._emit_context_usage()
+
+    def stop_and_forget(self) -> None:
+        """Stop the running reply and detach from it: its remaining events are ignored, its text is kept."""
+        reply, self._reply = self._reply, None
+        if reply is not None:
+            self.host.stop(reply.request_id)
+            reply.writer.finish("stopped", {"finish_reason": "cancelled"})
+            self.generating_changed.emit(False)
+
+    # -- engine events -------------------------------------------------------------------------------
+    def _generate(self) -> None:
+        self.stop_and_forget()
+        conv = self.store.conversation(self.current_id)
+        path = self.model_path()
+        if not path:
+            self.notice.emit("error", "No model to answer with. Open a GGUF file on the Models page.")
+            return
+        history = [{"role": m.role, "content": m.content} for m in self.store.messages(conv.id)
+                   if m.content and m.state != "error"]
+        if conv.settings.system_prompt.strip():
+            history.insert(0, {"role": "system", "content": conv.settings.system_prompt.strip()})
+        options = {**conv.settings.sampling_kwargs(), "max_tokens": conv.settings.max_tokens}
+        writer = self.store.begin_reply(conv.id)
+        request_id = self.host.generate(path, conv.settings.n_ctx, history, options)
+        self._reply = _Reply(request_id, conv.id, writer)
+        self.messages_changed.emit(conv.id)
+        self.generating_changed.emit(True)
+        self.status.emit("Thinking…")
+
+    def _current_reply(self, request_id: int) -> _Reply | None:
+        reply = self._reply
+        return reply if reply is not None and reply.request_id == request_id else None
+
+    @Slot(int, str)
+    def _on_tokens(self, request_id: int, text: str) -> None:
+        reply = self._current_reply(request_id)
+        if reply is None:
+            return
+        reply.writer.append(text)
+        if reply.conversation_id == self.current_id:
+            self.reply_text.emit(reply.writer.message_id, reply.writer.text)
+
+    @Slot(int, dict)
+    def _on_finished(self, request_id: int, stats: dict) -> None:
+        reply = self._current_reply(request_id)
+        if reply is None:
+            return
+        self._reply = None
+        state = "stopped" if stats.get("finish_reason") == "cancelled" else "complete"
+        reply.writer.finish(state, stats)
+        if stats.get("dropped"):
+            self.notice.emit("warning", f"{stats['dropped']} older messages did not fit in the context window "
+                                        f"({stats.get('n_ctx')} tokens) and were left out of this answer.")
+        self._after_reply(reply, stats)
+
+    @Slot(int, str)
+    def _on_error(self, request_id: int, message: str) -> None:
+        reply = self._current_reply(request_id)
+        if reply is None:
+            return
+        self._reply = None
+        reply.writer.finish("error", {"error": message})
+        self.notice.emit("error", message)
+        self._after_reply(reply, {"error": message})
+
+    def _after_reply(self, reply: _Reply, stats: dict) -> None:
+        self.status.emit("Ready")
+        self.reply_finished.emit(reply.writer.message_id, stats)
+        self.conversations_changed.emit()
+        if reply.conversation_id == self.current_id:
+            self.messages_changed.emit(reply.conversation_id)
+            self.generating_changed.emit(False)
+            self._emit_context_usage()
+
+    @Slot(dict)
+    def _on_loaded(self, info: dict) -> None:
+        if info.get("path") == self.builtin_path:
+            info = {**info, "name": BUILTIN_MODEL_NAME}
+        self.model_info = info
+        self.model_changed.emit(info)
+        self.status.emit(f"{info.get('name', 'Model')} is ready")
+        self._emit_context_usage()
+        for text in info.get("notices", []):
+            self.notice.emit("info", text)
+
+    @Slot(str, str)
+    def _on_load_failed(self, path: str, message: str) -> None:
+        self.model_info = {}
+        self.model_changed.emit({})
+        self.status.emit("No model loaded")
+        self.notice.emit("error", f"Could not load {path.rsplit('/', 1)[-1]}: {message}")
+
+    def _emit_context_usage(self) -> None:
+        n_ctx = self.model_info.get("n_ctx") or self.settings().n_ctx
+        used = 0
+        for m in reversed(self.store.messages(self.current_id) if self.current_id else []):
+            if m.role == "assistant" and "context_used" in m.stats:
+                used = m.stats["context_used"]
+                n_ctx = m.stats.get("n_ctx", n_ctx)
+                break
+        self.context_usage.emit(used, n_ctx)
+
+
+def _title_from(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= TITLE_CHARS else line[:TITLE_CHARS - 1].rstrip() + "…"

@@ -1,0 +1,56 @@
+"""The models the app can offer: the model library's entries as plain rows for the Models page."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from .paths import BUILTIN_MODEL_NAME
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelChoice:
+    name: str
+    path: str
+    detail: str  # architecture, size, quantization, context, where it lives
+    usable: bool
+    problem: str | None = None
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GB" if n >= 2**30 else f"{n / 2**20:.0f} MB"
+
+
+class ModelChoices:
+    """Lists and adds models through ``app.models.library.ModelLibrary`` (or only the built-in model without it)."""
+
+    def __init__(self, data_dir: Path, builtin: Path | None, scan_dirs: list[Path] | None = None):
+        self.data_dir = data_dir
+        self.builtin = builtin
+        self.scan_dirs = scan_dirs
+
+    def _library(self):
+        from .models.library import ModelLibrary
+        return ModelLibrary(self.data_dir, scan_dirs=self.scan_dirs)
+
+    def list(self) -> list[ModelChoice]:
+        try:
+            entries = self._library().list()
+        except ImportError:
+            return [ModelChoice(f"{BUILTIN_MODEL_NAME} (built-in)", str(self.builtin), "built in", True)] \
+                if self.builtin else []
+        return [self._row(e) for e in entries]
+
+    def add_file(self, path: str) -> ModelChoice:
+        """Add a GGUF in place (linked, not copied); raises the library's error with a readable message."""
+        return self._row(self._library().import_file(Path(path), mode="link"))
+
+    @staticmethod
+    def _row(entry) -> ModelChoice:
+        info = entry.info
+        parts = [p for p in (info.architecture, info.quantization, _size(entry.file_size),
+                             f"{info.context_length:,} ctx" if info.context_length else None,
+                             entry.origin or entry.source) if p]
+        problem = info.error or (None if entry.supported else f"architecture {info.architecture!r} is not supported")
+        name = f"{BUILTIN_MODEL_NAME} (built-in)" if entry.source == "builtin" else info.title or entry.name
+        return ModelChoice(name, str(entry.path), " · ".join(parts), entry.supported, problem)

@@ -1,0 +1,109 @@
+"""``--smoke-test OUTDIR``: chat once with the real window and model, screenshot every page, write a transcript."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+from PySide6.QtCore import QObject, QTimer
+from PySide6.QtWidgets import QApplication
+
+from .app_session import AppSession
+from .ui.theme import dark_palette
+
+PROMPT = "Hello! Who are you?"
+TIMEOUT_S = 600
+
+
+class SmokeTest(QObject):
+    """Drives an AppSession: sends PROMPT, waits for the streamed answer, saves PNGs and transcript.json, quits.
+
+    Signals:
+        none; ``exit_code`` holds the result once the event loop has ended.
+    """
+
+    def __init__(self, session: AppSession, out_dir: Path):
+        super().__init__()
+        self.session = session
+        self.out = out_dir
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.exit_code = 1
+        self.chunks = 0
+        self.sent_at = self.first_text_at = None
+        self._deadline = QTimer(self, singleShot=True, interval=TIMEOUT_S * 1000)
+        self._deadline.timeout.connect(lambda: self._fail(f"no answer within {TIMEOUT_S} s"))
+
+    def start(self) -> None:
+        c = self.session.controller
+        c.reply_text.connect(self._on_text)
+        c.reply_finished.connect(self._on_finished)
+        self.session.window.resize(1180, 760)
+        conv = c.new_conversation()
+        settings = dataclasses.replace(c.settings(), temperature=0.0, seed=0, max_tokens=160)
+        c.update_settings(settings)
+        c.open_conversation(conv)
+        self._deadline.start()
+        QTimer.singleShot(0, self._send)
+
+    def _send(self) -> None:
+        self.sent_at = time.perf_counter()
+        self.session.window.composer.edit.setPlainText(PROMPT)
+        self.session.window.composer.button.click()
+
+    def _on_text(self, _message_id: int, _text: str) -> None:
+        self.chunks += 1
+        if self.first_text_at is None:
+            self.first_text_at = time.perf_counter()
+
+    def _on_finished(self, message_id: int, stats: dict) -> None:
+        if "error" in stats:
+            self._fail(stats["error"])
+            return
+        QTimer.singleShot(300, lambda: self._capture(message_id, stats))
+
+    def _capture(self, message_id: int, stats: dict) -> None:
+        window = self.session.window
+        reply = self.session.store.message(message_id).content
+        if not reply.strip():
+            self._fail("the model answered with empty text")
+            return
+        pages = {}
+        for name in window.pages:
+            window.show_page(name)
+            pages[name] = self._grab(name)
+        window.show_page("chat")
+        window.settings_button.setChecked(True)
+        pages["chat-settings"] = self._grab("chat-settings")
+        window.settings_button.setChecked(False)
+        app = QApplication.instance()
+        old_palette, old_style = app.palette(), app.style().name()
+        app.setStyle("Fusion")
+        app.setPalette(dark_palette())
+        pages["chat-dark"] = self._grab("chat-dark")
+        app.setPalette(old_palette)
+        app.setStyle(old_style)
+        transcript = {
+            "prompt": PROMPT, "reply": reply, "stats": stats, "model": self.session.controller.model_info,
+            "ui_time_to_first_text_s": round(self.first_text_at - self.sent_at, 3) if self.first_text_at else None,
+            "ui_text_updates": self.chunks, "screenshots": pages,
+        }
+        (self.out / "transcript.json").write_text(json.dumps(transcript, indent=2, ensure_ascii=False))
+        self.exit_code = 0
+        QApplication.instance().quit()
+
+    def _grab(self, name: str) -> str:
+        app = QApplication.instance()
+        for _ in range(5):
+            app.processEvents()
+        path = self.out / f"{name}.png"
+        if not self.session.window.grab().save(str(path)):
+            raise OSError(f"could not save {path}")
+        return path.name
+
+    def _fail(self, message: str) -> None:
+        print(f"smoke test failed: {message}", file=sys.stderr)
+        self.exit_code = 1
+        QApplication.instance().quit()

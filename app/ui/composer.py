@@ -1,0 +1,133 @@
+"""The message box: Enter sends, Shift+Enter adds a line; its button sends or stops."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QProgressBar, QSizePolicy, QToolButton,
+                               QVBoxLayout, QWidget)
+
+from .theme import icon
+
+MAX_LINES = 8
+
+
+class MessageEdit(QPlainTextEdit):
+    """A plain-text box that grows with its text up to a few lines.
+
+    Signals:
+        submitted(): Enter (without Shift) was pressed.
+    """
+
+    submitted = Signal()
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setTabChangesFocus(True)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.document().documentLayout().documentSizeChanged.connect(self._fit)
+        self.viewport().setAutoFillBackground(False)
+        self._fit()
+
+    def keyPressEvent(self, event) -> None:  # noqa: N802
+        enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
+        if enter and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
+            self.submitted.emit()
+            return
+        if enter:  # Shift+Enter: a new line (QPlainTextEdit would insert a line separator instead)
+            self.insertPlainText("\n")
+            return
+        super().keyPressEvent(event)
+
+    def _fit(self, *_) -> None:
+        lines = min(max(1, self.document().lineCount()), MAX_LINES)
+        margins = self.contentsMargins()
+        height = lines * self.fontMetrics().lineSpacing() + 2 * int(self.document().documentMargin()) \
+            + margins.top() + margins.bottom() + 4
+        self.setFixedHeight(height)
+
+
+class Composer(QFrame):
+    """The box to write in, the Send/Stop button, and the context meter under it.
+
+    Signals:
+        send_requested(str): the text to send (already stripped, never empty).
+        stop_requested(): the user wants the answer to stop.
+    """
+
+    send_requested = Signal(str)
+    stop_requested = Signal()
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.generating = False
+        self.edit = MessageEdit()
+        self.edit.setPlaceholderText("Message Hearth…  (Enter to send, Shift+Enter for a new line)")
+        self.edit.setAccessibleName("Message")
+        self.edit.submitted.connect(self._on_submit)
+        self.button = QToolButton()
+        self.button.setObjectName("sendButton")
+        self.button.setIconSize(QSize(18, 18))
+        self.button.setFixedSize(36, 36)
+        self.button.clicked.connect(self._on_button)
+        box = QFrame()
+        box.setObjectName("composerBox")
+        row = QHBoxLayout(box)
+        row.setContentsMargins(10, 6, 6, 6)
+        row.addWidget(self.edit, 1)
+        row.addWidget(self.button, 0, Qt.AlignmentFlag.AlignBottom)
+        self.meter = QProgressBar()
+        self.meter.setObjectName("contextMeter")
+        self.meter.setTextVisible(False)
+        self.meter.setFixedHeight(4)
+        self.meter.setFixedWidth(120)
+        self.meter_label = QLabel()
+        self.meter_label.setObjectName("meterLabel")
+        self.model_label = QLabel()
+        self.model_label.setObjectName("meterLabel")
+        footer = QHBoxLayout()
+        footer.setContentsMargins(6, 0, 6, 0)
+        footer.addWidget(self.model_label)
+        footer.addStretch(1)
+        footer.addWidget(self.meter_label)
+        footer.addWidget(self.meter)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(16, 6, 16, 10)
+        layout.setSpacing(4)
+        layout.addWidget(box)
+        layout.addLayout(footer)
+        self.set_generating(False)
+        self.set_context_usage(0, 0)
+
+    def set_generating(self, generating: bool) -> None:
+        self.generating = generating
+        self.button.setToolTip("Stop the answer (Esc)" if generating else "Send (Enter)")
+        self.button.setAccessibleName("Stop" if generating else "Send")
+        self.button.setIcon(icon("stop" if generating else "send", "on_accent"))
+
+    def set_context_usage(self, used: int, n_ctx: int) -> None:
+        self.meter.setRange(0, max(n_ctx, 1))
+        self.meter.setValue(min(used, max(n_ctx, 1)))
+        share = used / n_ctx if n_ctx else 0.0
+        self.meter_label.setText(f"Context {used:,} / {n_ctx:,} tokens" if n_ctx else "")
+        self.meter.setToolTip(f"{share:.0%} of the context window is in use" if n_ctx else "")
+        self.meter.setProperty("full", share > 0.85)
+
+    def set_model_text(self, text: str) -> None:
+        self.model_label.setText(text)
+
+    def _on_submit(self) -> None:
+        if self.generating:
+            return
+        text = self.edit.toPlainText().strip()
+        if text:
+            self.edit.clear()
+            self.send_requested.emit(text)
+
+    def _on_button(self) -> None:
+        if self.generating:
+            self.stop_requested.emit()
+        else:
+            self._on_submit()
+
+

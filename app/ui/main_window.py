@@ -1,0 +1,232 @@
+"""The main window: navigation rail, the Chat page (sidebar, messages, composer, settings) and the Models page."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QSize, Qt
+from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtWidgets import (QButtonGroup, QFrame, QHBoxLayout, QLabel, QMainWindow, QSplitter, QStackedWidget,
+                               QToolButton, QVBoxLayout, QWidget)
+
+from ..chat_controller import ChatController
+from ..model_choices import ModelChoices
+from .chat_view import ChatView
+from .composer import Composer
+from .models_page import ModelsPage
+from .notice_bar import NoticeBar
+from .settings_panel import SettingsPanel
+from .sidebar import Sidebar
+from .theme import app_icon, icon
+
+PAGES = ("chat", "models")
+
+
+class MainWindow(QMainWindow):
+    """Renders the controller's state and forwards the user's intents to it; holds no chat logic itself.
+
+    Signals:
+        none of its own; the views' intents go straight to the ChatController.
+    """
+
+    def __init__(self, controller: ChatController, model_choices: ModelChoices, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.controller = controller
+        self.model_choices = model_choices
+        self._deleted: tuple[int, str] | None = None
+        self.setWindowIcon(app_icon())
+        self.resize(1180, 760)
+        self.setMinimumSize(720, 480)
+        self._build()
+        self._connect()
+
+    # -- building ------------------------------------------------------------------------------------
+    def _build(self) -> None:
+        self.sidebar = Sidebar()
+        self.chat_view = ChatView()
+        self.composer = Composer()
+        self.notice_bar = NoticeBar()
+        self.settings_panel = SettingsPanel()
+        self.settings_panel.hide()
+        self.title = QLabel()
+        self.title.setObjectName("chatTitle")
+        self.settings_button = QToolButton()
+        self.settings_button.setCheckable(True)
+        self.settings_button.setToolTip("Conversation settings (Ctrl+,)")
+        self.settings_button.setAutoRaise(True)
+        self.settings_button.setIcon(icon("settings"))
+        header = QHBoxLayout()
+        header.setContentsMargins(16, 8, 8, 8)
+        header.addWidget(self.title, 1)
+        header.addWidget(self.settings_button)
+        center = QWidget()
+        center_layout = QVBoxLayout(center)
+        center_layout.setContentsMargins(0, 0, 0, 0)
+        center_layout.setSpacing(0)
+        center_layout.addLayout(header)
+        notice_row = QHBoxLayout()
+        notice_row.setContentsMargins(16, 0, 16, 4)
+        notice_row.addWidget(self.notice_bar)
+        center_layout.addLayout(notice_row)
+        center_layout.addWidget(self.chat_view, 1)
+        center_layout.addWidget(self.composer)
+        self.splitter = QSplitter()
+        self.splitter.setChildrenCollapsible(False)
+        self.splitter.addWidget(self.sidebar)
+        self.splitter.addWidget(center)
+        self.splitter.addWidget(self.settings_panel)
+        self.splitter.setStretchFactor(1, 1)
+        self.splitter.setSizes([260, 700, 300])
+        self.sidebar.setMinimumWidth(200)
+        self.models_page = ModelsPage()
+        self.stack = QStackedWidget()
+        self.pages = {"chat": self.splitter, "models": self.models_page}
+        for name in PAGES:
+            self.stack.addWidget(self.pages[name])
+        self.rail = QFrame()
+        self.rail.setObjectName("rail")
+        rail_layout = QVBoxLayout(self.rail)
+        rail_layout.setContentsMargins(6, 10, 6, 10)
+        rail_layout.setSpacing(6)
+        self.nav = QButtonGroup(self)
+        self.nav_buttons = {}
+        for index, (name, label) in enumerate((("chat", "Chat"), ("models", "Models"))):
+            button = QToolButton()
+            button.setText(label)
+            button.setCheckable(True)
+            button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextUnderIcon)
+            button.setIconSize(QSize(22, 22))
+            button.setFixedWidth(64)
+            button.setIcon(icon(name))
+            self.nav.addButton(button, index)
+            self.nav_buttons[name] = button
+            rail_layout.addWidget(button)
+        rail_layout.addStretch(1)
+        self.nav_buttons["chat"].setChecked(True)
+        body = QWidget()
+        body_layout = QHBoxLayout(body)
+        body_layout.setContentsMargins(0, 0, 0, 0)
+        body_layout.setSpacing(0)
+        body_layout.addWidget(self.rail)
+        body_layout.addWidget(self.stack, 1)
+        self.setCentralWidget(body)
+        self.statusBar().setSizeGripEnabled(False)
+
+    def _connect(self) -> None:
+        c = self.controller
+        self.nav.idClicked.connect(lambda index: self.show_page(PAGES[index]))
+        self.sidebar.new_requested.connect(c.new_conversation)
+        self.sidebar.selected.connect(c.open_conversation)
+        self.sidebar.rename_requested.connect(c.rename)
+        self.sidebar.delete_requested.connect(c.delete_conversation)
+        self.sidebar.search_changed.connect(lambda _: self._refresh_conversations())
+        self.composer.send_requested.connect(self._send)
+        self.composer.stop_requested.connect(c.stop)
+        self.chat_view.edit_submitted.connect(c.edit_and_resend)
+        self.chat_view.delete_requested.connect(c.delete_message)
+        self.chat_view.regenerate_requested.connect(c.regenerate)
+        self.settings_panel.settings_changed.connect(c.update_settings)
+        self.settings_panel.choose_model_requested.connect(lambda: self.show_page("models"))
+        self.settings_button.toggled.connect(self.settings_panel.setVisible)
+        self.models_page.use_requested.connect(self._use_model)
+        self.models_page.add_requested.connect(self._add_model)
+        self.models_page.refresh_requested.connect(self._refresh_models)
+        self.notice_bar.action_triggered.connect(self._undo_delete)
+        c.conversations_changed.connect(self._refresh_conversations)
+        c.conversation_opened.connect(self._on_conversation_opened)
+        c.messages_changed.connect(self._on_messages_changed)
+        c.reply_text.connect(self.chat_view.set_streaming_text)
+        c.generating_changed.connect(self.composer.set_generating)
+        c.model_changed.connect(self._on_model_changed)
+        c.status.connect(lambda text: self.statusBar().showMessage(text))
+        c.notice.connect(self.notice_bar.show_notice)
+        c.context_usage.connect(self.composer.set_context_usage)
+        c.conversation_deleted.connect(self._on_deleted)
+        QShortcut(QKeySequence.StandardKey.New, self, activated=c.new_conversation)
+        QShortcut(QKeySequence(Qt.Key.Key_Escape), self, activated=c.stop)
+        QShortcut(QKeySequence("Ctrl+,"), self, activated=self.settings_button.toggle)
+        QShortcut(QKeySequence.StandardKey.Find, self, activated=self.sidebar.search.setFocus)
+
+    # -- pages ---------------------------------------------------------------------------------------
+    def show_page(self, name: str) -> None:
+        self.stack.setCurrentWidget(self.pages[name])
+        self.nav_buttons[name].setChecked(True)
+        if name == "models":
+            self._refresh_models()
+
+    def _refresh_models(self) -> None:
+        try:
+            models = self.model_choices.list()
+        except Exception as exc:  # noqa: BLE001 - a broken scan must not take the window down
+            self.notice_bar.show_notice("error", f"Could not list the models: {exc}")
+            models = []
+        self.models_page.set_models(models, self.controller.model_path())
+
+    def _use_model(self, path: str) -> None:
+        self.controller.set_model(path)
+        self.show_page("chat")
+
+    def _add_model(self, path: str) -> None:
+        try:
+            choice = self.model_choices.add_file(path)
+        except Exception as exc:  # noqa: BLE001 - the library explains what is wrong with the file
+            self.notice_bar.show_notice("error", f"Could not add {path}: {exc}")
+            return
+        self._refresh_models()
+        if choice.usable:
+            self._use_model(choice.path)
+
+    # -- rendering the controller's state -----------------------------------------------------------------
+    def _send(self, text: str) -> None:
+        self.settings_panel.flush()
+        self.controller.send(text)
+        self.chat_view.scroll_to_bottom()
+
+    def _refresh_conversations(self) -> None:
+        c = self.controller
+        self.sidebar.set_conversations(c.store.conversations(self.sidebar.search.text()), c.current_id)
+        if c.current_id is not None:
+            title = c.store.conversation(c.current_id).title
+            self.title.setText(title)
+            self.setWindowTitle(f"{title} — Hearth")
+
+    def _on_conversation_opened(self, conversation_id: int) -> None:
+        self._refresh_conversations()
+        self.settings_panel.set_settings(self.controller.settings())
+        self._show_model_text()
+        self._on_messages_changed(conversation_id)
+        self.chat_view.scroll_to_bottom()
+        self.composer.edit.setFocus()
+
+    def _on_messages_changed(self, conversation_id: int) -> None:
+        c = self.controller
+        if conversation_id != c.current_id:
+            return
+        name = c.model_info.get("name") or "Assistant"
+        self.chat_view.set_messages(c.messages(), c.streaming_message_id() if c.is_generating() else None, name,
+                                    self._empty_text())
+
+    def _empty_text(self) -> str:
+        name = self.controller.model_info.get("name")
+        state = f"{name} is ready." if name else "The model is loading; you can start typing."
+        return f"<h2>Start a conversation</h2><p>{state}</p><p>Everything stays on this computer.</p>"
+
+    def _on_model_changed(self, info: dict) -> None:
+        self.models_page.set_current(info)
+        self._show_model_text()
+        self._on_messages_changed(self.controller.current_id)
+
+    def _show_model_text(self) -> None:
+        info = self.controller.model_info
+        path = self.controller.model_path() or ""
+        name = info.get("name") if info and info.get("path") == path else path.rsplit("/", 1)[-1] or "No model"
+        self.composer.set_model_text(name)
+        self.settings_panel.set_model(name)
+
+    def _on_deleted(self, conversation_id: int, title: str) -> None:
+        self._deleted = (conversation_id, title)
+        self.notice_bar.show_notice("info", f"Deleted “{title}”.", action="Undo")
+
+    def _undo_delete(self) -> None:
+        if self._deleted:
+            self.controller.undo_delete(self._deleted[0])
+            self._deleted = None
+

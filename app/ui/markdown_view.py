@@ -1,0 +1,180 @@
+"""Renders Markdown as a column of prose blocks (QTextBrowser) and code blocks with a copy button."""
+
+from __future__ import annotations
+
+import math
+
+from PySide6.QtCore import QTimer, Qt, Signal
+from PySide6.QtGui import QFontDatabase, QGuiApplication
+from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QSizePolicy, QTextBrowser, QToolButton,
+                               QVBoxLayout, QWidget)
+
+from ..markdown_blocks import Block, split_blocks
+from .theme import icon
+
+
+class ProseBlock(QTextBrowser):
+    """A borderless, transparent QTextBrowser exactly as tall as its text; wheel events go to the chat scroll.
+
+    Signals:
+        none of its own (QTextBrowser's).
+    """
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self._text = None
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.setOpenExternalLinks(True)
+        self.setObjectName("prose")
+        self.viewport().setAutoFillBackground(False)
+        self.document().setDocumentMargin(1)
+        self.document().documentLayout().documentSizeChanged.connect(self._fit)
+
+    def set_markdown(self, text: str) -> None:
+        if text != self._text:
+            self._text = text
+            self.setMarkdown(text)
+            self._fit()
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().resizeEvent(event)
+        self._fit()
+
+    def wheelEvent(self, event) -> None:  # noqa: N802
+        event.ignore()
+
+    def minimumSizeHint(self):  # noqa: N802
+        hint = super().minimumSizeHint()
+        hint.setWidth(40)
+        return hint
+
+    def _fit(self, *_) -> None:
+        self.document().setTextWidth(self.viewport().width())
+        height = math.ceil(self.document().size().height()) + 2 * self.frameWidth()
+        if height != self.height():
+            self.setFixedHeight(height)
+
+
+class CodeBlock(QFrame):
+    """A code block: a header with the language and a Copy button, then the code in a monospace, unwrapped view.
+
+    Signals:
+        copied(str): the code was put on the clipboard.
+    """
+
+    copied = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("codeBlock")
+        self._language = QLabel()
+        self._language.setObjectName("codeLanguage")
+        self.copy_button = QToolButton()
+        self.copy_button.setText("Copy")
+        self.copy_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.copy_button.setAutoRaise(True)
+        self.copy_button.setIcon(icon("copy", "muted"))
+        self.copy_button.setToolTip("Copy the code")
+        self.copy_button.clicked.connect(self.copy)
+        header = QHBoxLayout()
+        header.setContentsMargins(10, 2, 4, 0)
+        header.addWidget(self._language)
+        header.addStretch(1)
+        header.addWidget(self.copy_button)
+        self.code = QPlainTextEdit()
+        self.code.setReadOnly(True)
+        self.code.setFrameShape(QFrame.Shape.NoFrame)
+        self.code.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
+        self.code.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.code.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
+        self.code.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(1, 1, 1, 1)
+        layout.setSpacing(0)
+        layout.addLayout(header)
+        layout.addWidget(self.code)
+
+    def set_block(self, block: Block) -> None:
+        self._language.setText(block.language or "code")
+        if self.code.toPlainText() != block.text:
+            self.code.setPlainText(block.text)
+            self._fit()
+
+    def text(self) -> str:
+        return self.code.toPlainText()
+
+    def copy(self) -> None:
+        QGuiApplication.clipboard().setText(self.text())
+        self.copy_button.setText("Copied")
+        QTimer.singleShot(1500, lambda: self.copy_button.setText("Copy"))
+        self.copied.emit(self.text())
+
+    def _fit(self) -> None:
+        lines = max(1, self.code.document().blockCount())
+        metrics = self.code.fontMetrics()
+        scroll = self.code.horizontalScrollBar().sizeHint().height() if self._too_wide() else 0
+        self.code.setFixedHeight(lines * metrics.lineSpacing() + 2 * int(self.code.document().documentMargin())
+                                 + 6 + scroll)
+
+    def _too_wide(self) -> bool:
+        metrics = self.code.fontMetrics()
+        widest = max((metrics.horizontalAdvance(line) for line in self.code.toPlainText().split("\n")), default=0)
+        return widest + 12 > self.code.viewport().width()
+
+    def resizeEvent(self, event) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        self._fit()
+
+
+
+
+class MarkdownView(QWidget):
+    """A column of ProseBlock and CodeBlock widgets for one Markdown text, reused as the text streams in.
+
+    Signals:
+        none.
+    """
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self._layout = QVBoxLayout(self)
+        self._layout.setContentsMargins(0, 0, 0, 0)
+        self._layout.setSpacing(8)
+        self._blocks: list[tuple[str, QWidget]] = []
+        self.markdown = ""
+
+    def set_markdown(self, markdown: str) -> None:
+        if markdown == self.markdown:
+            return
+        self.markdown = markdown
+        blocks = split_blocks(markdown)
+        for i, block in enumerate(blocks):
+            if i < len(self._blocks) and self._blocks[i][0] == block.kind:
+                widget = self._blocks[i][1]
+            else:
+                widget = ProseBlock() if block.kind == "text" else CodeBlock()
+                self._replace(i, block.kind, widget)
+            if block.kind == "text":
+                widget.set_markdown(block.text)
+            else:
+                widget.set_block(block)
+        for _, widget in self._blocks[len(blocks):]:
+            self._layout.removeWidget(widget)
+            widget.deleteLater()
+        del self._blocks[len(blocks):]
+
+    def code_blocks(self) -> list[CodeBlock]:
+        return [w for kind, w in self._blocks if kind == "code"]
+
+    def _replace(self, index: int, kind: str, widget: QWidget) -> None:
+        if index < len(self._blocks):
+            old = self._blocks[index][1]
+            self._layout.replaceWidget(old, widget)
+            old.deleteLater()
+            self._blocks[index] = (kind, widget)
+        else:
+            self._layout.addWidget(widget)
+            self._blocks.append((kind, widget))

@@ -1,0 +1,99 @@
+"""The Models page: the loaded model, every model Hearth can run, and adding a GGUF file."""
+
+from __future__ import annotations
+
+from html import escape
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (QFileDialog, QFrame, QHBoxLayout, QLabel, QListWidget, QListWidgetItem, QPushButton,
+                               QVBoxLayout, QWidget)
+
+from ..model_choices import ModelChoice
+
+PATH_ROLE = Qt.ItemDataRole.UserRole
+
+
+class ModelsPage(QFrame):
+    """Shows models and emits the user's choice.
+
+    Signals:
+        use_requested(str): use the model at this path for the shown conversation.
+        add_requested(str): add this GGUF file to the library.
+        refresh_requested(): list the models again.
+    """
+
+    use_requested = Signal(str)
+    add_requested = Signal(str)
+    refresh_requested = Signal()
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        title = QLabel("Models")
+        title.setObjectName("pageTitle")
+        self.current = QLabel("No model loaded yet.")
+        self.current.setObjectName("currentModel")
+        self.current.setWordWrap(True)
+        self.current.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.list = QListWidget()
+        self.list.setObjectName("modelList")
+        self.list.itemDoubleClicked.connect(self._use)
+        self.list.currentItemChanged.connect(self._update_buttons)
+        self.use_button = QPushButton("Use in this conversation")
+        self.use_button.clicked.connect(lambda: self._use(self.list.currentItem()))
+        add = QPushButton("Add a GGUF file…")
+        add.clicked.connect(self._add)
+        refresh = QPushButton("Refresh")
+        refresh.clicked.connect(self.refresh_requested)
+        buttons = QHBoxLayout()
+        buttons.addWidget(add)
+        buttons.addWidget(refresh)
+        buttons.addStretch(1)
+        buttons.addWidget(self.use_button)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(24, 20, 24, 20)
+        layout.setSpacing(10)
+        layout.addWidget(title)
+        layout.addWidget(self.current)
+        layout.addWidget(QLabel("Available models"))
+        layout.addWidget(self.list, 1)
+        layout.addLayout(buttons)
+        self._update_buttons()
+
+    def set_models(self, models: list[ModelChoice], current_path: str | None) -> None:
+        self.list.clear()
+        for m in models:
+            text = f"{m.name}\n{m.detail}" + (f"\n{m.problem}" if m.problem else "")
+            item = QListWidgetItem(text)
+            item.setData(PATH_ROLE, m.path)
+            item.setToolTip(m.path)
+            if not m.usable:
+                item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsEnabled)
+            self.list.addItem(item)
+            if m.path == current_path:
+                self.list.setCurrentItem(item)
+        if not models:
+            self.list.addItem("No models found. Add a GGUF file to start.")
+        self._update_buttons()
+
+    def set_current(self, info: dict) -> None:
+        if not info:
+            self.current.setText("No model loaded.")
+            return
+        lines = [f"<b>{escape(info.get('name', ''))}</b> — loaded",
+                 f"{escape(info.get('arch', ''))} · context {info.get('n_ctx', 0):,} tokens"
+                 f" · {escape(info.get('backend', ''))} backend", escape(info.get("path", ""))]
+        lines += [f"<i>{escape(n)}</i>" for n in info.get("notices", [])]
+        self.current.setText("<br>".join(lines))
+
+    def _use(self, item: QListWidgetItem | None) -> None:
+        if item is not None and item.data(PATH_ROLE) and item.flags() & Qt.ItemFlag.ItemIsEnabled:
+            self.use_requested.emit(item.data(PATH_ROLE))
+
+    def _add(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Add a GGUF model", "", "GGUF models (*.gguf)")
+        if path:
+            self.add_requested.emit(path)
+
+    def _update_buttons(self, *_) -> None:
+        item = self.list.currentItem()
+        self.use_button.setEnabled(bool(item and item.data(PATH_ROLE) and item.flags() & Qt.ItemFlag.ItemIsEnabled))

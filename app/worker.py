@@ -1,0 +1,280 @@
+"""The engine worker: a QObject on its own QThread that loads models and streams replies; and its host.
+
+The GUI thread talks to the worker only through queued signals. The one direct call is ``request_stop``,
+which sets a flag the generation loop checks every token and calls ``Model.cancel`` (documented
+thread-safe by the engine) so a long prefill stops at its next chunk too.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+
+from PySide6.QtCore import QObject, QThread, Signal, Slot
+
+COALESCE_S = 0.03  # emit streamed text at most this often, so the GUI repaints at ~30 Hz at most
+
+EngineFactory = Callable[[str, int], object]  # (gguf path, n_ctx) -> engine.model.Model
+
+
+def load_engine_model(path: str, n_ctx: int):
+    """The real engine factory: ``engine.model.load`` with automatic backend choice."""
+    import engine.model
+    return engine.model.load(path, backend="auto", n_ctx=n_ctx)
+
+
+def make_sampling_params(options: dict):
+    from engine.sampling import SamplingParams
+    return SamplingParams(**options)
+
+
+def classify(exc: BaseException) -> bool:
+    """True when ``exc`` says something about the user's input and the worker itself is still sound."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return bool(names & {"ModelFormatError", "BackendUnavailableError", "ContextOverflowError", "TemplateError",
+                         "TemplateRenderError", "FileNotFoundError", "PermissionError", "IsADirectoryError"})
+
+
+def describe(exc: BaseException) -> str:
+    """A readable one-paragraph message for an engine exception."""
+    if isinstance(exc, MemoryError):
+        return "Not enough memory for this model or context length. Try a smaller context length or model."
+    text = str(exc).strip() or type(exc).__name__
+    return text[0].upper() + text[1:] if text else text
+
+
+class EngineWorker(QObject):
+    """Owns one loaded model and runs it; lives on the engine thread and never touches a widget.
+
+    Signals:
+        loaded(dict): a model is ready: path, name, n_ctx, arch, backend, notices.
+        unloaded(): the model was closed.
+        load_failed(str, str): path and a readable reason.
+        tokens(int, str): request id and new reply text, coalesced to one emit per ~30 ms.
+        finished(int, dict): request id and stats (tokens, timings, finish_reason, dropped, n_ctx).
+        error(int, str): request id and a readable reason the request failed.
+        progress(str): what the engine is doing now, for the status line.
+        crashed(str): an unexpected exception left the worker in doubt; the host replaces it.
+    """
+
+    loaded = Signal(dict)
+    unloaded = Signal()
+    load_failed = Signal(str, str)
+    tokens = Signal(int, str)
+    finished = Signal(int, dict)
+    error = Signal(int, str)
+    progress = Signal(str)
+    crashed = Signal(str)
+
+    def __init__(self, engine_factory: EngineFactory = load_engine_model,
+                 params_factory: Callable[[dict], object] = make_sampling_params):
+        super().__init__()
+        self._engine_factory = engine_factory
+        self._params_factory = params_factory
+        self._model = None
+        self._model_key: tuple[str, int] | None = None
+        self._stopped_through = -1  # every request id up to this one was asked to stop
+
+    # -- called from the GUI thread --------------------------------------------------------------------
+    def request_stop(self, request_id: int) -> None:
+        """Stop request ``request_id`` (and any earlier one); thread-safe."""
+        self._stopped_through = max(self._stopped_through, request_id)
+        model = self._model
+        if model is not None:
+            model.cancel()
+
+    # -- slots, run on the engine thread ------------------------------------------------------------
+    @Slot(str, int)
+    def load(self, path: str, n_ctx: int) -> None:
+        try:
+            self._ensure_model(path, n_ctx)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a message; nothing is left loaded
+            self._close_model()
+            self.load_failed.emit(path, describe(exc))
+
+    @Slot()
+    def unload(self) -> None:
+        if self._model is not None:
+            self._close_model()
+            self.unloaded.emit()
+
+    @Slot(int, str, int, list, dict)
+    def generate(self, request_id: int, path: str, n_ctx: int, messages: list, options: dict) -> None:
+        """Stream a reply to ``messages``; options: max_tokens and the sampling parameters."""
+        if self._stopped_through >= request_id:
+            self.finished.emit(request_id, {"finish_reason": "cancelled", "generated_tokens": 0})
+            return
+        try:
+            self._ensure_model(path, n_ctx)
+        except Exception as exc:  # noqa: BLE001
+            self._close_model()
+            self.load_failed.emit(path, describe(exc))
+            self.error.emit(request_id, f"Could not load the model: {describe(exc)}")
+            return
+        try:
+            self._stream(request_id, messages, dict(options))
+        except Exception as exc:  # noqa: BLE001
+            self.error.emit(request_id, describe(exc))
+            if not classify(exc):
+                self._close_model()
+                self.crashed.emit(_summary(exc))
+
+    def shutdown(self) -> None:
+        """Close the model; called by the host once the engine thread has ended."""
+        self._close_model()
+
+    # -- internals ---------------------------------------------------------------------------------------
+    def _ensure_model(self, path: str, n_ctx: int) -> None:
+        if self._model is not None and self._model_key == (path, n_ctx):
+            return
+        self._close_model()
+        self.progress.emit(f"Loading {_basename(path)}…")
+        model = self._engine_factory(path, n_ctx)
+        self._model, self._model_key = model, (path, n_ctx)
+        self.loaded.emit({"path": path, "name": model.name, "n_ctx": model.n_ctx,
+                          "arch": getattr(model.config, "arch", ""), "notices": list(model.notices),
+                          "backend": getattr(model.backend, "name", "")})
+
+    def _close_model(self) -> None:
+        model, self._model, self._model_key = self._model, None, None
+        if model is not None:
+            try:
+                model.close()
+            except Exception:  # noqa: BLE001 - closing a broken model must not hide the original error
+                pass
+
+    def _stream(self, request_id: int, messages: list, options: dict) -> None:
+        max_tokens = int(options.pop("max_tokens", 512))
+        self.progress.emit("Reading the conversation…")
+        dropped, events = self._model.chat(messages, params=self._params_factory(options), max_tokens=max_tokens,
+                                           overflow="drop_oldest")
+        pending, last_emit, last = "", time.monotonic(), None
+        for event in events:
+            last = event
+            pending += event.text
+            if self._stopped_through >= request_id:
+                break
+            if pending and time.monotonic() - last_emit >= COALESCE_S:
+                self.tokens.emit(request_id, pending)
+                pending, last_emit = "", time.monotonic()
+        if pending:
+            self.tokens.emit(request_id, pending)
+        self.finished.emit(request_id, self._stats(last, dropped, request_id))
+
+    def _stats(self, last, dropped: int, request_id: int) -> dict:
+        stats = {"dropped": dropped, "n_ctx": self._model.n_ctx, "model": self._model.name}
+        if last is None:  # cancelled during prefill
+            return {**stats, "finish_reason": "cancelled", "generated_tokens": 0}
+        reason = last.finish_reason or ("cancelled" if self._stopped_through >= request_id else "length")
+        return {**stats, "finish_reason": reason, "generated_tokens": last.generated_tokens,
+                "prompt_tokens": last.prompt_tokens, "cached_tokens": last.cached_tokens,
+                "prefill_s": round(last.prefill_s, 4), "decode_s": round(last.decode_s, 4),
+                "prefill_tps": round(last.prefill_tps, 2), "decode_tps": round(last.decode_tps, 2),
+                "context_used": last.prompt_tokens + last.generated_tokens}
+
+
+class EngineHost(QObject):
+    """Runs an EngineWorker on a QThread, forwards requests to it as queued signals, and replaces it if it crashes.
+
+    Signals:
+        load_requested(str, int): path and n_ctx, to the worker.
+        prompt_requested(int, str, int, list, dict): request id, path, n_ctx, messages, options, to the worker.
+        unload_requested(): to the worker.
+        loaded(dict), unloaded(), load_failed(str, str), tokens(int, str), finished(int, dict),
+        error(int, str), progress(str): forwarded from the worker.
+        restarted(str): the worker crashed and was replaced; the text says what happened.
+    """
+
+    load_requested = Signal(str, int)
+    prompt_requested = Signal(int, str, int, list, dict)
+    unload_requested = Signal()
+    loaded = Signal(dict)
+    unloaded = Signal()
+    load_failed = Signal(str, str)
+    tokens = Signal(int, str)
+    finished = Signal(int, dict)
+    error = Signal(int, str)
+    progress = Signal(str)
+    restarted = Signal(str)
+
+    def __init__(self, engine_factory: EngineFactory = load_engine_model,
+                 params_factory: Callable[[dict], object] = make_sampling_params, parent: QObject | None = None):
+        super().__init__(parent)
+        self._engine_factory = engine_factory
+        self._params_factory = params_factory
+        self._next_id = 0
+        self._thread: QThread | None = None
+        self._worker: EngineWorker | None = None
+        self._last_load: tuple[str, int] | None = None
+        self.restarts = 0
+        self._start()
+
+    def _start(self) -> None:
+        self._thread = QThread()
+        self._thread.setObjectName("hearth-engine")
+        self._worker = EngineWorker(self._engine_factory, self._params_factory)
+        self._worker.moveToThread(self._thread)
+        w = self._worker
+        self._links = [(self.load_requested, w.load), (self.prompt_requested, w.generate),
+                       (self.unload_requested, w.unload), (w.crashed, self._on_crashed)]
+        self._links += [(getattr(w, name), getattr(self, name)) for name in
+                        ("loaded", "unloaded", "load_failed", "tokens", "finished", "error", "progress")]
+        for signal, slot in self._links:
+            signal.connect(slot)
+        self._thread.start()
+
+    def _stop_thread(self) -> None:
+        worker, thread = self._worker, self._thread
+        if thread is None:
+            return
+        worker.request_stop(self._next_id)
+        for signal, slot in self._links:
+            signal.disconnect(slot)
+        thread.quit()
+        thread.wait()
+        worker.shutdown()  # the thread has ended, so closing the model here races with nothing
+        self._worker = self._thread = None
+
+    # -- requests from the GUI thread -----------------------------------------------------------------
+    def load(self, path: str, n_ctx: int) -> None:
+        self._last_load = (path, n_ctx)
+        self.load_requested.emit(path, n_ctx)
+
+    def unload(self) -> None:
+        self._last_load = None
+        self.unload_requested.emit()
+
+    def generate(self, path: str, n_ctx: int, messages: list[dict], options: dict) -> int:
+        """Queue a reply; returns its request id (tokens/finished/error carry it)."""
+        self._next_id += 1
+        self._last_load = (path, n_ctx)
+        self.prompt_requested.emit(self._next_id, path, n_ctx, [dict(m) for m in messages], dict(options))
+        return self._next_id
+
+    def stop(self, request_id: int) -> None:
+        if self._worker is not None:
+            self._worker.request_stop(request_id)
+
+    def shutdown(self) -> None:
+        """Stop any generation, close the model and end the thread (waits for the current chunk)."""
+        self._stop_thread()
+
+    @Slot(str)
+    def _on_crashed(self, summary: str) -> None:
+        self.restarts += 1
+        self._stop_thread()
+        self._start()
+        self.restarted.emit(f"The engine hit an unexpected error and was restarted ({summary}).")
+        if self._last_load is not None:
+            self.load_requested.emit(*self._last_load)
+
+
+def _basename(path: str) -> str:
+    return path.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def _summary(exc: BaseException) -> str:
+    frame = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+    where = f" at {_basename(frame[0].filename)}:{frame[0].lineno}" if frame else ""
+    return f"{type(exc).__name__}: {exc}{where}"

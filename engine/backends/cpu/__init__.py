@@ -1,0 +1,1 @@
+"""Fast CPU kernels: matrix products on packed GGUF blocks (C extension with a NumPy fallback)."""

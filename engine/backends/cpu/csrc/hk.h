@@ -1,0 +1,98 @@
+/* Shared declarations of Hearth's CPU kernels: GGUF type table, activation layout, per-ISA kernel tables. */
+#ifndef HK_H
+#define HK_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/* GGML type ids, as stored in GGUF files. */
+enum {
+    HK_F32 = 0, HK_F16 = 1, HK_Q4_0 = 2, HK_Q4_1 = 3, HK_Q5_0 = 6, HK_Q5_1 = 7, HK_Q8_0 = 8,
+    HK_Q2_K = 10, HK_Q3_K = 11, HK_Q4_K = 12, HK_Q5_K = 13, HK_Q6_K = 14, HK_BF16 = 30,
+    HK_TQ1_0 = 34, HK_TQ2_0 = 35, HK_NTYPES = 40,
+};
+
+#define HK_QK 32    /* elements per block of the legacy types (and of Q8_32 activations) */
+#define HK_QK_K 256 /* elements per super-block of the K and ternary types (and of Q8_K activations) */
+#define HK_MAX_NT 4 /* tokens per tile: each weight block is decoded once per tile */
+
+/* How a weight type wants its activations. */
+typedef enum { HK_ACT_F32, HK_ACT_Q8_32, HK_ACT_Q8_K } hk_act_kind;
+
+typedef struct {
+    int id;
+    const char *name;
+    int block;     /* elements per block */
+    int type_size; /* bytes per block */
+    hk_act_kind act;
+} hk_type;
+
+/* The one table of supported types; NULL for an unsupported id. */
+const hk_type *hk_type_info(int id);
+
+/* One token's activations in the form its weight type consumes. Unused fields are NULL. */
+typedef struct {
+    const float *f;       /* HK_ACT_F32: (cols,) the raw activations */
+    const int8_t *qs;     /* (cols,) quantized values */
+    const float *d;       /* (cols/32,) or (cols/256,) scale of each block */
+    const float *ds;      /* HK_ACT_Q8_32: (cols/32,) d * sum(qs) of each block */
+    const int16_t *bsums; /* HK_ACT_Q8_K: (cols/16,) sum of qs over each 16 */
+} hk_act;
+
+/* Dot products of one weight row (nb blocks at w) with nt <= HK_MAX_NT tokens: out[t * os] = w . a[t]. */
+typedef void (*hk_dot_fn)(int nb, const uint8_t *w, const hk_act *a, int nt, float *out, ptrdiff_t os);
+/* Quantize one token of cols floats (cols a multiple of the block) into the given arrays. */
+typedef void (*hk_quant32_fn)(const float *x, int cols, int8_t *qs, float *d, float *ds);
+typedef void (*hk_quantK_fn)(const float *x, int cols, int8_t *qs, float *d, int16_t *bsums);
+
+typedef struct {
+    const char *name;
+    hk_dot_fn dot[HK_NTYPES]; /* NULL: use the scalar kernel */
+    hk_quant32_fn quant32;    /* NULL: use the scalar one */
+    hk_quantK_fn quantK;
+} hk_isa;
+
+extern const hk_isa hk_isa_scalar;
+#if defined(__x86_64__) || defined(_M_X64)
+#define HK_X86 1
+extern const hk_isa hk_isa_avx2;
+extern const hk_isa hk_isa_avxvnni;
+extern const hk_isa hk_isa_avx512;
+#endif
+
+/* Scalar helpers shared by every translation unit. */
+float hk_f16_to_f32(uint16_t h);
+static inline uint16_t hk_u16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+static inline uint32_t hk_u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline float hk_bf16_to_f32(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+
+/* Unpack the 6-bit scales and mins of a Q4_K / Q5_K super-block (12 bytes) into sc[8] and mn[8]. */
+static inline void hk_unpack_k4_scales(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = s[j] & 63;
+        mn[j] = s[j + 4] & 63;
+        sc[j + 4] = (uint8_t)((s[j + 8] & 0xF) | ((s[j] >> 6) << 4));
+        mn[j + 4] = (uint8_t)((s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4));
+    }
+}
+
+/* Unpack the 16 signed 6-bit scales of a Q3_K super-block (12 bytes) into sc[16], already minus 32. */
+static inline void hk_unpack_q3k_scales(const uint8_t *s, int8_t *sc) {
+    for (int k = 0; k < 16; k++) {
+        int lo = (s[k % 8] >> (4 * (k / 8))) & 0xF;
+        int hi = (s[8 + k % 4] >> (2 * (k / 4))) & 3;
+        sc[k] = (int8_t)((lo | (hi << 4)) - 32);
+    }
+}
+
+/* The ternary TQ1_0 trit of byte q at power-of-three position (q * pow3 mod 256, then the top of * 3). */
+static inline int hk_trit(uint8_t q, uint8_t pow3) { return ((uint16_t)(uint8_t)(q * pow3) * 3) >> 8; }
+
+/* Scalar kernels and dequantization (kernels_scalar.c). */
+void hk_scalar_quant32(const float *x, int cols, int8_t *qs, float *d, float *ds);
+void hk_scalar_quantK(const float *x, int cols, int8_t *qs, float *d, int16_t *bsums);
+/* Dequantize one row of cols elements; returns 0, or -1 for an unsupported type. */
+int hk_dequantize_row(int type, const uint8_t *w, int cols, float *out);
+
+#endif

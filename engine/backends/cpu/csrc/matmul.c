@@ -1,0 +1,196 @@
+/* The matrix product driver: ISA selection, activation quantization into a reused scratch buffer, and
+   the row-chunk x token-tile split over the thread pool. */
+#include "matmul.h"
+
+#include <stdlib.h>
+
+#include "pool.h"
+
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#endif
+
+/* -- CPU features and ISA selection */
+
+void hk_cpu_features(hk_features *f) {
+    memset(f, 0, sizeof *f);
+#if defined(HK_X86) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    f->avx2 = __builtin_cpu_supports("avx2") != 0;
+    f->fma = __builtin_cpu_supports("fma") != 0;
+    f->f16c = __builtin_cpu_supports("f16c") != 0;
+    f->avx512f = __builtin_cpu_supports("avx512f") != 0;
+    f->avx512bw = __builtin_cpu_supports("avx512bw") != 0;
+    f->avx512vl = __builtin_cpu_supports("avx512vl") != 0;
+    f->avx512vnni = __builtin_cpu_supports("avx512vnni") != 0;
+    f->avx512bf16 = __builtin_cpu_supports("avx512bf16") != 0;
+    f->avxvnni = __builtin_cpu_supports("avxvnni") != 0;
+#elif defined(__aarch64__)
+    f->neon = 1;
+#if defined(__linux__) && defined(HWCAP_ASIMDDP)
+    f->dotprod = (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+#elif defined(__ARM_FEATURE_DOTPROD)
+    f->dotprod = 1;
+#endif
+#endif
+}
+
+typedef struct {
+    const char *name;
+    const hk_isa *isa;
+} isa_choice;
+
+/* The ISAs this CPU can run, best last. */
+static int usable_isas(isa_choice *out) {
+    int n = 0;
+    out[n++] = (isa_choice){"scalar", &hk_isa_scalar};
+#ifdef HK_X86
+    hk_features f;
+    hk_cpu_features(&f);
+    int avx2 = f.avx2 && f.fma && f.f16c;
+    if (avx2) out[n++] = (isa_choice){"avx2", &hk_isa_avx2};
+    if (avx2 && f.avxvnni) out[n++] = (isa_choice){"avxvnni", &hk_isa_avxvnni};
+    if (avx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni)
+        out[n++] = (isa_choice){"avx512", &hk_isa_avx512};
+#endif
+    return n;
+}
+
+static const hk_isa *ACTIVE = &hk_isa_scalar;
+
+int hk_select_isa(const char *name) {
+    isa_choice c[8];
+    int n = usable_isas(c);
+    if (name == NULL || strcmp(name, "auto") == 0 || name[0] == '\0') {
+        ACTIVE = c[n - 1].isa;
+        return 0;
+    }
+    for (int i = 0; i < n; i++)
+        if (strcmp(c[i].name, name) == 0) {
+            ACTIVE = c[i].isa;
+            return 0;
+        }
+    return -1;
+}
+
+const char *hk_isa_name(void) { return ACTIVE->name; }
+
+const char *hk_usable_isa_names(void) {
+    static char buf[128];
+    isa_choice c[8];
+    int n = usable_isas(c);
+    buf[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        if (i) strcat(buf, ", ");
+        strcat(buf, c[i].name);
+    }
+    return buf;
+}
+
+static hk_dot_fn dot_for(int type) { return ACTIVE->dot[type] ? ACTIVE->dot[type] : hk_isa_scalar.dot[type]; }
+
+/* -- scratch: quantized activations of every token, grown on demand and never shrunk */
+
+static void *SCRATCH;
+static size_t SCRATCH_SIZE;
+
+static void *scratch(size_t need) {
+    if (need <= SCRATCH_SIZE) return SCRATCH;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, need) != 0) return NULL;
+    free(SCRATCH);
+    SCRATCH = p;
+    SCRATCH_SIZE = need;
+    return p;
+}
+
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* Bytes of one token's quantized activations, each array 64-byte aligned. */
+static size_t act_bytes(hk_act_kind kind, int cols) {
+    if (kind == HK_ACT_Q8_32) return align64(cols) + 2 * align64(sizeof(float) * (cols / HK_QK));
+    if (kind == HK_ACT_Q8_K) return align64(cols) + align64(sizeof(float) * (cols / HK_QK_K)) + align64(2 * (cols / 16));
+    return 0;
+}
+
+static void quantize_token(hk_act_kind kind, const float *x, int cols, uint8_t *mem, hk_act *a) {
+    memset(a, 0, sizeof *a);
+    a->f = x;
+    if (kind == HK_ACT_F32) return;
+    int8_t *qs = (int8_t *)mem;
+    float *d = (float *)(mem + align64(cols));
+    if (kind == HK_ACT_Q8_32) {
+        float *ds = (float *)((uint8_t *)d + align64(sizeof(float) * (cols / HK_QK)));
+        (ACTIVE->quant32 ? ACTIVE->quant32 : hk_scalar_quant32)(x, cols, qs, d, ds);
+        a->ds = ds;
+    } else {
+        int16_t *bs = (int16_t *)((uint8_t *)d + align64(sizeof(float) * (cols / HK_QK_K)));
+        (ACTIVE->quantK ? ACTIVE->quantK : hk_scalar_quantK)(x, cols, qs, d, bs);
+        a->bsums = bs;
+    }
+    a->qs = qs;
+    a->d = d;
+}
+
+/* -- the product */
+
+typedef struct {
+    hk_dot_fn dot;
+    hk_act_kind kind;
+    const uint8_t *w;
+    ptrdiff_t w_stride;
+    int nb, rows, cols, n, chunk;
+    const float *x;
+    uint8_t *act_mem;
+    size_t act_size;
+    hk_act *acts;
+    float *out;
+} mm_job;
+
+static void quantize_task(void *ctx, int t) {
+    mm_job *j = ctx;
+    quantize_token(j->kind, j->x + (size_t)t * j->cols, j->cols, j->act_mem + (size_t)t * j->act_size, &j->acts[t]);
+}
+
+/* One chunk of rows against every token, HK_MAX_NT tokens at a time; the chunk stays in L1/L2 across tiles. */
+static void rows_task(void *ctx, int task) {
+    mm_job *j = ctx;
+    int r0 = task * j->chunk, r1 = r0 + j->chunk < j->rows ? r0 + j->chunk : j->rows;
+    for (int t0 = 0; t0 < j->n; t0 += HK_MAX_NT) {
+        int nt = j->n - t0 < HK_MAX_NT ? j->n - t0 : HK_MAX_NT;
+        for (int r = r0; r < r1; r++)
+            j->dot(j->nb, j->w + (ptrdiff_t)r * j->w_stride, j->acts + t0, nt, j->out + (size_t)t0 * j->rows + r, j->rows);
+    }
+}
+
+static int chunk_rows(int rows, int n, size_t row_bytes) {
+    int threads = hk_pool_threads();
+    if (n == 1) { /* bandwidth-bound: enough chunks for balance on a noisy machine, few enough to be cheap */
+        int c = rows / (threads * 16);
+        return c < 8 ? 8 : c;
+    }
+    size_t c = (size_t)24576 / (row_bytes ? row_bytes : 1); /* a chunk of weights that stays in L1 */
+    if (c < 4) c = 4;
+    if (c > 64) c = 64;
+    return (int)c;
+}
+
+int hk_matmul(int type, const uint8_t *w, ptrdiff_t w_stride, int rows, int cols, const float *x, int n, float *out) {
+    const hk_type *ti = hk_type_info(type);
+    mm_job j = {.dot = dot_for(type), .kind = ti->act, .w = w, .w_stride = w_stride, .nb = cols / ti->block,
+                .rows = rows, .cols = cols, .n = n, .x = x, .out = out};
+    if (rows == 0 || n == 0) return 0;
+    j.act_size = act_bytes(j.kind, cols);
+    size_t acts_bytes = align64(sizeof(hk_act) * (size_t)n);
+    uint8_t *mem = scratch(acts_bytes + j.act_size * (size_t)n);
+    if (!mem) return -1;
+    j.acts = (hk_act *)mem;
+    j.act_mem = mem + acts_bytes;
+    if (n == 1 || j.kind == HK_ACT_F32)
+        for (int t = 0; t < n; t++) quantize_task(&j, t);
+    else
+        hk_pool_run(quantize_task, &j, n);
+    j.chunk = chunk_rows(rows, n, (size_t)cols / ti->block * ti->type_size);
+    hk_pool_run(rows_task, &j, (rows + j.chunk - 1) / j.chunk);
+    return 0;
+}

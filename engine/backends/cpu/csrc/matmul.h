@@ -1,0 +1,24 @@
+/* The matrix product driver and runtime ISA selection. */
+#ifndef HK_MATMUL_H
+#define HK_MATMUL_H
+
+#include "hk.h"
+
+typedef struct {
+    int avx2, fma, f16c, avx512f, avx512bw, avx512vl, avx512vnni, avx512bf16, avxvnni, neon, dotprod;
+} hk_features;
+
+void hk_cpu_features(hk_features *f);
+
+/* Use the named ISA ("scalar", "avx2", "avxvnni", "avx512"; "auto" or NULL: the best this CPU runs).
+   Returns 0, or -1 when the name is unknown or this CPU cannot run it. */
+int hk_select_isa(const char *name);
+const char *hk_isa_name(void);
+/* The names this CPU can run, comma-separated (for error messages). */
+const char *hk_usable_isa_names(void);
+
+/* out (n, rows) = x (n, cols) @ W.T for W given as rows of packed blocks, w_stride bytes apart.
+   Returns 0, or -1 when the scratch buffer could not grow. Not re-entrant: callers serialise. */
+int hk_matmul(int type, const uint8_t *w, ptrdiff_t w_stride, int rows, int cols, const float *x, int n, float *out);
+
+#endif

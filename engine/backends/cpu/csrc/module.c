@@ -1,0 +1,223 @@
+/* The Python module engine.backends.cpu._kernels: argument checks, GIL release, and one lock around the
+   pool and scratch buffer so concurrent callers queue instead of racing. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+#include <pthread.h>
+
+#include "matmul.h"
+#include "pool.h"
+
+static pthread_mutex_t COMPUTE = PTHREAD_MUTEX_INITIALIZER;
+
+/* The packed weights: a 2-D uint8 array whose rows are whole blocks of qtype, bytes contiguous in a row. */
+static const hk_type *check_weights(PyObject *obj, int qtype, int *rows, int *cols) {
+    const hk_type *ti = hk_type_info(qtype);
+    if (!ti) {
+        PyErr_Format(PyExc_ValueError, "GGML type %d is not supported by the CPU kernels", qtype);
+        return NULL;
+    }
+    if (!PyArray_Check(obj)) {
+        PyErr_SetString(PyExc_TypeError, "w must be a numpy array of packed blocks");
+        return NULL;
+    }
+    PyArrayObject *w = (PyArrayObject *)obj;
+    if (PyArray_TYPE(w) != NPY_UINT8 || PyArray_NDIM(w) != 2 || (PyArray_DIM(w, 1) > 1 && PyArray_STRIDE(w, 1) != 1)) {
+        PyErr_SetString(PyExc_ValueError, "w must be a uint8 array (rows, row_bytes) with contiguous bytes in each row");
+        return NULL;
+    }
+    npy_intp nrows = PyArray_DIM(w, 0), row_bytes = PyArray_DIM(w, 1);
+    if (row_bytes % ti->type_size != 0) {
+        PyErr_Format(PyExc_ValueError, "a %s row must be whole %d-byte blocks, got %zd bytes", ti->name, ti->type_size, (Py_ssize_t)row_bytes);
+        return NULL;
+    }
+    npy_intp ncols = row_bytes / ti->type_size * ti->block;
+    if (nrows > INT_MAX || ncols > INT_MAX / 2) {
+        PyErr_SetString(PyExc_ValueError, "w is too large for the CPU kernels");
+        return NULL;
+    }
+    *rows = (int)nrows;
+    *cols = (int)ncols;
+    return ti;
+}
+
+static int is_f32_c(PyObject *obj, int writeable) {
+    if (!PyArray_Check(obj)) return 0;
+    PyArrayObject *a = (PyArrayObject *)obj;
+    return PyArray_TYPE(a) == NPY_FLOAT32 && PyArray_NDIM(a) == 2 && PyArray_IS_C_CONTIGUOUS(a) && PyArray_ISALIGNED(a)
+           && (!writeable || PyArray_ISWRITEABLE(a));
+}
+
+static PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *names[] = {"w", "qtype", "x", "out", NULL};
+    PyObject *wobj, *xobj, *outobj = Py_None;
+    int qtype, rows, cols;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OiO|O:matmul", names, &wobj, &qtype, &xobj, &outobj)) return NULL;
+    const hk_type *ti = check_weights(wobj, qtype, &rows, &cols);
+    if (!ti) return NULL;
+    if (!is_f32_c(xobj, 0) || PyArray_DIM((PyArrayObject *)xobj, 1) != cols) {
+        PyErr_Format(PyExc_ValueError, "x must be a C-contiguous float32 array (n, %d)", cols);
+        return NULL;
+    }
+    PyArrayObject *x = (PyArrayObject *)xobj, *out;
+    npy_intp n = PyArray_DIM(x, 0);
+    if (n > INT_MAX) {
+        PyErr_SetString(PyExc_ValueError, "too many tokens");
+        return NULL;
+    }
+    if (outobj == Py_None) {
+        npy_intp dims[2] = {n, rows};
+        out = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_FLOAT32);
+        if (!out) return NULL;
+    } else {
+        if (!is_f32_c(outobj, 1) || PyArray_DIM((PyArrayObject *)outobj, 0) != n || PyArray_DIM((PyArrayObject *)outobj, 1) != rows) {
+            PyErr_Format(PyExc_ValueError, "out must be a writeable C-contiguous float32 array (%zd, %d)", (Py_ssize_t)n, rows);
+            return NULL;
+        }
+        out = (PyArrayObject *)outobj;
+        Py_INCREF(out);
+    }
+    const uint8_t *w = (const uint8_t *)PyArray_BYTES((PyArrayObject *)wobj);
+    ptrdiff_t w_stride = PyArray_STRIDE((PyArrayObject *)wobj, 0);
+    const float *xp = (const float *)PyArray_DATA(x);
+    float *op = (float *)PyArray_DATA(out);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&COMPUTE);
+    rc = hk_matmul(qtype, w, w_stride, rows, cols, xp, (int)n, op);
+    pthread_mutex_unlock(&COMPUTE);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
+        Py_DECREF(out);
+        return PyErr_NoMemory();
+    }
+    return (PyObject *)out;
+}
+
+static PyObject *py_get_rows(PyObject *self, PyObject *args) {
+    PyObject *wobj, *idobj;
+    int qtype, rows, cols;
+    if (!PyArg_ParseTuple(args, "OiO:get_rows", &wobj, &qtype, &idobj)) return NULL;
+    const hk_type *ti = check_weights(wobj, qtype, &rows, &cols);
+    if (!ti) return NULL;
+    PyArrayObject *ids = (PyArrayObject *)PyArray_FROMANY(idobj, NPY_INTP, 0, 1, NPY_ARRAY_IN_ARRAY);
+    if (!ids) return NULL;
+    npy_intp n = PyArray_SIZE(ids), dims[2] = {n, cols};
+    const npy_intp *idp = (const npy_intp *)PyArray_DATA(ids);
+    for (npy_intp i = 0; i < n; i++)
+        if (idp[i] < 0 || idp[i] >= rows) {
+            PyErr_Format(PyExc_IndexError, "row id %zd is out of range for %d rows", (Py_ssize_t)idp[i], rows);
+            Py_DECREF(ids);
+            return NULL;
+        }
+    PyArrayObject *out = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_FLOAT32);
+    if (!out) {
+        Py_DECREF(ids);
+        return NULL;
+    }
+    const uint8_t *w = (const uint8_t *)PyArray_BYTES((PyArrayObject *)wobj);
+    ptrdiff_t w_stride = PyArray_STRIDE((PyArrayObject *)wobj, 0);
+    float *op = (float *)PyArray_DATA(out);
+    Py_BEGIN_ALLOW_THREADS
+    for (npy_intp i = 0; i < n; i++) hk_dequantize_row(qtype, w + idp[i] * w_stride, cols, op + i * cols);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(ids);
+    return (PyObject *)out;
+}
+
+static PyObject *py_set_threads(PyObject *self, PyObject *arg) {
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 1 || n > HK_MAX_THREADS) {
+        PyErr_Format(PyExc_ValueError, "threads must be between 1 and %d, got %ld", HK_MAX_THREADS, n);
+        return NULL;
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&COMPUTE);
+    rc = hk_pool_set_threads((int)n);
+    pthread_mutex_unlock(&COMPUTE);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
+        PyErr_Format(PyExc_OSError, "could not start %ld threads (running with %d)", n, hk_pool_threads());
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_get_threads(PyObject *self, PyObject *unused) { return PyLong_FromLong(hk_pool_threads()); }
+
+static PyObject *py_set_isa(PyObject *self, PyObject *arg) {
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name) return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&COMPUTE);
+    rc = hk_select_isa(name);
+    pthread_mutex_unlock(&COMPUTE);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
+        PyErr_Format(PyExc_ValueError, "CPU ISA %R is unknown or not supported here (this CPU runs: auto, %s)", arg, hk_usable_isa_names());
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_isa(PyObject *self, PyObject *unused) { return PyUnicode_FromString(hk_isa_name()); }
+
+static PyObject *py_cpu_features(PyObject *self, PyObject *unused) {
+    hk_features f;
+    hk_cpu_features(&f);
+    return Py_BuildValue("{s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O}",
+                         "avx2", f.avx2 ? Py_True : Py_False, "fma", f.fma ? Py_True : Py_False,
+                         "f16c", f.f16c ? Py_True : Py_False, "avx512f", f.avx512f ? Py_True : Py_False,
+                         "avx512bw", f.avx512bw ? Py_True : Py_False, "avx512vl", f.avx512vl ? Py_True : Py_False,
+                         "avx512vnni", f.avx512vnni ? Py_True : Py_False, "avx512bf16", f.avx512bf16 ? Py_True : Py_False,
+                         "avxvnni", f.avxvnni ? Py_True : Py_False, "neon", f.neon ? Py_True : Py_False,
+                         "dotprod", f.dotprod ? Py_True : Py_False);
+}
+
+static PyObject *py_supported_types(PyObject *self, PyObject *unused) {
+    PyObject *ids = PyList_New(0);
+    if (!ids) return NULL;
+    for (int id = 0; id < HK_NTYPES; id++) {
+        if (!hk_type_info(id)) continue;
+        PyObject *v = PyLong_FromLong(id);
+        if (!v || PyList_Append(ids, v) != 0) {
+            Py_XDECREF(v);
+            Py_DECREF(ids);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    return ids;
+}
+
+static PyMethodDef METHODS[] = {
+    {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_VARARGS | METH_KEYWORDS, "matmul(w, qtype, x, out=None)"},
+    {"get_rows", py_get_rows, METH_VARARGS, "get_rows(w, qtype, ids)"},
+    {"set_threads", py_set_threads, METH_O, "set_threads(n)"},
+    {"get_threads", py_get_threads, METH_NOARGS, "get_threads()"},
+    {"set_isa", py_set_isa, METH_O, "set_isa(name)"},
+    {"isa", py_isa, METH_NOARGS, "isa()"},
+    {"cpu_features", py_cpu_features, METH_NOARGS, "cpu_features()"},
+    {"supported_types", py_supported_types, METH_NOARGS, "supported_types()"},
+    {NULL, NULL, 0, NULL},
+};
+
+static void module_free(void *m) { hk_pool_shutdown(); }
+
+static struct PyModuleDef MODULE = {
+    PyModuleDef_HEAD_INIT, "_kernels", "Matrix products on packed GGUF blocks (see kernels.py).", -1, METHODS,
+    NULL, NULL, NULL, module_free,
+};
+
+PyMODINIT_FUNC PyInit__kernels(void) {
+    import_array();
+    if (hk_select_isa("auto") != 0) {
+        PyErr_SetString(PyExc_ImportError, "no usable CPU kernel ISA");
+        return NULL;
+    }
+    return PyModule_Create(&MODULE);
+}

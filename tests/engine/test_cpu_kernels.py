@@ -1,0 +1,278 @@
+"""The C kernels against gguf's NumPy dequantizer: every type, awkward sizes, every ISA this CPU runs.
+
+Tolerance for the types whose activations are quantized to 8 bits: each activation x_j is replaced by
+d * round(x_j / d) with d = amax(block of x_j) / 127, an error of at most d / 2. The product's error is
+then at most sum_j |W_ij| * d_j / 2 (plus float rounding), which the tests compute per output element and
+assert; a wrong nibble order, scale or offset misses it by orders of magnitude. Float weight types
+(F32, F16, BF16) get float tolerance only.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+from engine.backends.cpu import kernels
+
+T = GGMLQuantizationType
+REPO = Path(__file__).resolve().parents[2]
+
+# Byte offsets of the float16 scale fields in each block; every other byte of a block may take any value.
+SCALE_FIELDS = {
+    T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,),
+    T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
+    T.TQ1_0: (52,), T.TQ2_0: (64,),
+}
+FLOAT_TYPES = (T.F32, T.F16, T.BF16)
+ALL_TYPES = tuple(SCALE_FIELDS) + FLOAT_TYPES
+ISA_REQUIREMENTS = {
+    "scalar": (), "avx2": ("avx2", "fma", "f16c"), "avxvnni": ("avx2", "fma", "f16c", "avxvnni"),
+    "avx512": ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni"),
+}
+
+
+def random_weights(qtype: T, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """Packed rows (rows, row_bytes): random bytes with sane float16 scales, or quantized floats."""
+    if qtype in FLOAT_TYPES:
+        packed = quantize(rng.standard_normal((rows, cols)).astype(np.float32), qtype).view(np.uint8)
+        return packed.reshape(rows, cols * GGML_QUANT_SIZES[qtype][1])
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    blocks = rng.integers(0, 256, (rows, cols // block, type_size), dtype=np.uint8)
+    for offset in SCALE_FIELDS[qtype]:
+        scales = rng.uniform(0.002, 0.02, (rows, cols // block)) * rng.choice([-1, 1], (rows, cols // block))
+        blocks[..., offset:offset + 2] = scales.astype(np.float16)[..., None].view(np.uint8)
+    return blocks.reshape(rows, cols // block * type_size)
+
+
+def reference(w: np.ndarray, qtype: T, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x @ W.T in float64 and the allowed error of each element."""
+    W = dequantize(w, qtype).astype(np.float64).reshape(w.shape[0], -1)
+    x64 = x.astype(np.float64)
+    rounding = 2e-5 * (np.abs(x64) @ np.abs(W).T) + 1e-30
+    if qtype in FLOAT_TYPES:
+        return x64 @ W.T, rounding
+    act_block = 32 if GGML_QUANT_SIZES[qtype][0] == 32 else 256
+    n, cols = x.shape
+    amax = np.abs(x64).reshape(n, cols // act_block, act_block).max(axis=-1, keepdims=True)
+    half_step = np.broadcast_to(amax / 127 * 0.5001, (n, cols // act_block, act_block)).reshape(n, cols)
+    return x64 @ W.T, half_step @ np.abs(W).T + rounding
+
+
+def assert_matches(w: np.ndarray, qtype: T, x: np.ndarray, got: np.ndarray) -> None:
+    want, tol = reference(w, qtype, x)
+    err = np.abs(got.astype(np.float64) - want)
+    worst = np.unravel_index(np.argmax(err / tol), err.shape)
+    assert got.shape == want.shape and got.dtype == np.float32
+    assert np.all(err <= tol), f"{qtype.name}: error {err[worst]:.3g} > allowed {tol[worst]:.3g} at {worst}"
+
+
+def test_extension_is_built_unless_disabled():
+    if os.environ.get(kernels.ISA_ENV) == "numpy":
+        assert not kernels.AVAILABLE and kernels.active_isa() == "numpy"
+    else:
+        assert kernels.AVAILABLE, "the C extension did not import: run `pip install -e . --no-deps`"
+
+
+def test_requested_isa_is_the_active_one():
+    requested = os.environ.get(kernels.ISA_ENV)
+    if requested:
+        assert kernels.active_isa() == requested
+    else:  # the best this CPU runs
+        usable = [isa for isa, needs in ISA_REQUIREMENTS.items() if all(kernels.cpu_features()[f] for f in needs)]
+        assert kernels.active_isa() == usable[-1]
+
+
+def test_supported_types_are_the_extension_types():
+    assert kernels.SUPPORTED_TYPES == frozenset(int(t) for t in ALL_TYPES)
+    if kernels.AVAILABLE:
+        assert frozenset(kernels._ext.supported_types()) == kernels.SUPPORTED_TYPES
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 64])
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+def test_matmul_matches_reference(qtype, n):
+    rng = np.random.default_rng([int(qtype), n])
+    block = GGML_QUANT_SIZES[qtype][0]
+    unit = 256 if block == 256 else 32
+    for rows, cols in [(1, unit), (3, 3 * unit), (17, unit), (33, 2 * unit), (130, 5 * unit)]:
+        if qtype in FLOAT_TYPES:
+            cols += 5  # a tail outside the vector width
+        w = random_weights(qtype, rows, cols, rng)
+        x = rng.standard_normal((n, cols)).astype(np.float32) * rng.uniform(0.1, 10, (n, 1)).astype(np.float32)
+        assert_matches(w, qtype, x, kernels.matmul(w, qtype, x))
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+def test_get_rows_matches_dequantize(qtype):
+    rng = np.random.default_rng(int(qtype))
+    unit = 256 if GGML_QUANT_SIZES[qtype][0] == 256 else 32
+    w = random_weights(qtype, 9, 2 * unit + (3 if qtype in FLOAT_TYPES else 0), rng)
+    ids = np.array([8, 0, 3, 3])
+    want = dequantize(w, qtype).astype(np.float32).reshape(w.shape[0], -1)[ids]
+    got = kernels.get_rows(w, qtype, ids)
+    assert got.dtype == np.float32 and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_matmul_writes_into_out_and_accepts_a_row_slice():
+    rng = np.random.default_rng(1)
+    w = random_weights(T.Q4_K, 40, 512, rng)
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    out = np.full((3, 20), np.nan, np.float32)
+    result = kernels.matmul(w[10:30], T.Q4_K, x, out=out)
+    assert result is out
+    np.testing.assert_array_equal(out, kernels.matmul(w, T.Q4_K, x)[:, 10:30])
+
+
+def test_results_do_not_depend_on_thread_count():
+    rng = np.random.default_rng(2)
+    w = random_weights(T.Q5_0, 1001, 896, rng)
+    x = rng.standard_normal((5, 896)).astype(np.float32)
+    before = kernels.get_threads()
+    try:
+        kernels.set_threads(1)
+        one = kernels.matmul(w, T.Q5_0, x)
+        kernels.set_threads(3)
+        assert kernels.get_threads() == 3
+        np.testing.assert_array_equal(kernels.matmul(w, T.Q5_0, x), one)
+    finally:
+        kernels.set_threads(before)
+
+
+def test_concurrent_callers_get_their_own_results():
+    rng = np.random.default_rng(3)
+    w = random_weights(T.Q8_0, 300, 1024, rng)
+    xs = [rng.standard_normal((k + 1, 1024)).astype(np.float32) for k in range(4)]
+    want = [kernels.matmul(w, T.Q8_0, x) for x in xs]
+    got: dict[int, list[np.ndarray]] = {}
+
+    def run(k: int) -> None:
+        got[k] = [kernels.matmul(w, T.Q8_0, xs[k]) for _ in range(20)]
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k in range(4):
+        for result in got[k]:
+            np.testing.assert_array_equal(result, want[k])
+
+
+def test_bad_arguments_raise_clear_errors():
+    rng = np.random.default_rng(4)
+    w = random_weights(T.Q8_0, 4, 64, rng)
+    x = np.zeros((2, 64), np.float32)
+    with pytest.raises(ValueError, match="not supported"):
+        kernels.matmul(w, T.IQ2_XXS, x)
+    with pytest.raises(ValueError, match="float32"):
+        kernels.matmul(w, T.Q8_0, np.zeros((2, 32), np.float32))
+    with pytest.raises(ValueError, match="float32"):
+        kernels.matmul(w, T.Q8_0, x.astype(np.float64))
+    with pytest.raises(ValueError, match="out"):
+        kernels.matmul(w, T.Q8_0, x, out=np.zeros((2, 5), np.float32))
+    with pytest.raises(ValueError, match="blocks"):
+        kernels.matmul(w[:, :30], T.Q8_0, x)
+    with pytest.raises(IndexError):
+        kernels.get_rows(w, T.Q8_0, [4])
+    with pytest.raises(ValueError):
+        kernels.set_threads(0)
+
+
+def test_empty_products():
+    w = random_weights(T.Q4_0, 0, 64, np.random.default_rng(5))
+    assert kernels.matmul(w, T.Q4_0, np.zeros((3, 64), np.float32)).shape == (3, 0)
+    w = random_weights(T.Q4_0, 2, 64, np.random.default_rng(5))
+    assert kernels.matmul(w, T.Q4_0, np.zeros((0, 64), np.float32)).shape == (0, 2)
+
+
+def test_unknown_isa_is_refused():
+    env = dict(os.environ, **{kernels.ISA_ENV: "sse9"})
+    proc = subprocess.run([sys.executable, "-c", "import engine.backends.cpu.kernels"], cwd=REPO, env=env,
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "sse9" in proc.stderr and "not supported here" in proc.stderr
+
+
+def _usable_isas() -> list[str]:
+    features = kernels.cpu_features()
+    return [isa for isa, needs in ISA_REQUIREMENTS.items() if all(features[f] for f in needs)]
+
+
+def test_every_isa_and_the_numpy_fallback_pass_this_suite():
+    """Rerun the fast tests of this file in a subprocess per ISA (scalar included) and with the extension off."""
+    if os.environ.get(kernels.ISA_ENV):
+        return  # already inside one of these runs
+    assert "scalar" in _usable_isas()
+    for isa in _usable_isas() + ["numpy"]:
+        env = dict(os.environ, **{kernels.ISA_ENV: isa})
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", __file__],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        )
+        assert proc.returncode == 0, f"{isa}:\n{proc.stdout[-3000:]}"
+
+
+# -- the real test models -------------------------------------------------------------------------------
+
+def _model_tensors(name: str):
+    from engine.gguf_file import read_gguf
+    from tests.model_store import model_path
+
+    g = read_gguf(model_path(name))
+    seen: set[tuple[T, str]] = set()
+    for tname, info in g.tensors.items():
+        kind = tname.split(".")[-2]
+        if len(info.shape) != 2 or (info.qtype, kind) in seen:
+            continue
+        seen.add((info.qtype, kind))
+        yield tname, info.qtype, g.raw(tname)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["smollm2", "gemma3", "qwen25coder"])
+def test_real_tensors_match_reference(model):
+    rng = np.random.default_rng(6)
+    checked = set()
+    for tname, qtype, w in _model_tensors(model):
+        rows = rng.choice(w.shape[0], size=min(w.shape[0], 96), replace=False)
+        sub = np.ascontiguousarray(w[np.sort(rows)])
+        cols = kernels.row_elements(qtype, w.shape[1])
+        for n in (1, 5):
+            x = rng.standard_normal((n, cols)).astype(np.float32)
+            assert_matches(sub, qtype, x, kernels.matmul(sub, qtype, x))
+        checked.add(qtype)
+        if "token_embd" in tname:
+            ids = rng.integers(0, w.shape[0], 7)
+            want = dequantize(np.ascontiguousarray(w[ids]), qtype).astype(np.float32).reshape(7, -1)
+            np.testing.assert_allclose(kernels.get_rows(w, qtype, ids), want, rtol=1e-6, atol=1e-7)
+    assert checked  # every model has quantized matrices
+
+
+@pytest.mark.slow
+def test_whole_real_matrix_on_every_thread_count():
+    """A full-size product (Qwen2.5's Q8_0 output matrix, 151936 rows) through the pool, checked on a sample."""
+    from engine.gguf_file import read_gguf
+    from tests.model_store import model_path
+
+    g = read_gguf(model_path("qwen25coder"))
+    w = g.raw("output.weight")
+    x = np.random.default_rng(7).standard_normal((2, 896)).astype(np.float32)
+    before = kernels.get_threads()
+    try:
+        results = []
+        for threads in (1, 2):
+            kernels.set_threads(threads)
+            results.append(kernels.matmul(w, T.Q8_0, x))
+    finally:
+        kernels.set_threads(before)
+    np.testing.assert_array_equal(results[0], results[1])
+    sample = np.arange(0, w.shape[0], 997)
+    assert_matches(np.ascontiguousarray(w[sample]), T.Q8_0, x, results[0][:, sample])

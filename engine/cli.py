@@ -174,7 +174,7 @@ def cmd_generate(args) -> int:
         ids_in, sampler_state = session.tokens, session.sampler_state
     elif args.chat is not None:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": args.chat}]
-        ids_in = model.tokenize(model.render(messages), add_special=True, parse_special=True)
+        ids_in = model.chat_ids(messages)
     else:
         ids_in = model.tokenize(args.prompt, add_special=True, parse_special=True)
     ids, text, last = [], [], None

@@ -162,11 +162,19 @@ class Model:
         reserve = min(max_tokens, self.n_ctx // 4)
 
         def count(msgs: list[dict]) -> int:
-            return len(self.tokenize(self.render(msgs), add_special=True, parse_special=True))
+            return len(self.chat_ids(msgs))
 
         kept, dropped = fit_messages(messages, count, self.n_ctx - reserve, overflow)
-        ids = self.tokenize(self.render(kept), add_special=True, parse_special=True)
-        return dropped, self.generate_ids(ids, params or SamplingParams(), max_tokens, stop)
+        return dropped, self.generate_ids(self.chat_ids(kept), params or SamplingParams(), max_tokens, stop)
+
+    def chat_ids(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of the rendered conversation, with one BOS even when the template writes it too."""
+        ids = self.tokenize(self.render(messages, add_generation_prompt=add_generation_prompt),
+                            add_special=True, parse_special=True)
+        bos = self.tokenizer.bos_id
+        if bos is not None and len(ids) > 1 and ids[0] == bos and ids[1] == bos:
+            ids = ids[1:]  # the tokenizer added BOS and the template wrote one (as Gemma's and Llama 3's do)
+        return ids
 
     # -- snapshots -------------------------------------------------------------------------------------
     @property

@@ -16,7 +16,8 @@ import pytest
 import engine.model
 from engine.atomic_write import atomic_write
 from engine.sampling import SamplingParams
-from engine.session import FORMAT_VERSION, SessionError, read_conversation, read_header
+from engine.backends.base import KVState
+from engine.session import FORMAT_VERSION, Session, SessionError, read_conversation, read_header, save_session
 from tests.engine.gguf_builders import write_tiny_llama
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -97,9 +98,12 @@ def test_future_format_version_is_refused(tiny, tmp_path):
 
 
 def test_wrong_shapes_are_refused(tiny, tmp_path):
-    path = _saved(tiny, tmp_path)
-    _rewrite_header(path, n_layers="7")
-    with pytest.raises(SessionError, match="layers"):
+    run(tiny, [5, 6, 7, 8], 3)
+    good = tiny._cache.export_state()
+    narrow = KVState([k[:, :, :-1] for k in good.keys], good.values, good.n_past)  # head_dim one short
+    path = tmp_path / "s.hearth"
+    save_session(path, Session(tiny.sequence, narrow, tiny.sha256, tiny.name, "numpy", tiny.n_ctx))
+    with pytest.raises(SessionError, match="wrong shape"):
         tiny.load_session(path)
 
 

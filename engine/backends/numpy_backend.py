@@ -243,3 +243,61 @@ class NumpyBackend(Backend):
     def close(self) -> None:
         self.layers = []
         self.output = None
+
+    # -- batched decode: one pass for several sequences --------------------------------------------------
+    def forward_batch(self, tokens: Sequence[int], caches: Sequence[KVCache]) -> np.ndarray:
+        """One decode step for B sequences of different lengths: token ``i`` is appended to ``caches[i]``.
+
+        The B hidden rows go through every weight as one (B, n_embd) product (the weights are read once
+        per step, not B times); attention runs per sequence over its own cache.
+
+        Returns:
+            float32 logits, shape (B, n_vocab).
+        """
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if tokens.size == 0 or tokens.size != len(caches):
+            raise ValueError(f"forward_batch needs one token per cache, got {tokens.size} tokens for {len(caches)} caches")
+        if len({id(c) for c in caches}) != len(caches):
+            raise ValueError("forward_batch got the same cache twice")
+        for cache in caches:
+            cache.reserve(1)
+        positions = np.array([cache.n_past for cache in caches])  # (B,)
+        x = self.embed(tokens)  # (B, n_embd)
+        for i, layer in enumerate(self.layers):
+            x = x + self._attention_block_batch(i, layer, x, positions, caches)
+            x = x + self._ffn_block(layer, x)
+        for cache in caches:
+            cache.advance(1)
+        return self.logits(x)
+
+    def _attention_block_batch(self, i: int, layer: Layer, x: np.ndarray, positions: np.ndarray,
+                               caches: Sequence[KVCache]) -> np.ndarray:
+        """Attention for B decode rows: row ``b`` is at ``positions[b]`` of ``caches[b]``."""
+        c = self.config
+        q, k, v = self._project_qkv(i, layer, x, positions)
+        window = c.sliding_window if c.is_sliding(i) else 0
+        out = np.empty((x.shape[0], c.n_heads * c.v_head_dim), dtype=np.float32)  # (B, n_heads * v_head_dim)
+        for b, cache in enumerate(caches):
+            cache.store(i, k[b:b + 1].transpose(1, 0, 2), v[b:b + 1].transpose(1, 0, 2))
+            out[b] = self._attend(q[b:b + 1], cache.keys[i], cache.values[i], positions[b:b + 1], window)[0]
+        out = self.matmul(out, layer.wo)
+        if layer.post_attn_norm is not None:
+            out = rms_norm(out, layer.post_attn_norm, c.rms_eps)
+        return out
+
+    def _project_qkv(self, i: int, layer: Layer, x: np.ndarray, positions: np.ndarray):
+        """Normed, biased, rotated queries (n, n_heads, head_dim), keys and values (n, n_kv_heads, ...) of rows ``x``."""
+        c = self.config
+        n = x.shape[0]
+        h = np.ascontiguousarray(rms_norm(x, layer.attn_norm, c.rms_eps), dtype=np.float32)
+        q, k, v = self.matmul(h, layer.wq), self.matmul(h, layer.wk), self.matmul(h, layer.wv)
+        if layer.bq is not None:
+            q, k, v = q + layer.bq, k + layer.bk, v + layer.bv
+        q = q.reshape(n, c.n_heads, c.head_dim)
+        k = k.reshape(n, c.n_kv_heads, c.head_dim)
+        v = v.reshape(n, c.n_kv_heads, c.v_head_dim)
+        if layer.q_norm is not None:
+            q = rms_norm(q, layer.q_norm, c.rms_eps)
+            k = rms_norm(k, layer.k_norm, c.rms_eps)
+        inv_freq = self.inv_freq[c.layer_rope_base(i)]
+        return apply_rope(q, positions, inv_freq, c.rope_neox), apply_rope(k, positions, inv_freq, c.rope_neox), v

@@ -112,8 +112,7 @@ class _Job:
                                 self.speed, eta, self.error, self.path)
 
     def record(self) -> dict:
-        return {"repo": self.repo, "filename": self.filename, "revision": self.revision, "url": self.url,
-                "size": self.size, "sha256": self.sha256, "etag": self.etag,
+        return {"repo": self.repo, "filename": self.filename, "revision": self.revision, "size": self.size, "sha256": self.sha256, "etag": self.etag,
                 "state": "failed" if self.state == "failed" else "paused", "error": self.error}
 
 
@@ -150,7 +149,7 @@ class DownloadManager:
             if job is not None and job.state in ACTIVE:
                 _add_callback(job, on_progress)
                 return key  # joined the download already under way
-        if destination.exists():
+        if destination.exists():  # checked before asking the Hub; _launch checks again
             raise DownloadError(f"{key} is already downloaded ({destination})")
         if job is None or job.state not in ("paused", "failed"):
             try:
@@ -236,9 +235,10 @@ class DownloadManager:
         for state_file in sorted(self.downloads_dir.glob("*.json")):
             r = read_json(state_file, None)
             try:
-                job = _Job(r["repo"], r["filename"], r["revision"], r["url"], int(r["size"]), r["sha256"],
-                           r["etag"], r["state"], r["error"])
-                self.destination(job.repo, job.filename)
+                self.destination(r["repo"], r["filename"])
+                url = self.hub.file_url(r["repo"], r["filename"], r["revision"])  # never a URL read from disk
+                job = _Job(r["repo"], r["filename"], r["revision"], url, int(r["size"]), r["sha256"], r["etag"],
+                           "failed" if r["state"] == "failed" else "paused", r["error"])
             except (TypeError, KeyError, ValueError, DownloadError):
                 continue  # not ours, or tampered with: leave it alone
             job.downloaded = _size_of(self._files(job)[0])
@@ -246,6 +246,9 @@ class DownloadManager:
 
     def _launch(self, job: _Job, on_progress: ProgressCallback | None) -> None:
         part, state_file, lock_path = self._files(job)
+        destination = self.destination(job.repo, job.filename)
+        if destination.exists():  # e.g. finished by another process since this one read the saved state
+            raise DownloadError(f"{job.key} is already downloaded ({destination})")
         self.downloads_dir.mkdir(parents=True, exist_ok=True)
         self._check_disk(job, _size_of(part))
         with self._lock:

@@ -282,3 +282,14 @@ def test_real_model_downloads_with_cuts_and_matches_its_sha256(hub, make_manager
     assert done.state == "completed"
     assert hashlib.sha256(done.path.read_bytes()).hexdigest() == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
     assert ranges(hub) == [None, f"bytes={40 << 20}-"]
+
+
+def test_a_download_finished_by_another_process_is_not_fetched_again(hub, make_manager):
+    first = make_manager()
+    first.wait(first.start(REPO, FILE, on_progress=pause_at(first, 1 << 20)), timeout=30)
+    second = make_manager()  # read the paused state
+    first.resume(KEY)
+    assert first.wait(KEY, timeout=30).state == "completed"
+    with pytest.raises(DownloadError, match="already downloaded"):
+        second.resume(KEY)
+    assert len(ranges(hub)) == 2

@@ -76,17 +76,22 @@ class LlamaCppRunner:
         self.name = "llama.cpp"
         self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
                                    n_batch=512, n_ubatch=512, verbose=False)
+        self._llama_cpp, self.n_vocab = llama_cpp, self.llm.n_vocab()
+
+    def _last_logits(self) -> np.ndarray:
+        # llama-cpp-python >= 0.3 no longer copies logits into Llama.scores unless logits_all is set
+        return np.ctypeslib.as_array(self._llama_cpp.llama_get_logits_ith(self.llm.ctx, -1), shape=(self.n_vocab,))
 
     def prefill(self, ids: list[int]) -> int:
         self.llm.reset()
         self.llm.eval(ids)
-        return int(np.argmax(self.llm.scores[self.llm.n_tokens - 1]))
+        return int(np.argmax(self._last_logits()))
 
     def decode(self, first: int, n: int) -> None:
         token = first
         for _ in range(n):
             self.llm.eval([token])
-            token = int(np.argmax(self.llm.scores[self.llm.n_tokens - 1]))
+            token = int(np.argmax(self._last_logits()))
 
 
 def _timed(fn: Callable, *args):

@@ -17,6 +17,7 @@ class AppSession:
 
     def __init__(self, data: Path, model: str | None = None, engine_factory=None):
         self.data = data
+        self.closed = False
         self.store, self.recovery_notice = ConversationStore.open(data / DB_FILENAME)
         try:
             builtin = builtin_model_path()
@@ -37,7 +38,8 @@ class AppSession:
             self.window.notice_bar.show_notice("error", f"The built-in model is missing: {self.builtin_problem}")
 
     def close(self) -> None:
+        self.closed = True
         self.controller.stop_and_forget()
         self.host.shutdown()
-        self.window.deleteLater()
+        self.window.close()
         self.store.close()

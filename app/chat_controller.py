@@ -47,12 +47,12 @@ class ChatController(QObject):
     messages_changed = Signal(int)
     reply_text = Signal(int, str)
     generating_changed = Signal(bool)
-    model_changed = Signal(dict)
+    model_changed = Signal(object)
     status = Signal(str)
     notice = Signal(str, str)
     context_usage = Signal(int, int)
     conversation_deleted = Signal(int, str)
-    reply_finished = Signal(int, dict)
+    reply_finished = Signal(int, object)
 
     def __init__(self, store: ConversationStore, host: EngineHost, default_model: str | None,
                  builtin_path: str | None = None, parent: QObject | None = None):
@@ -257,7 +257,7 @@ class ChatController(QObject):
         if reply.conversation_id == self.current_id:
             self.reply_text.emit(reply.writer.message_id, reply.writer.text)
 
-    @Slot(int, dict)
+    @Slot(int, object)
     def _on_finished(self, request_id: int, stats: dict) -> None:
         reply = self._current_reply(request_id)
         if reply is None:
@@ -289,7 +289,7 @@ class ChatController(QObject):
             self.generating_changed.emit(False)
             self._emit_context_usage()
 
-    @Slot(dict)
+    @Slot(object)
     def _on_loaded(self, info: dict) -> None:
         if info.get("path") == self.builtin_path:
             info = {**info, "name": BUILTIN_MODEL_NAME}

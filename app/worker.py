@@ -58,11 +58,11 @@ class EngineWorker(QObject):
         crashed(str): an unexpected exception left the worker in doubt; the host replaces it.
     """
 
-    loaded = Signal(dict)
+    loaded = Signal(object)
     unloaded = Signal()
     load_failed = Signal(str, str)
     tokens = Signal(int, str)
-    finished = Signal(int, dict)
+    finished = Signal(int, object)
     error = Signal(int, str)
     progress = Signal(str)
     crashed = Signal(str)
@@ -99,7 +99,7 @@ class EngineWorker(QObject):
             self._close_model()
             self.unloaded.emit()
 
-    @Slot(int, str, int, list, dict)
+    @Slot(int, str, int, object, object)
     def generate(self, request_id: int, path: str, n_ctx: int, messages: list, options: dict) -> None:
         """Stream a reply to ``messages``; options: max_tokens and the sampling parameters."""
         if self._stopped_through >= request_id:
@@ -187,13 +187,13 @@ class EngineHost(QObject):
     """
 
     load_requested = Signal(str, int)
-    prompt_requested = Signal(int, str, int, list, dict)
+    prompt_requested = Signal(int, str, int, object, object)
     unload_requested = Signal()
-    loaded = Signal(dict)
+    loaded = Signal(object)
     unloaded = Signal()
     load_failed = Signal(str, str)
     tokens = Signal(int, str)
-    finished = Signal(int, dict)
+    finished = Signal(int, object)
     error = Signal(int, str)
     progress = Signal(str)
     restarted = Signal(str)
@@ -216,12 +216,11 @@ class EngineHost(QObject):
         self._worker = EngineWorker(self._engine_factory, self._params_factory)
         self._worker.moveToThread(self._thread)
         w = self._worker
-        self._links = [(self.load_requested, w.load), (self.prompt_requested, w.generate),
-                       (self.unload_requested, w.unload), (w.crashed, self._on_crashed)]
-        self._links += [(getattr(w, name), getattr(self, name)) for name in
-                        ("loaded", "unloaded", "load_failed", "tokens", "finished", "error", "progress")]
-        for signal, slot in self._links:
-            signal.connect(slot)
+        links = [(self.load_requested, w.load), (self.prompt_requested, w.generate),
+                 (self.unload_requested, w.unload), (w.crashed, self._on_crashed)]
+        links += [(getattr(w, name), getattr(self, name)) for name in
+                  ("loaded", "unloaded", "load_failed", "tokens", "finished", "error", "progress")]
+        self._connections = [signal.connect(slot) for signal, slot in links]
         self._thread.start()
 
     def _stop_thread(self) -> None:
@@ -229,8 +228,9 @@ class EngineHost(QObject):
         if thread is None:
             return
         worker.request_stop(self._next_id)
-        for signal, slot in self._links:
-            signal.disconnect(slot)
+        for connection in self._connections:
+            # by connection handle: PySide6 6.12's signal.disconnect(slot) corrupts the refcount of False
+            QObject.disconnect(connection)
         thread.quit()
         thread.wait()
         worker.shutdown()  # the thread has ended, so closing the model here races with nothing

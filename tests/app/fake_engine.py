@@ -1,0 +1,69 @@
+"""A stand-in for engine.model.Model with scripted tokens, delays and failures, for fast worker and UI tests."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from engine.generate import GenerationEvent
+
+
+class FakeModel:
+    """Streams ``pieces`` one per token after ``prefill_s``; ``fail_with`` is raised from chat()."""
+
+    def __init__(self, pieces=("Hello", " there", "!"), token_s=0.0, prefill_s=0.0, fail_with=None,
+                 n_ctx=4096, dropped=0):
+        self.name, self.n_ctx, self.notices = "Fake", n_ctx, []
+        self.pieces, self.token_s, self.prefill_s = list(pieces), token_s, prefill_s
+        self.fail_with, self.dropped = fail_with, dropped
+        self.config = type("Config", (), {"arch": "fake"})()
+        self.backend = type("Backend", (), {"name": "fake"})()
+        self.calls: list[list[dict]] = []
+        self.closed = False
+        self._cancel = threading.Event()
+
+    def chat(self, messages, params=None, max_tokens=512, overflow="drop_oldest"):
+        self.calls.append(messages)
+        if self.fail_with is not None:
+            raise self.fail_with
+        return self.dropped, self._events(min(max_tokens, len(self.pieces)))
+
+    def _events(self, n):
+        self._cancel.clear()
+        start = time.perf_counter()
+        time.sleep(self.prefill_s)
+        first = time.perf_counter()
+        for i in range(n):
+            if i:
+                time.sleep(self.token_s)
+            cancelled = self._cancel.is_set()
+            finish = "cancelled" if cancelled else ("eos" if i == n - 1 else None)
+            now = time.perf_counter()
+            yield GenerationEvent(i, self.pieces[i], -0.1, i, 10, 0, first - start, now - first, finish)
+            if cancelled:
+                return
+
+    def cancel(self):
+        self._cancel.set()
+
+    def close(self):
+        self.closed = True
+
+
+class FakeFactory:
+    """An engine factory handing out the models in ``models`` in turn (the last one repeats)."""
+
+    def __init__(self, *models):
+        self.models = list(models) or [FakeModel()]
+        self.loads: list[tuple[str, int]] = []
+
+    def __call__(self, path, n_ctx):
+        self.loads.append((path, n_ctx))
+        model = self.models.pop(0) if len(self.models) > 1 else self.models[0]
+        if isinstance(model, BaseException):
+            raise model
+        return model
+
+
+class ModelFormatError(ValueError):
+    """Named like the engine's error, which the worker reports as a load failure."""

@@ -67,23 +67,28 @@ static inline uint16_t hk_u16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); 
 static inline uint32_t hk_u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static inline float hk_bf16_to_f32(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
 
-/* Unpack the 6-bit scales and mins of a Q4_K / Q5_K super-block (12 bytes) into sc[8] and mn[8]. */
+/* Unpack the 6-bit scales and mins of a Q4_K / Q5_K super-block (12 bytes) into sc[8] and mn[8], four at
+   a time in 32-bit words: bytes 0-3 hold scales 0-3 (+ top bits of 4-7), 4-7 mins 0-3 (+ top bits of
+   mins 4-7), 8-11 the low nibbles of scales 4-7 and, above them, of mins 4-7. */
 static inline void hk_unpack_k4_scales(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = s[j] & 63;
-        mn[j] = s[j + 4] & 63;
-        sc[j + 4] = (uint8_t)((s[j + 8] & 0xF) | ((s[j] >> 6) << 4));
-        mn[j + 4] = (uint8_t)((s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4));
-    }
+    uint32_t a0 = hk_u32(s), a1 = hk_u32(s + 4), a2 = hk_u32(s + 8);
+    uint32_t w[4] = {a0 & 0x3F3F3F3Fu, (a2 & 0x0F0F0F0Fu) | ((a0 >> 2) & 0x30303030u),
+                     a1 & 0x3F3F3F3Fu, ((a2 >> 4) & 0x0F0F0F0Fu) | ((a1 >> 2) & 0x30303030u)};
+    memcpy(sc, w, 8);
+    memcpy(mn, w + 2, 8);
 }
 
-/* Unpack the 16 signed 6-bit scales of a Q3_K super-block (12 bytes) into sc[16], already minus 32. */
+/* Unpack the 16 signed 6-bit scales of a Q3_K super-block (12 bytes) into sc[16], already minus 32:
+   low nibbles in bytes 0-7 (scales 0-7, then 8-15 in the high nibbles), top two bits in bytes 8-11. */
 static inline void hk_unpack_q3k_scales(const uint8_t *s, int8_t *sc) {
-    for (int k = 0; k < 16; k++) {
-        int lo = (s[k % 8] >> (4 * (k / 8))) & 0xF;
-        int hi = (s[8 + k % 4] >> (2 * (k / 4))) & 3;
-        sc[k] = (int8_t)((lo | (hi << 4)) - 32);
-    }
+    uint32_t a0 = hk_u32(s), a1 = hk_u32(s + 4), a2 = hk_u32(s + 8), w[4];
+    w[0] = (a0 & 0x0F0F0F0Fu) | ((a2 & 0x03030303u) << 4);
+    w[1] = (a1 & 0x0F0F0F0Fu) | (((a2 >> 2) & 0x03030303u) << 4);
+    w[2] = ((a0 >> 4) & 0x0F0F0F0Fu) | (((a2 >> 4) & 0x03030303u) << 4);
+    w[3] = ((a1 >> 4) & 0x0F0F0F0Fu) | (((a2 >> 6) & 0x03030303u) << 4);
+    for (int k = 0; k < 4; k++) /* bytewise minus 32: the set top bits stop a borrow crossing bytes */
+        w[k] = ((w[k] | 0x80808080u) - 0x20202020u) ^ 0x80808080u;
+    memcpy(sc, w, 16);
 }
 
 /* The ternary TQ1_0 trit of byte q at power-of-three position (q * pow3 mod 256, then the top of * 3). */

@@ -1,0 +1,79 @@
+"""Time the CPU kernels on Qwen2.5-Coder-0.5B's real matrices and print the numbers as JSON.
+
+Run ``python -m engine.backends.cpu.bench_kernels [--reps N] [--model PATH]``. For each matrix: the median
+time of a matrix-vector product (decode) at 1 and 2 threads, the weight bytes read per second, the same
+product through NumPy (dequantize then multiply, and multiply by weights dequantized once beforehand), and
+a 64-token product (prefill) in GFLOP/s. Medians, because the machine is shared and timings are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+from gguf.quants import dequantize
+
+from engine.backends.cpu import kernels
+from engine.gguf_file import read_gguf
+
+TENSORS = ("blk.0.ffn_down.weight", "blk.0.ffn_up.weight", "blk.2.ffn_down.weight", "output.weight", "token_embd.weight")
+
+
+def median_seconds(fn, reps: int) -> float:
+    fn()  # warm the caches and the pool
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bench_tensor(g, name: str, reps: int, threads: list[int]) -> dict:
+    info = g.tensor(name)
+    w = g.raw(name)
+    rows, cols = w.shape[0], kernels.row_elements(info.qtype, w.shape[1])
+    rng = np.random.default_rng(0)
+    x1 = rng.standard_normal((1, cols)).astype(np.float32)
+    x64 = rng.standard_normal((64, cols)).astype(np.float32)
+    out1, out64 = np.empty((1, rows), np.float32), np.empty((64, rows), np.float32)
+    result = {"type": info.qtype.name, "shape": [rows, cols], "weight_mb": round(w.nbytes / 1e6, 2)}
+    for n_threads in threads:
+        kernels.set_threads(n_threads)
+        t1 = median_seconds(lambda: kernels.matmul(w, info.qtype, x1, out1), reps)
+        t64 = median_seconds(lambda: kernels.matmul(w, info.qtype, x64, out64), max(3, reps // 10))
+        result[f"matvec_us_{n_threads}t"] = round(t1 * 1e6, 1)
+        result[f"matvec_gbps_{n_threads}t"] = round(w.nbytes / t1 / 1e9, 2)
+        result[f"prefill64_gflops_{n_threads}t"] = round(2 * 64 * rows * cols / t64 / 1e9, 1)
+    numpy_reps = max(3, reps // 20)
+    result["numpy_dequant_matvec_us"] = round(median_seconds(lambda: x1 @ dequantize(w, info.qtype).T, numpy_reps) * 1e6, 1)
+    wf = dequantize(w, info.qtype).astype(np.float32).reshape(rows, cols)
+    result["numpy_f32_matvec_us"] = round(median_seconds(lambda: x1 @ wf.T, numpy_reps) * 1e6, 1)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument("--model", help="a GGUF file (default: the Qwen2.5-Coder-0.5B test model)")
+    args = parser.parse_args(argv)
+    if args.model is None:
+        from tests.model_store import model_path
+
+        args.model = model_path("qwen25coder")
+    g = read_gguf(args.model)
+    threads = sorted({1, kernels.default_threads()})
+    report = {"isa": kernels.active_isa(), "available": kernels.AVAILABLE, "threads": threads, "reps": args.reps,
+              "tensors": {name: bench_tensor(g, name, args.reps, threads) for name in TENSORS if name in g.tensors}}
+    kernels.set_threads(kernels.default_threads())
+    json.dump(report, sys.stdout, indent=1)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -49,7 +49,7 @@ def run_app(args: argparse.Namespace) -> int:
 
     from .app_session import AppSession
     from .paths import data_dir, log_dir
-    from .ui.theme import ThemeKeeper, apply_color_scheme, app_icon
+    from .ui.theme import ThemeKeeper, app_icon, apply_color_scheme
 
     data = data_dir(args.data_dir or (Path(args.smoke_test) / "data" if args.smoke_test else None))
     _setup_logging(log_dir(data if args.data_dir or args.smoke_test else None))

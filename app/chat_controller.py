@@ -12,6 +12,7 @@ from PySide6.QtCore import QObject, Signal, Slot
 
 from .chat_settings import ChatSettings
 from .paths import BUILTIN_MODEL_NAME
+from .qt_compat import emit
 from .store import ConversationStore, Message, ReplyWriter
 from .worker import EngineHost
 
@@ -70,7 +71,7 @@ class ChatController(QObject):
         host.finished.connect(self._on_finished)
         host.error.connect(self._on_error)
         host.progress.connect(self.status)
-        host.restarted.connect(lambda text: self.notice.emit("error", text))
+        host.restarted.connect(lambda text: emit(self.notice, "error", text))
 
     # -- start-up ------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -83,10 +84,10 @@ class ChatController(QObject):
     def preload(self) -> None:
         path = self.model_path()
         if path:
-            self.status.emit("Loading the model…")
+            emit(self.status, "Loading the model…")
             self.host.load(path, self.settings().n_ctx)
         else:
-            self.notice.emit("error", "No model is available: the built-in model is not installed. "
+            emit(self.notice, "error", "No model is available: the built-in model is not installed. "
                                       "Open a GGUF file on the Models page.")
 
     # -- queries for the views -------------------------------------------------------------------------
@@ -124,20 +125,20 @@ class ChatController(QObject):
             return self.current_id
         settings = self.settings() if self.current_id else ChatSettings()
         conv = self.store.create_conversation("New chat", self.model_path(), settings)
-        self.conversations_changed.emit()
+        emit(self.conversations_changed)
         self.open_conversation(conv.id)
         return conv.id
 
     def open_conversation(self, conversation_id: int) -> None:
         self.current_id = conversation_id
         self.store.set_setting("last_conversation", conversation_id)
-        self.conversation_opened.emit(conversation_id)
-        self.generating_changed.emit(self.is_generating())
+        emit(self.conversation_opened, conversation_id)
+        emit(self.generating_changed, self.is_generating())
         self._emit_context_usage()
 
     def rename(self, conversation_id: int, title: str) -> None:
         self.store.rename(conversation_id, title)
-        self.conversations_changed.emit()
+        emit(self.conversations_changed)
 
     def delete_conversation(self, conversation_id: int) -> None:
         """Delete (undoably); the shown conversation moves to the next one or a new one."""
@@ -145,15 +146,15 @@ class ChatController(QObject):
             self.stop()
         title = self.store.conversation(conversation_id).title
         self.store.delete_conversation(conversation_id)
-        self.conversations_changed.emit()
-        self.conversation_deleted.emit(conversation_id, title)
+        emit(self.conversations_changed)
+        emit(self.conversation_deleted, conversation_id, title)
         if self.current_id == conversation_id:
             rest = self.store.conversations()
             self.open_conversation(rest[0].id if rest else self.new_conversation())
 
     def undo_delete(self, conversation_id: int) -> None:
         self.store.undo_delete(conversation_id)
-        self.conversations_changed.emit()
+        emit(self.conversations_changed)
         self.open_conversation(conversation_id)
 
     def update_settings(self, settings: ChatSettings) -> None:
@@ -176,8 +177,8 @@ class ChatController(QObject):
         self.store.add_message(conv.id, "user", text)
         if conv.title == "New chat":
             self.store.rename(conv.id, _title_from(text))
-        self.conversations_changed.emit()
-        self.messages_changed.emit(conv.id)
+        emit(self.conversations_changed)
+        emit(self.messages_changed, conv.id)
         self._generate()
         return True
 
@@ -193,7 +194,7 @@ class ChatController(QObject):
             return
         self.stop_and_forget()
         self.store.delete_messages_after(self.current_id, users[-1].seq)
-        self.messages_changed.emit(self.current_id)
+        emit(self.messages_changed, self.current_id)
         self._generate()
 
     def edit_and_resend(self, message_id: int, text: str) -> None:
@@ -205,7 +206,7 @@ class ChatController(QObject):
         self.stop_and_forget()
         self.store.update_message(message_id, content=text)
         self.store.delete_messages_after(message.conversation_id, message.seq)
-        self.messages_changed.emit(message.conversation_id)
+        emit(self.messages_changed, message.conversation_id)
         self._generate()
 
     def delete_message(self, message_id: int) -> None:
@@ -213,7 +214,7 @@ class ChatController(QObject):
             self.stop_and_forget()
         message = self.store.message(message_id)
         self.store.delete_message(message_id)
-        self.messages_changed.emit(message.conversation_id)
+        emit(self.messages_changed, message.conversation_id)
         self._emit_context_usage()
 
     def stop_and_forget(self) -> None:
@@ -222,7 +223,7 @@ class ChatController(QObject):
         if reply is not None:
             self.host.stop(reply.request_id)
             reply.writer.finish("stopped", {"finish_reason": "cancelled"})
-            self.generating_changed.emit(False)
+            emit(self.generating_changed, False)
 
     # -- engine events -------------------------------------------------------------------------------
     def _generate(self) -> None:
@@ -230,7 +231,7 @@ class ChatController(QObject):
         conv = self.store.conversation(self.current_id)
         path = self.model_path()
         if not path:
-            self.notice.emit("error", "No model to answer with. Open a GGUF file on the Models page.")
+            emit(self.notice, "error", "No model to answer with. Open a GGUF file on the Models page.")
             return
         history = [{"role": m.role, "content": m.content} for m in self.store.messages(conv.id)
                    if m.content and m.state != "error"]
@@ -240,9 +241,9 @@ class ChatController(QObject):
         writer = self.store.begin_reply(conv.id)
         request_id = self.host.generate(path, conv.settings.n_ctx, history, options)
         self._reply = _Reply(request_id, conv.id, writer)
-        self.messages_changed.emit(conv.id)
-        self.generating_changed.emit(True)
-        self.status.emit("Thinking…")
+        emit(self.messages_changed, conv.id)
+        emit(self.generating_changed, True)
+        emit(self.status, "Thinking…")
 
     def _current_reply(self, request_id: int) -> _Reply | None:
         reply = self._reply
@@ -255,7 +256,7 @@ class ChatController(QObject):
             return
         reply.writer.append(text)
         if reply.conversation_id == self.current_id:
-            self.reply_text.emit(reply.writer.message_id, reply.writer.text)
+            emit(self.reply_text, reply.writer.message_id, reply.writer.text)
 
     @Slot(int, object)
     def _on_finished(self, request_id: int, stats: dict) -> None:
@@ -266,7 +267,7 @@ class ChatController(QObject):
         state = "stopped" if stats.get("finish_reason") == "cancelled" else "complete"
         reply.writer.finish(state, stats)
         if stats.get("dropped"):
-            self.notice.emit("warning", f"{stats['dropped']} older messages did not fit in the context window "
+            emit(self.notice, "warning", f"{stats['dropped']} older messages did not fit in the context window "
                                         f"({stats.get('n_ctx')} tokens) and were left out of this answer.")
         self._after_reply(reply, stats)
 
@@ -277,16 +278,16 @@ class ChatController(QObject):
             return
         self._reply = None
         reply.writer.finish("error", {"error": message})
-        self.notice.emit("error", message)
+        emit(self.notice, "error", message)
         self._after_reply(reply, {"error": message})
 
     def _after_reply(self, reply: _Reply, stats: dict) -> None:
-        self.status.emit("Ready")
-        self.reply_finished.emit(reply.writer.message_id, stats)
-        self.conversations_changed.emit()
+        emit(self.status, "Ready")
+        emit(self.reply_finished, reply.writer.message_id, stats)
+        emit(self.conversations_changed)
         if reply.conversation_id == self.current_id:
-            self.messages_changed.emit(reply.conversation_id)
-            self.generating_changed.emit(False)
+            emit(self.messages_changed, reply.conversation_id)
+            emit(self.generating_changed, False)
             self._emit_context_usage()
 
     @Slot(object)
@@ -294,18 +295,18 @@ class ChatController(QObject):
         if info.get("path") == self.builtin_path:
             info = {**info, "name": BUILTIN_MODEL_NAME}
         self.model_info = info
-        self.model_changed.emit(info)
-        self.status.emit(f"{info.get('name', 'Model')} is ready")
+        emit(self.model_changed, info)
+        emit(self.status, f"{info.get('name', 'Model')} is ready")
         self._emit_context_usage()
         for text in info.get("notices", []):
-            self.notice.emit("info", text)
+            emit(self.notice, "info", text)
 
     @Slot(str, str)
     def _on_load_failed(self, path: str, message: str) -> None:
         self.model_info = {}
-        self.model_changed.emit({})
-        self.status.emit("No model loaded")
-        self.notice.emit("error", f"Could not load {path.rsplit('/', 1)[-1]}: {message}")
+        emit(self.model_changed, {})
+        emit(self.status, "No model loaded")
+        emit(self.notice, "error", f"Could not load {path.rsplit('/', 1)[-1]}: {message}")
 
     def _emit_context_usage(self) -> None:
         n_ctx = self.model_info.get("n_ctx") or self.settings().n_ctx
@@ -315,7 +316,7 @@ class ChatController(QObject):
                 used = m.stats["context_used"]
                 n_ctx = m.stats.get("n_ctx", n_ctx)
                 break
-        self.context_usage.emit(used, n_ctx)
+        emit(self.context_usage, used, n_ctx)
 
 
 def _title_from(text: str) -> str:

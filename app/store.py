@@ -47,9 +47,10 @@ class Message:
 
 
 def _v1(db: sqlite3.Connection) -> None:
+    # AUTOINCREMENT: ids are never reused, so a view keyed by message id cannot mistake a new answer for an old one
     _run_script(db, """
         CREATE TABLE conversations (
-            id INTEGER PRIMARY KEY,
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
             title TEXT NOT NULL,
             created_at REAL NOT NULL,
             updated_at REAL NOT NULL,
@@ -57,7 +58,7 @@ def _v1(db: sqlite3.Connection) -> None:
             settings TEXT NOT NULL DEFAULT '{}'
         );
         CREATE TABLE messages (
-            id INTEGER PRIMARY KEY,
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
             conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
             seq INTEGER NOT NULL,
             role TEXT NOT NULL,

@@ -13,6 +13,8 @@ from collections.abc import Callable
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
+from .qt_compat import emit
+
 COALESCE_S = 0.03  # emit streamed text at most this often, so the GUI repaints at ~30 Hz at most
 
 EngineFactory = Callable[[str, int], object]  # (gguf path, n_ctx) -> engine.model.Model
@@ -91,34 +93,34 @@ class EngineWorker(QObject):
             self._ensure_model(path, n_ctx)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message; nothing is left loaded
             self._close_model()
-            self.load_failed.emit(path, describe(exc))
+            emit(self.load_failed, path, describe(exc))
 
     @Slot()
     def unload(self) -> None:
         if self._model is not None:
             self._close_model()
-            self.unloaded.emit()
+            emit(self.unloaded)
 
     @Slot(int, str, int, object, object)
     def generate(self, request_id: int, path: str, n_ctx: int, messages: list, options: dict) -> None:
         """Stream a reply to ``messages``; options: max_tokens and the sampling parameters."""
         if self._stopped_through >= request_id:
-            self.finished.emit(request_id, {"finish_reason": "cancelled", "generated_tokens": 0})
+            emit(self.finished, request_id, {"finish_reason": "cancelled", "generated_tokens": 0})
             return
         try:
             self._ensure_model(path, n_ctx)
         except Exception as exc:  # noqa: BLE001
             self._close_model()
-            self.load_failed.emit(path, describe(exc))
-            self.error.emit(request_id, f"Could not load the model: {describe(exc)}")
+            emit(self.load_failed, path, describe(exc))
+            emit(self.error, request_id, f"Could not load the model: {describe(exc)}")
             return
         try:
             self._stream(request_id, messages, dict(options))
         except Exception as exc:  # noqa: BLE001
-            self.error.emit(request_id, describe(exc))
+            emit(self.error, request_id, describe(exc))
             if not classify(exc):
                 self._close_model()
-                self.crashed.emit(_summary(exc))
+                emit(self.crashed, _summary(exc))
 
     def shutdown(self) -> None:
         """Close the model; called by the host once the engine thread has ended."""
@@ -129,10 +131,10 @@ class EngineWorker(QObject):
         if self._model is not None and self._model_key == (path, n_ctx):
             return
         self._close_model()
-        self.progress.emit(f"Loading {_basename(path)}…")
+        emit(self.progress, f"Loading {_basename(path)}…")
         model = self._engine_factory(path, n_ctx)
         self._model, self._model_key = model, (path, n_ctx)
-        self.loaded.emit({"path": path, "name": model.name, "n_ctx": model.n_ctx,
+        emit(self.loaded, {"path": path, "name": model.name, "n_ctx": model.n_ctx,
                           "arch": getattr(model.config, "arch", ""), "notices": list(model.notices),
                           "backend": getattr(model.backend, "name", "")})
 
@@ -146,7 +148,7 @@ class EngineWorker(QObject):
 
     def _stream(self, request_id: int, messages: list, options: dict) -> None:
         max_tokens = int(options.pop("max_tokens", 512))
-        self.progress.emit("Reading the conversation…")
+        emit(self.progress, "Reading the conversation…")
         dropped, events = self._model.chat(messages, params=self._params_factory(options), max_tokens=max_tokens,
                                            overflow="drop_oldest")
         pending, last_emit, last = "", time.monotonic(), None
@@ -156,11 +158,11 @@ class EngineWorker(QObject):
             if self._stopped_through >= request_id:
                 break
             if pending and time.monotonic() - last_emit >= COALESCE_S:
-                self.tokens.emit(request_id, pending)
+                emit(self.tokens, request_id, pending)
                 pending, last_emit = "", time.monotonic()
         if pending:
-            self.tokens.emit(request_id, pending)
-        self.finished.emit(request_id, self._stats(last, dropped, request_id))
+            emit(self.tokens, request_id, pending)
+        emit(self.finished, request_id, self._stats(last, dropped, request_id))
 
     def _stats(self, last, dropped: int, request_id: int) -> dict:
         stats = {"dropped": dropped, "n_ctx": self._model.n_ctx, "model": self._model.name}
@@ -239,17 +241,17 @@ class EngineHost(QObject):
     # -- requests from the GUI thread -----------------------------------------------------------------
     def load(self, path: str, n_ctx: int) -> None:
         self._last_load = (path, n_ctx)
-        self.load_requested.emit(path, n_ctx)
+        emit(self.load_requested, path, n_ctx)
 
     def unload(self) -> None:
         self._last_load = None
-        self.unload_requested.emit()
+        emit(self.unload_requested)
 
     def generate(self, path: str, n_ctx: int, messages: list[dict], options: dict) -> int:
         """Queue a reply; returns its request id (tokens/finished/error carry it)."""
         self._next_id += 1
         self._last_load = (path, n_ctx)
-        self.prompt_requested.emit(self._next_id, path, n_ctx, [dict(m) for m in messages], dict(options))
+        emit(self.prompt_requested, self._next_id, path, n_ctx, [dict(m) for m in messages], dict(options))
         return self._next_id
 
     def stop(self, request_id: int) -> None:
@@ -265,9 +267,9 @@ class EngineHost(QObject):
         self.restarts += 1
         self._stop_thread()
         self._start()
-        self.restarted.emit(f"The engine hit an unexpected error and was restarted ({summary}).")
+        emit(self.restarted, f"The engine hit an unexpected error and was restarted ({summary}).")
         if self._last_load is not None:
-            self.load_requested.emit(*self._last_load)
+            emit(self.load_requested, *self._last_load)
 
 
 def _basename(path: str) -> str:

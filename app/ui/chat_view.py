@@ -77,7 +77,7 @@ class ChatView(QScrollArea):
 
     def scroll_to_bottom(self) -> None:
         self._stick_to_bottom = True
-        QTimer.singleShot(0, lambda: self.verticalScrollBar().setValue(self.verticalScrollBar().maximum()))
+        QTimer.singleShot(0, self, lambda: self.verticalScrollBar().setValue(self.verticalScrollBar().maximum()))
 
     def _make(self, message: Message, assistant_name: str) -> MessageWidget:
         widget = MessageWidget(message, assistant_name)

@@ -6,6 +6,7 @@ from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QProgressBar, QSizePolicy, QToolButton,
                                QVBoxLayout, QWidget)
 
+from ..qt_compat import emit
 from .theme import icon
 
 MAX_LINES = 8
@@ -32,7 +33,7 @@ class MessageEdit(QPlainTextEdit):
     def keyPressEvent(self, event) -> None:  # noqa: N802
         enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
         if enter and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
-            self.submitted.emit()
+            emit(self.submitted)
             return
         if enter:  # Shift+Enter: a new line (QPlainTextEdit would insert a line separator instead)
             self.insertPlainText("\n")
@@ -122,11 +123,11 @@ class Composer(QFrame):
         text = self.edit.toPlainText().strip()
         if text:
             self.edit.clear()
-            self.send_requested.emit(text)
+            emit(self.send_requested, text)
 
     def _on_button(self) -> None:
         if self.generating:
-            self.stop_requested.emit()
+            emit(self.stop_requested)
         else:
             self._on_submit()
 

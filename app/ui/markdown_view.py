@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 
-from PySide6.QtCore import QTimer, Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QFontDatabase, QGuiApplication
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QSizePolicy, QTextBrowser, QToolButton,
                                QVBoxLayout, QWidget)
 
 from ..markdown_blocks import Block, split_blocks
+from ..qt_compat import emit
 from .theme import icon
 
 
@@ -79,6 +80,8 @@ class CodeBlock(QFrame):
         self.copy_button.setIcon(icon("copy", "muted"))
         self.copy_button.setToolTip("Copy the code")
         self.copy_button.clicked.connect(self.copy)
+        self._reset_copy = QTimer(self, singleShot=True, interval=1500)  # a child: it dies with the block
+        self._reset_copy.timeout.connect(lambda: self.copy_button.setText("Copy"))
         header = QHBoxLayout()
         header.setContentsMargins(10, 2, 4, 0)
         header.addWidget(self._language)
@@ -109,8 +112,8 @@ class CodeBlock(QFrame):
     def copy(self) -> None:
         QGuiApplication.clipboard().setText(self.text())
         self.copy_button.setText("Copied")
-        QTimer.singleShot(1500, lambda: self.copy_button.setText("Copy"))
-        self.copied.emit(self.text())
+        self._reset_copy.start()
+        emit(self.copied, self.text())
 
     def _fit(self) -> None:
         lines = max(1, self.code.document().blockCount())

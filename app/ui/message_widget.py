@@ -7,6 +7,7 @@ from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QToolButton, QVBoxLayout,
                                QWidget)
 
+from ..qt_compat import emit
 from ..store import Message
 from .markdown_view import MarkdownView
 from .theme import icon
@@ -64,9 +65,9 @@ class MessageWidget(QFrame):
         self._editor: QWidget | None = None
         self.copy_button = self._tool("copy", "Copy the message", self._copy)
         self.edit_button = self._tool("edit", "Edit and send again", self.start_editing)
-        self.regenerate_button = self._tool("regenerate", "Regenerate the answer", self.regenerate_requested.emit)
+        self.regenerate_button = self._tool("regenerate", "Regenerate the answer", self.regenerate_requested)
         self.delete_button = self._tool("delete", "Delete the message",
-                                        lambda: self.delete_requested.emit(self.message.id))
+                                        lambda: emit(self.delete_requested, self.message.id))
         header = QHBoxLayout()
         header.setContentsMargins(0, 0, 0, 0)
         header.setSpacing(2)
@@ -121,7 +122,7 @@ class MessageWidget(QFrame):
 
     def _copy(self) -> None:
         QGuiApplication.clipboard().setText(self.message.content)
-        self.copied.emit(self.message.id)
+        emit(self.copied, self.message.id)
 
     # -- inline editing (user messages) ---------------------------------------------------------------
     def start_editing(self) -> None:
@@ -152,7 +153,7 @@ class MessageWidget(QFrame):
         text = self.edit_box.toPlainText().strip()
         if text:
             self._stop_editing()
-            self.edit_submitted.emit(self.message.id, text)
+            emit(self.edit_submitted, self.message.id, text)
 
     def _stop_editing(self) -> None:
         if self._editor is not None:

@@ -9,6 +9,7 @@ from PySide6.QtWidgets import (QFileDialog, QFrame, QHBoxLayout, QLabel, QListWi
                                QVBoxLayout, QWidget)
 
 from ..model_choices import ModelChoice
+from ..qt_compat import emit
 
 PATH_ROLE = Qt.ItemDataRole.UserRole
 
@@ -87,12 +88,12 @@ class ModelsPage(QFrame):
 
     def _use(self, item: QListWidgetItem | None) -> None:
         if item is not None and item.data(PATH_ROLE) and item.flags() & Qt.ItemFlag.ItemIsEnabled:
-            self.use_requested.emit(item.data(PATH_ROLE))
+            emit(self.use_requested, item.data(PATH_ROLE))
 
     def _add(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Add a GGUF model", "", "GGUF models (*.gguf)")
         if path:
-            self.add_requested.emit(path)
+            emit(self.add_requested, path)
 
     def _update_buttons(self, *_) -> None:
         item = self.list.currentItem()

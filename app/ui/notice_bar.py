@@ -5,6 +5,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QToolButton, QWidget
 
+from ..qt_compat import emit
 from .theme import icon
 
 AUTO_HIDE_MS = {"info": 8000, "warning": 15000, "error": 0}  # errors stay until closed
@@ -59,5 +60,5 @@ class NoticeBar(QFrame):
 
     def _act(self) -> None:
         self.hide()
-        self.action_triggered.emit()
+        emit(self.action_triggered)
 

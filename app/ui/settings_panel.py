@@ -9,6 +9,7 @@ from PySide6.QtWidgets import (QDoubleSpinBox, QFormLayout, QFrame, QHBoxLayout,
                                QScrollArea, QSpinBox, QVBoxLayout, QWidget)
 
 from ..chat_settings import ChatSettings
+from ..qt_compat import emit
 
 FIELDS = (  # name, label, kind, minimum, maximum, step, help
     ("temperature", "Temperature", float, 0.0, 2.0, 0.05, "Higher is more varied, 0 always picks the likeliest token"),
@@ -123,4 +124,4 @@ class SettingsPanel(QFrame):
 
     def _emit(self) -> None:
         self._timer.stop()
-        self.settings_changed.emit(self.settings())
+        emit(self.settings_changed, self.settings())

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from PySide6.QtCore import QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import (QAbstractItemView, QFrame, QLineEdit, QListWidget, QListWidgetItem, QMenu,
-                               QPushButton, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QAbstractItemView, QFrame, QLineEdit, QListWidget, QListWidgetItem, QMenu, QPushButton,
+                               QVBoxLayout, QWidget)
 
+from ..qt_compat import emit
 from ..store import Conversation
 from .theme import icon
 
@@ -41,7 +42,7 @@ class Sidebar(QFrame):
         self.search.setPlaceholderText("Search conversations")
         self.search.setClearButtonEnabled(True)
         self._search_timer = QTimer(self, singleShot=True, interval=200)
-        self._search_timer.timeout.connect(lambda: self.search_changed.emit(self.search.text()))
+        self._search_timer.timeout.connect(lambda: emit(self.search_changed, self.search.text()))
         self.search.textChanged.connect(self._search_timer.start)
         self.search.addAction(icon("search", "muted"), QLineEdit.ActionPosition.LeadingPosition)
         self.list = QListWidget()
@@ -52,7 +53,7 @@ class Sidebar(QFrame):
         self.list.setEditTriggers(QAbstractItemView.EditTrigger.EditKeyPressed)
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._menu)
-        self.list.itemClicked.connect(lambda item: self.selected.emit(item.data(ID_ROLE)))
+        self.list.itemClicked.connect(lambda item: emit(self.selected, item.data(ID_ROLE)))
         self.list.itemDoubleClicked.connect(self.list.editItem)
         self.list.itemChanged.connect(self._renamed)
         delete = QAction("Delete", self.list, shortcut=QKeySequence.StandardKey.Delete,
@@ -94,12 +95,12 @@ class Sidebar(QFrame):
 
     def _renamed(self, item: QListWidgetItem) -> None:
         if not self._filling and item.data(ID_ROLE) is not None:
-            self.rename_requested.emit(item.data(ID_ROLE), item.text())
+            emit(self.rename_requested, item.data(ID_ROLE), item.text())
 
     def _delete_current(self) -> None:
         item = self.list.currentItem()
         if item is not None and item.data(ID_ROLE) is not None:
-            self.delete_requested.emit(item.data(ID_ROLE))
+            emit(self.delete_requested, item.data(ID_ROLE))
 
     def _menu(self, pos) -> None:
         item = self.list.itemAt(pos)
@@ -107,7 +108,7 @@ class Sidebar(QFrame):
             return
         menu = QMenu(self)
         menu.addAction("Rename", lambda: self.list.editItem(item))
-        menu.addAction("Delete", lambda: self.delete_requested.emit(item.data(ID_ROLE)))
+        menu.addAction("Delete", lambda: emit(self.delete_requested, item.data(ID_ROLE)))
         menu.exec(self.list.viewport().mapToGlobal(pos))
 
 

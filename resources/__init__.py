@@ -1,0 +1,1 @@
+"""Data files shipped with Hearth: icons and the curated model list."""

@@ -14,11 +14,93 @@
 #define HK_NO_TABLE 1
 #include "kernels_x86.inc"
 
+/* -- legacy 32-blocks two at a time in 512-bit vectors: lanes 0-7 hold block b, lanes 8-15 block b+1 */
+
+/* The 32 + 32 four-bit codes of two blocks, each block's low nibbles before its high nibbles. */
+INLINE __m512i pair_nibbles(const uint8_t *qs0, const uint8_t *qs1) {
+    __m256i t = _mm256_inserti128_si256(_mm256_castsi128_si256(loadu128(qs0)), loadu128(qs1), 1);
+    __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(t), _mm256_srli_epi16(t, 4), 1); /* qs0 qs1 qs0>>4 qs1>>4 */
+    return _mm512_and_si512(_mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0)), _mm512_set1_epi8(0x0F));
+}
+
+/* Two float16 fields (one per block) as floats in lanes 0 and 1. */
+INLINE __m128 pair_f16(const uint8_t *p0, const uint8_t *p1) {
+    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)(hk_u16(p0) | ((uint32_t)hk_u16(p1) << 16))));
+}
+
+INLINE __m128 load2(const float *p) { return _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(const void *)p)); }
+
+INLINE void dot32x2_nt(const int type, int nb, const uint8_t *w, const hk_act *a, const int nt, float *out, ptrdiff_t os) {
+    const int ts = size32(type);
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    __m512 acc[HK_MAX_NT];
+    __m128 corr[HK_MAX_NT];
+    __m256 tail[HK_MAX_NT];
+    float tail_corr[HK_MAX_NT];
+    for (int t = 0; t < nt; t++) {
+        acc[t] = _mm512_setzero_ps();
+        corr[t] = _mm_setzero_ps();
+        tail[t] = _mm256_setzero_ps();
+        tail_corr[t] = 0.0f;
+    }
+    int b = 0;
+    for (; b + 1 < nb; b += 2) {
+        const uint8_t *b0 = w + (size_t)b * ts, *b1 = b0 + ts;
+        __m128 dw = pair_f16(b0, b1), cw = _mm_setzero_ps();
+        __m512i q;
+        __mmask64 neg = 0;
+        switch (type) {
+        case HK_Q4_0: q = pair_nibbles(b0 + 2, b1 + 2); cw = _mm_mul_ps(dw, _mm_set1_ps(-8.0f)); break;
+        case HK_Q4_1: q = pair_nibbles(b0 + 4, b1 + 4); cw = pair_f16(b0 + 2, b1 + 2); break;
+        case HK_Q5_0:
+        case HK_Q5_1: {
+            const int o = type == HK_Q5_0 ? 2 : 4;
+            __mmask64 bits = (__mmask64)hk_u32(b0 + o) | ((__mmask64)hk_u32(b1 + o) << 32);
+            q = pair_nibbles(b0 + o + 4, b1 + o + 4);
+            q = _mm512_mask_add_epi8(q, bits, q, _mm512_set1_epi8(0x10));
+            cw = type == HK_Q5_0 ? _mm_mul_ps(dw, _mm_set1_ps(-16.0f)) : pair_f16(b0 + 2, b1 + 2);
+            break;
+        }
+        default: { /* Q8_0: |w| times the activation with w's sign */
+            __m512i s = _mm512_inserti64x4(_mm512_castsi256_si512(loadu256(b0 + 2)), loadu256(b1 + 2), 1);
+            neg = _mm512_movepi8_mask(s);
+            q = _mm512_abs_epi8(s);
+            break;
+        }
+        }
+        for (int t = 0; t < nt; t++) {
+            __m512i av = _mm512_loadu_si512(a[t].qs + b * HK_QK);
+            if (type == HK_Q8_0) av = _mm512_mask_sub_epi8(av, neg, _mm512_setzero_si512(), av);
+            __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, av);
+            __m512 scale = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_mul_ps(dw, load2(a[t].d + b))));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scale, acc[t]);
+            if (type != HK_Q8_0) corr[t] = _mm_fmadd_ps(cw, load2(a[t].ds + b), corr[t]);
+        }
+    }
+    if (b < nb) block32(type, w + (size_t)b * ts, b, a, nt, tail, tail_corr);
+    for (int t = 0; t < nt; t++) {
+        __m128 c = _mm_add_ss(corr[t], _mm_movehdup_ps(corr[t]));
+        out[t * os] = _mm512_reduce_add_ps(acc[t]) + hsum_ps(tail[t]) + (_mm_cvtss_f32(c) + tail_corr[t]);
+    }
+}
+
+#define DOT32X2(name, type)                                                                                  \
+    INLINE void name##_nt(int nb, const uint8_t *w, const hk_act *a, const int nt, float *out, ptrdiff_t os) { \
+        dot32x2_nt(type, nb, w, a, nt, out, os);                                                             \
+    }                                                                                                        \
+    NT_DISPATCH(name)
+
+DOT32X2(dot512_q4_0, HK_Q4_0)
+DOT32X2(dot512_q4_1, HK_Q4_1)
+DOT32X2(dot512_q5_0, HK_Q5_0)
+DOT32X2(dot512_q5_1, HK_Q5_1)
+DOT32X2(dot512_q8_0, HK_Q8_0)
+
 const hk_isa hk_isa_avx512 = {
     .name = "avx512",
     .dot = {
-        [HK_F32] = FN(dot_f32), [HK_F16] = FN(dot_f16), [HK_BF16] = FN(dot_bf16), [HK_Q4_0] = FN(dot_q4_0),
-        [HK_Q4_1] = FN(dot_q4_1), [HK_Q5_0] = FN(dot_q5_0), [HK_Q5_1] = FN(dot_q5_1), [HK_Q8_0] = FN(dot_q8_0),
+        [HK_F32] = FN(dot_f32), [HK_F16] = FN(dot_f16), [HK_BF16] = FN(dot_bf16), [HK_Q4_0] = FN(dot512_q4_0),
+        [HK_Q4_1] = FN(dot512_q4_1), [HK_Q5_0] = FN(dot512_q5_0), [HK_Q5_1] = FN(dot512_q5_1), [HK_Q8_0] = FN(dot512_q8_0),
         [HK_Q2_K] = FN(dot_q2_k), [HK_Q3_K] = FN(dot_q3_k), [HK_Q4_K] = FN(dot_q4_k), [HK_Q5_K] = FN(dot_q5_k),
         [HK_Q6_K] = FN(dot_q6_k), [HK_TQ1_0] = FN(dot_tq1_0), [HK_TQ2_0] = FN(dot_tq2_0),
     },

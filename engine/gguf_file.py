@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import mmap
 import os
+import stat
 import struct
 from pathlib import Path
 from typing import Any
@@ -22,16 +23,19 @@ GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
 MAX_DIMS = 4
 MAX_ALIGNMENT = 1 << 16
-MAX_ARRAY_DEPTH = 1  # an array of arrays is refused; no model uses one
+MAX_KEY_BYTES = (1 << 16) - 1  # the spec's limits on key and tensor-name lengths
+MAX_NAME_BYTES = 64
 
-# GGUF value types: id -> (struct format, size); strings (8) and arrays (9) are handled separately.
+# GGUF value types: id -> (struct format, size); strings (8) and arrays (9) are handled separately,
+# booleans (7) are read as bytes and must be 0 or 1.
 _SCALAR_TYPES = {
     0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
-    6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8),
+    6: ("<f", 4), 7: ("<B", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8),
 }
 _NUMPY_TYPES = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32,
-                6: np.float32, 7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
-_STRING, _ARRAY = 8, 9
+                6: np.float32, 7: np.uint8, 10: np.uint64, 11: np.int64, 12: np.float64}
+_BOOL, _STRING, _ARRAY = 7, 8, 9
+_U64 = struct.Struct("<Q")
 _MIN_KV_BYTES = 8 + 4 + 1  # empty key length, value type, smallest value
 _MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # name length, n_dims, type, offset
 
@@ -77,15 +81,41 @@ class _Cursor:
     def u64(self, what: str) -> int:
         return self.scalar("<Q", 8, what)
 
-    def string(self, what: str) -> str:
+    def string(self, what: str, max_len: int | None = None) -> str:
         n = self.u64(f"length of {what}")
+        if max_len is not None and n > max_len:
+            raise ModelFormatError(f"{what} is {n} bytes long (at most {max_len})")
         self.need(n, what)
-        raw = bytes(self.buf[self.pos:self.pos + n])
+        raw = self.buf[self.pos:self.pos + n]
         self.pos += n
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError as e:
             raise ModelFormatError(f"{what} is not valid UTF-8 ({e.reason} at byte {e.start})") from None
+
+    def strings(self, count: int, what: str) -> list[str]:
+        """``count`` strings; the loop avoids per-element message formatting (vocabularies are ~10^5 long)."""
+        buf, size, pos = self.buf, self.size, self.pos
+        unpack = _U64.unpack_from
+        out: list[str] = []
+        append = out.append
+        try:
+            for _ in range(count):
+                if pos + 8 > size:
+                    break
+                (n,) = unpack(buf, pos)
+                end = pos + 8 + n
+                if end > size:
+                    break
+                append(buf[pos + 8:end].decode("utf-8"))
+                pos = end
+        except UnicodeDecodeError as e:
+            self.pos = pos
+            raise ModelFormatError(f"element {len(out)} of {what} is not valid UTF-8 ({e.reason} at byte {e.start})") from None
+        self.pos = pos
+        if len(out) < count:  # the loop stopped at an element that runs past the end: re-read it for the message
+            self.string(f"element {len(out)} of {what}")
+        return out
 
 
 class GGUFFile:
@@ -94,6 +124,8 @@ class GGUFFile:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         try:
+            if not stat.S_ISREG(os.stat(self.path).st_mode):
+                raise ModelFormatError(f"{self.path} is not a regular file")  # opening a FIFO would block
             self._file = open(self.path, "rb")
         except OSError as e:
             raise ModelFormatError(f"cannot open {self.path}: {e.strerror}") from None
@@ -101,12 +133,18 @@ class GGUFFile:
             self.file_size = os.fstat(self._file.fileno()).st_size
             if self.file_size < 24:
                 raise ModelFormatError(f"file is too small to be GGUF ({self.file_size} bytes)")
-            self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+            self._map = self._map_file()
             self._parse()
         except BaseException:
             self.close()
             raise
         self._array = np.frombuffer(self._map, dtype=np.uint8)
+
+    def _map_file(self) -> mmap.mmap:
+        try:
+            return mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError as e:
+            raise ModelFormatError(f"cannot memory-map {self.path}: {e.strerror}") from None
 
     # -- parsing ---------------------------------------------------------------------------------------
     def _parse(self) -> None:
@@ -136,41 +174,53 @@ class GGUFFile:
     def _read_metadata(self, cur: _Cursor, n_kv: int) -> dict[str, Any]:
         metadata: dict[str, Any] = {}
         for i in range(n_kv):
-            key = cur.string(f"metadata key #{i}")
+            key = cur.string(f"metadata key #{i}", MAX_KEY_BYTES)
             if not key:
                 raise ModelFormatError(f"metadata key #{i} is empty")
             if key in metadata:
                 raise ModelFormatError(f"metadata key {key!r} appears twice")
             vtype = cur.u32(f"type of {key!r}")
-            metadata[key] = self._read_value(cur, vtype, key, depth=0)
+            if vtype == _ARRAY:
+                metadata[key] = self._read_array(cur, key)
+            else:
+                metadata[key] = self._read_scalar(cur, vtype, key)
         return metadata
 
-    def _read_value(self, cur: _Cursor, vtype: int, key: str, depth: int) -> Any:
-        if vtype in _SCALAR_TYPES:
-            fmt, size = _SCALAR_TYPES[vtype]
-            return cur.scalar(fmt, size, f"value of {key!r}")
+    @staticmethod
+    def _read_scalar(cur: _Cursor, vtype: int, key: str) -> Any:
         if vtype == _STRING:
             return cur.string(f"value of {key!r}")
-        if vtype != _ARRAY:
+        if vtype not in _SCALAR_TYPES:
             raise ModelFormatError(f"metadata {key!r} has invalid value type {vtype}")
-        if depth >= MAX_ARRAY_DEPTH:
-            raise ModelFormatError(f"metadata {key!r} is a nested array, which is not supported")
+        fmt, size = _SCALAR_TYPES[vtype]
+        value = cur.scalar(fmt, size, f"value of {key!r}")
+        if vtype == _BOOL:
+            if value > 1:
+                raise ModelFormatError(f"metadata {key!r} is a boolean stored as {value} (must be 0 or 1)")
+            return bool(value)
+        return value
+
+    def _read_array(self, cur: _Cursor, key: str) -> np.ndarray | list[str]:
         etype = cur.u32(f"element type of {key!r}")
         count = cur.u64(f"length of {key!r}")
-        if etype in _SCALAR_TYPES:
-            size = _SCALAR_TYPES[etype][1]
-            if count > (self.file_size - cur.pos) // size:
-                raise ModelFormatError(f"array {key!r} of {count} elements runs past the end of the file")
-            values = np.frombuffer(self._map, dtype=_NUMPY_TYPES[etype], count=count, offset=cur.pos).copy()
-            cur.pos += count * size
-            return values
         if etype == _STRING:
             if count > (self.file_size - cur.pos) // 8:
                 raise ModelFormatError(f"array {key!r} of {count} strings runs past the end of the file")
-            return [cur.string(f"element {j} of {key!r}") for j in range(count)]
+            return cur.strings(count, repr(key))
         if etype == _ARRAY:
             raise ModelFormatError(f"metadata {key!r} is a nested array, which is not supported")
-        raise ModelFormatError(f"array {key!r} has invalid element type {etype}")
+        if etype not in _SCALAR_TYPES:
+            raise ModelFormatError(f"array {key!r} has invalid element type {etype}")
+        size = _SCALAR_TYPES[etype][1]
+        if count > (self.file_size - cur.pos) // size:
+            raise ModelFormatError(f"array {key!r} of {count} elements runs past the end of the file")
+        values = np.frombuffer(self._map, dtype=_NUMPY_TYPES[etype], count=count, offset=cur.pos).copy()
+        cur.pos += count * size
+        if etype == _BOOL:
+            if count and values.max() > 1:
+                raise ModelFormatError(f"array {key!r} holds a boolean that is not 0 or 1")
+            return values.astype(np.bool_)
+        return values
 
     def _alignment(self) -> int:
         value = self.metadata.get("general.alignment", 32)
@@ -181,7 +231,7 @@ class GGUFFile:
         return value
 
     def _read_tensor_info(self, cur: _Cursor, i: int) -> tuple[str, tuple[int, ...], GGMLQuantizationType, int, int]:
-        name = cur.string(f"name of tensor #{i}")
+        name = cur.string(f"name of tensor #{i}", MAX_NAME_BYTES)
         n_dims = cur.u32(f"dimension count of {name!r}")
         if not 1 <= n_dims <= MAX_DIMS:
             raise ModelFormatError(f"tensor {name!r} has {n_dims} dimensions (1 to {MAX_DIMS} allowed)")
@@ -271,5 +321,15 @@ class GGUFFile:
 
 
 def read_gguf(path: str | os.PathLike) -> GGUFFile:
-    """Open and validate a GGUF file. Raises ``ModelFormatError`` for anything malformed."""
+    """Open and validate a GGUF file.
+
+    Args:
+        path: the model file.
+
+    Returns:
+        The parsed file; close it (or use it as a context manager) to release the memory map.
+
+    Raises:
+        ModelFormatError: the file cannot be opened or anything in it is malformed.
+    """
     return GGUFFile(path)

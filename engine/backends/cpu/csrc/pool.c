@@ -1,5 +1,7 @@
 /* The persistent thread pool. Workers spin briefly after a job (decode issues hundreds of small products
-   per token, a sleep/wake per product would cost more than the product), then sleep on a condition. */
+   per token, a sleep/wake per product would cost more than the product), then sleep on a condition.
+   Every spin loop yields to the scheduler now and then: on a busy machine the thread being waited for may
+   share this core, and a pure spin would keep it off the core for a whole time slice. */
 #define _GNU_SOURCE
 #include "pool.h"
 
@@ -18,7 +20,8 @@
 #define CPU_RELAX() ((void)0)
 #endif
 
-#define SPIN_NS 200000 /* how long an idle worker polls before it sleeps */
+#define SPIN_NS 100000  /* how long an idle worker polls before it sleeps */
+#define YIELD_EVERY 64  /* polls between two sched_yield calls (a yield costs well under a microsecond) */
 
 static struct {
     pthread_mutex_t mu;
@@ -55,7 +58,10 @@ static int wait_for_job(int seen) {
         int g = atomic_load_explicit(&P.generation, memory_order_acquire);
         if (g != seen) return g;
         CPU_RELAX();
-        if ((spins & 255) == 255 && now_ns() > deadline) break;
+        if (spins % YIELD_EVERY == YIELD_EVERY - 1) {
+            sched_yield();
+            if (now_ns() > deadline) break;
+        }
     }
     pthread_mutex_lock(&P.mu);
     int g;
@@ -91,7 +97,7 @@ void hk_pool_run(hk_task_fn fn, void *ctx, int n_tasks) {
     run_tasks();
     for (int spins = 0; atomic_load_explicit(&P.busy, memory_order_acquire) > 0; spins++) {
         CPU_RELAX();
-        if (spins > 100000) sched_yield(); /* a worker was descheduled: let it run */
+        if (spins % YIELD_EVERY == YIELD_EVERY - 1) sched_yield();
     }
 }
 

@@ -92,11 +92,15 @@ def test_bad_header(data: bytes, match: str, tmp_path: Path, case_guard: CaseGua
     assert_rejected(case_guard, tmp_path / "m.gguf", data, match, request.node.callspec.id)
 
 
+SYSFS_FILE = Path("/sys/kernel/uevent_seqnum")  # a regular file of 4096 bytes that cannot be memory-mapped
+NOT_A_FILE = [("missing", r"cannot open .*No such file"), ("directory", r"is not a regular file"),
+              ("fifo", r"is not a regular file")] + ([("unmappable", r"cannot memory-map")] if SYSFS_FILE.exists() else [])
+
+
 @pytest.mark.timeout(10)  # a reader that opens the FIFO blocks forever
-@pytest.mark.parametrize("kind, match", [("missing", r"cannot open .*No such file"), ("directory", r"is not a regular file"),
-                                         ("fifo", r"is not a regular file")])
-def test_not_a_file(kind: str, match: str, tmp_path: Path, case_guard: CaseGuard):
-    path = tmp_path / "model.gguf"
+@pytest.mark.parametrize("kind, match", NOT_A_FILE)
+def test_not_a_model_file(kind: str, match: str, tmp_path: Path, case_guard: CaseGuard):
+    path = SYSFS_FILE if kind == "unmappable" else tmp_path / "model.gguf"
     if kind == "directory":
         path.mkdir()
     elif kind == "fifo":
@@ -478,12 +482,18 @@ import json, sys, time
 import psutil
 from engine.gguf_file import ModelFormatError, read_gguf
 
-def peak_rss():  # this process's own high-water mark (ru_maxrss would include the parent's, inherited over fork)
+LINUX = sys.platform.startswith("linux")
+
+def peak_rss():  # Linux: this process's own high-water mark (ru_maxrss includes the parent's, inherited over fork)
+    if not LINUX:
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # bytes on macOS
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # reset the high-water mark to the current RSS
+if LINUX:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset the high-water mark to the current RSS
 rss_start = psutil.Process().memory_info().rss
 start, cpu_start = time.perf_counter(), time.process_time()
 try:

@@ -55,6 +55,8 @@ class DriftDetector:
 
     def observe(self, seconds: float, load: Hashable) -> None:
         """Record one decode step that took ``seconds`` under ``load``."""
+        if not seconds > 0:
+            return  # a clock that did not move (a fake one, or too coarse) says nothing about speed
         if load != self._load:
             self._load, self._block, self._skip = load, [], self.config.warmup_steps
         if self._skip > 0:

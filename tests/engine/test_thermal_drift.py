@@ -88,3 +88,9 @@ def test_no_data_means_no_baseline():
     assert detector.baseline((1, 0)) is None and not detector.throttled
     feed(detector, [STEP_S] * (detector.config.warmup_steps + detector.config.block_steps * 3))
     assert detector.baseline((1, 0)) == STEP_S
+
+
+def test_steps_that_took_no_measurable_time_are_ignored():
+    detector = DriftDetector()
+    feed(detector, [0.0] * 100 + [float("nan")] * 10)
+    assert detector.baseline((1, 0)) is None and detector.status.ratio is None

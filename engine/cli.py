@@ -80,6 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3, help="interleaved runs; medians are reported")
     p.add_argument("--compare", choices=["llama.cpp", "mlx-lm"], default=None)
+    p.add_argument("--concurrency", type=int, default=None, help="decode N sequences batched; report aggregate and single tok/s")
+    p.add_argument("--thermal-script", type=Path, default=None, help="replay a JSON trace of [t_seconds, state] through the thermal policy")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)
     return parser
@@ -210,6 +212,11 @@ def cmd_bench(args) -> int:
 
         report = run_mlx_bench(args.model, prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens,
                                compare=args.compare == "mlx-lm", repeats=args.repeats)
+    elif args.concurrency or args.thermal_script:
+        from .bench_concurrency import run_concurrency_bench
+
+        report = run_concurrency_bench(args.model, args.backend, args.threads, args.prompt_tokens, args.gen_tokens,
+                                       args.concurrency or 1, args.repeats, args.thermal_script)
     else:
         from .bench import run_bench
 

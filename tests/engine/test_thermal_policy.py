@@ -139,3 +139,24 @@ def test_the_provider_is_read_once_per_poll_interval():
 def test_a_policy_needs_four_levels():
     with pytest.raises(ValueError, match="4 levels"):
         ThermalPolicy(PolicyConfig(levels=(Limits(1, 1, 0.0),)))
+
+
+def test_the_bench_replays_a_trace_file_and_records_batch_decisions(tiny_model_path, tmp_path):
+    from engine.bench_concurrency import replay_thermal_trace
+    from engine.config import ModelConfig
+    from engine.backends.numpy_backend import NumpyBackend
+    from engine.gguf_file import read_gguf
+
+    gguf = read_gguf(tiny_model_path)
+    backend = NumpyBackend(gguf, ModelConfig.from_gguf(gguf))
+    trace = tmp_path / "trace.json"
+    trace.write_text('[[0, "nominal"], [10, "serious"], [20, "critical"], [30, "nominal"]]')
+    prompts = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10]]
+    result = replay_thermal_trace(backend, prompts, trace, PolicyConfig(cooldown_s=10))
+    batch = [(row[0], row[2], row[5]) for row in result["timeline"]]  # (t, max_batch, in flight)
+    assert batch[0] == (0, 8, 4)
+    assert (10, 2, 2) in batch and (20, 1, 1) in batch
+    recovered = [t for t, max_batch, _ in batch if t > 30 and max_batch == 8]
+    assert recovered and recovered[0] >= 30 + 3 * 10  # three levels down, one cooldown each
+    assert [d["max_batch"] for d in result["decisions"]] == [8, 2, 1, 2, 4, 8]
+    assert result["decisions"][2]["pause_s"] > 0 and result["decisions"][2]["state"] == "critical"

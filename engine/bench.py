@@ -152,3 +152,27 @@ def _set_threads(backend: str, threads: int) -> None:
         from .backends.cpu import kernels
         if kernels.AVAILABLE:
             kernels.set_threads(threads)
+
+
+def run_session_bench(path: Path, backend: str, n_tokens: int, repeats: int) -> dict:
+    """Restoring a snapshot of ``n_tokens`` against processing the same tokens again (medians)."""
+    import tempfile
+
+    model = load(path, backend, n_tokens + 16)
+    ids = bench_prompt(model, n_tokens)
+    reprocess, restore = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        snapshot = Path(tmp) / "bench.hearth"
+        for _ in range(repeats):
+            model._cache, model._tokens = None, []
+            _, seconds = _timed(model.next_token_logits, ids)
+            reprocess.append(seconds)
+            model.save_session(snapshot)
+            _, seconds = _timed(model.load_session, snapshot)
+            restore.append(seconds)
+        size_mb = snapshot.stat().st_size / 2**20
+    report = {"model": model.name, "backend": model.backend.name, "tokens": len(ids), "repeats": repeats,
+              "reprocess_s": round(statistics.median(reprocess), 4), "restore_s": round(statistics.median(restore), 4),
+              "snapshot_mb": round(size_mb, 1)}
+    report["ratio.restore_speedup"] = round(report["reprocess_s"] / report["restore_s"], 1)
+    return report

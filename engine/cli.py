@@ -82,6 +82,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", choices=["llama.cpp", "mlx-lm"], default=None)
     p.add_argument("--concurrency", type=int, default=None, help="decode N sequences batched; report aggregate and single tok/s")
     p.add_argument("--thermal-script", type=Path, default=None, help="replay a JSON trace of [t_seconds, state] through the thermal policy")
+    p.add_argument("--session-restore", action="store_true",
+                   help="time restoring a snapshot of --prompt-tokens tokens against processing them again")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)
     return parser
@@ -207,7 +209,11 @@ def _stats(event) -> dict:
 
 
 def cmd_bench(args) -> int:
-    if args.compare == "mlx-lm" or args.backend == "mlx":
+    if args.session_restore:
+        from .bench import run_session_bench
+
+        report = run_session_bench(args.model, args.backend, args.prompt_tokens, args.repeats)
+    elif args.compare == "mlx-lm" or args.backend == "mlx":
         from .backends.mlx_bench import run_mlx_bench
 
         report = run_mlx_bench(args.model, prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens,

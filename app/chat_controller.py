@@ -24,6 +24,7 @@ class _Reply:
     request_id: int
     conversation_id: int
     writer: ReplyWriter
+    streaming: bool = False  # the first text has arrived
 
 
 class ChatController(QObject):
@@ -110,6 +111,17 @@ class ChatController(QObject):
             if path:
                 return path
         return self.default_model
+
+    def model_name(self) -> str:
+        """A readable name for the shown conversation's model, loaded or not."""
+        path = self.model_path()
+        if not path:
+            return "No model"
+        if path == self.builtin_path:
+            return BUILTIN_MODEL_NAME
+        if self.model_info.get("path") == path:
+            return self.model_info.get("name") or path
+        return path.replace("\\", "/").rsplit("/", 1)[-1]
 
     def is_generating(self) -> bool:
         return self._reply is not None and self._reply.conversation_id == self.current_id
@@ -255,6 +267,9 @@ class ChatController(QObject):
         if reply is None:
             return
         reply.writer.append(text)
+        if not reply.streaming:
+            reply.streaming = True
+            emit(self.status, "Answering…  (Esc to stop)")
         if reply.conversation_id == self.current_id:
             emit(self.reply_text, reply.writer.message_id, reply.writer.text)
 

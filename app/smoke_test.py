@@ -32,6 +32,7 @@ class SmokeTest(QObject):
         self.out.mkdir(parents=True, exist_ok=True)
         self.exit_code = 1
         self.chunks = 0
+        self.pages: dict[str, str] = {}  # screenshot name -> file
         self.sent_at = self.first_text_at = None
         self._deadline = QTimer(self, singleShot=True, interval=TIMEOUT_S * 1000)
         self._deadline.timeout.connect(lambda: self._fail(f"no answer within {TIMEOUT_S} s"))
@@ -49,6 +50,7 @@ class SmokeTest(QObject):
         QTimer.singleShot(0, self._send)
 
     def _send(self) -> None:
+        self.pages["chat-empty"] = self._grab("chat-empty")
         self.sent_at = time.perf_counter()
         self.session.window.composer.edit.setPlainText(PROMPT)
         self.session.window.composer.button.click()
@@ -57,6 +59,8 @@ class SmokeTest(QObject):
         self.chunks += 1
         if self.first_text_at is None:
             self.first_text_at = time.perf_counter()
+        if self.chunks == 4:
+            self.pages["chat-streaming"] = self._grab("chat-streaming")
 
     def _on_finished(self, message_id: int, stats: dict) -> None:
         if "error" in stats:
@@ -70,7 +74,7 @@ class SmokeTest(QObject):
         if not reply.strip():
             self._fail("the model answered with empty text")
             return
-        pages = {}
+        pages = self.pages
         for name in window.pages:
             window.show_page(name)
             pages[name] = self._grab(name)

@@ -59,6 +59,7 @@ class ChatView(QScrollArea):
             if widget is None or widget.message.role != message.role:
                 widget = self._make(message, assistant_name)
             widget.set_message(message, streaming=message.id == streaming_id)
+            widget.set_author(assistant_name)
             self._messages.insertWidget(index, widget)
             self.widgets[message.id] = widget
         for widget in old.values():

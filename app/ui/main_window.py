@@ -200,9 +200,8 @@ class MainWindow(QMainWindow):
         c = self.controller
         if conversation_id != c.current_id:
             return
-        name = c.model_info.get("name") or "Assistant"
-        self.chat_view.set_messages(c.messages(), c.streaming_message_id() if c.is_generating() else None, name,
-                                    self._empty_text())
+        self.chat_view.set_messages(c.messages(), c.streaming_message_id() if c.is_generating() else None,
+                                    c.model_name(), self._empty_text())
 
     def _empty_text(self) -> str:
         name = self.controller.model_info.get("name")
@@ -215,9 +214,7 @@ class MainWindow(QMainWindow):
         self._on_messages_changed(self.controller.current_id)
 
     def _show_model_text(self) -> None:
-        info = self.controller.model_info
-        path = self.controller.model_path() or ""
-        name = info.get("name") if info and info.get("path") == path else path.rsplit("/", 1)[-1] or "No model"
+        name = self.controller.model_name()
         self.composer.set_model_text(name)
         self.settings_panel.set_model(name)
 

@@ -94,6 +94,7 @@ class CodeBlock(QFrame):
         self.code.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.code.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
         self.code.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.code.horizontalScrollBar().rangeChanged.connect(self._fit)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(1, 1, 1, 1)
         layout.setSpacing(0)
@@ -115,23 +116,12 @@ class CodeBlock(QFrame):
         self._reset_copy.start()
         emit(self.copied, self.text())
 
-    def _fit(self) -> None:
+    def _fit(self, *_) -> None:
         lines = max(1, self.code.document().blockCount())
-        metrics = self.code.fontMetrics()
-        scroll = self.code.horizontalScrollBar().sizeHint().height() if self._too_wide() else 0
-        self.code.setFixedHeight(lines * metrics.lineSpacing() + 2 * int(self.code.document().documentMargin())
-                                 + 6 + scroll)
-
-    def _too_wide(self) -> bool:
-        metrics = self.code.fontMetrics()
-        widest = max((metrics.horizontalAdvance(line) for line in self.code.toPlainText().split("\n")), default=0)
-        return widest + 12 > self.code.viewport().width()
-
-    def resizeEvent(self, event) -> None:  # noqa: N802
-        super().resizeEvent(event)
-        self._fit()
-
-
+        bar = self.code.horizontalScrollBar()
+        scroll = bar.sizeHint().height() if bar.maximum() > 0 else 0  # room for the bar only when lines overflow
+        self.code.setFixedHeight(lines * self.code.fontMetrics().lineSpacing()
+                                 + 2 * int(self.code.document().documentMargin()) + 4 + scroll)
 
 
 class MarkdownView(QWidget):

@@ -112,6 +112,10 @@ class MessageWidget(QFrame):
         for button in (self.copy_button, self.edit_button, self.delete_button):
             button.setEnabled(not streaming)
 
+    def set_author(self, assistant_name: str) -> None:
+        if self.message.role == "assistant":
+            self._author.setText(assistant_name)
+
     def set_regenerate_visible(self, visible: bool) -> None:
         self.regenerate_button.setVisible(visible)
 

@@ -1,0 +1,43 @@
+"""The entry point: --version, dispatch of ``hearth models``, and the end-to-end smoke test."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import engine
+from app.__main__ import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_version(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"hearth {engine.__version__}"
+
+
+def test_models_subcommand_goes_to_the_model_library_cli(monkeypatch):
+    import app.models.cli
+
+    seen = []
+    monkeypatch.setattr(app.models.cli, "main", lambda argv: seen.append(argv) or 7)
+    assert main(["models", "list", "--json"]) == 7
+    assert seen == [["list", "--json"]]
+
+
+@pytest.mark.slow
+@pytest.mark.gui
+def test_smoke_test_chats_and_saves_every_page(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    done = subprocess.run([sys.executable, "-m", "app", "--smoke-test", str(out)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    transcript = json.loads((out / "transcript.json").read_text())
+    assert transcript["prompt"] == "Hello! Who are you?" and transcript["reply"].strip()
+    assert transcript["stats"]["generated_tokens"] > 0 and transcript["ui_time_to_first_text_s"] > 0
+    for name in ("chat", "models", "chat-settings", "chat-dark", "chat-empty", "chat-streaming"):
+        assert (out / f"{name}.png").stat().st_size > 5000, name

@@ -59,6 +59,35 @@ def bench_tensor(g, name: str, reps: int, threads: list[int]) -> dict:
     return result
 
 
+def bench_decode_pass(g, reps: int, threads: list[int]) -> dict:
+    """One token's matrix-vector products over every 2-D weight but the embedding table, back to back.
+
+    This bounds decode speed from the kernels alone (no attention, norms or Python between them)."""
+    weights = [(g.raw(name), info.qtype) for name, info in g.tensors.items()
+               if len(info.shape) == 2 and name != "token_embd.weight"]
+    if "output.weight" not in g.tensors:  # tied embeddings: the output product reads the embedding table
+        info = g.tensor("token_embd.weight")
+        weights.append((g.raw("token_embd.weight"), info.qtype))
+    cases = []
+    for w, qtype in weights:
+        cols = kernels.row_elements(qtype, w.shape[1])
+        cases.append((w, qtype, np.ones((1, cols), np.float32), np.empty((1, w.shape[0]), np.float32)))
+    total_bytes = sum(w.nbytes for w, *_ in cases)
+
+    def one_pass() -> None:
+        for w, qtype, x, out in cases:
+            kernels.matmul(w, qtype, x, out)
+
+    result = {"matrices": len(cases), "weight_mb": round(total_bytes / 1e6, 1)}
+    for n_threads in threads:
+        kernels.set_threads(n_threads)
+        median, best = timings(one_pass, reps)
+        result[f"ms_{n_threads}t"] = {"median": round(median * 1e3, 2), "best": round(best * 1e3, 2)}
+        result[f"gbps_{n_threads}t"] = {"median": round(total_bytes / median / 1e9, 1), "best": round(total_bytes / best / 1e9, 1)}
+        result[f"tokens_per_second_bound_{n_threads}t"] = {"median": round(1 / median, 1), "best": round(1 / best, 1)}
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=50)
@@ -71,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     g = read_gguf(args.model)
     threads = sorted({1, kernels.default_threads()})
     report = {"isa": kernels.active_isa(), "available": kernels.AVAILABLE, "threads": threads, "reps": args.reps,
-              "tensors": {name: bench_tensor(g, name, args.reps, threads) for name in TENSORS if name in g.tensors}}
+              "tensors": {name: bench_tensor(g, name, args.reps, threads) for name in TENSORS if name in g.tensors},
+              "decode_pass": bench_decode_pass(g, max(5, args.reps // 5), threads)}
     kernels.set_threads(kernels.default_threads())
     json.dump(report, sys.stdout, indent=1)
     sys.stdout.write("\n")

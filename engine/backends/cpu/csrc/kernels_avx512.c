@@ -96,12 +96,49 @@ DOT32X2(dot512_q5_0, HK_Q5_0)
 DOT32X2(dot512_q5_1, HK_Q5_1)
 DOT32X2(dot512_q8_0, HK_Q8_0)
 
+/* -- Q4_K with one 64-element chunk (two sub-blocks) per 512-bit vector */
+
+/* int16 lanes 0-15 equal to byte i of the k4_scales vector, lanes 16-31 to byte i + 1. */
+INLINE __m512i k4_scale_pair512(__m512i sc, int i) {
+    const short lo = (short)(0x8000 | i), hi = (short)(0x8000 | (i + 1));
+    return _mm512_shuffle_epi8(sc, _mm512_set_epi16(hi, hi, hi, hi, hi, hi, hi, hi, hi, hi, hi, hi, hi, hi, hi, hi,
+                                                    lo, lo, lo, lo, lo, lo, lo, lo, lo, lo, lo, lo, lo, lo, lo, lo));
+}
+
+INLINE void dot512_q4_k_nt(int nb, const uint8_t *w, const hk_act *a, const int nt, float *out, ptrdiff_t os) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m256 acc[HK_MAX_NT];
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = w + (size_t)b * 144;
+        __m256i sc = k4_scales(blk + 4), mins16 = k4_mins_pairs(sc);
+        __m512i sc512 = _mm512_broadcast_i64x4(sc);
+        __m512i isum[HK_MAX_NT];
+        __m256i isum256[HK_MAX_NT], msum256[HK_MAX_NT];
+        for (int t = 0; t < nt; t++) isum[t] = _mm512_setzero_si512();
+        for (int c = 0; c < 4; c++) {
+            __m256i raw = loadu256(blk + 16 + 32 * c);
+            __m512i q = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(raw), _mm256_srli_epi16(raw, 4), 1), m4);
+            __m512i s = k4_scale_pair512(sc512, 2 * c);
+            for (int t = 0; t < nt; t++)
+                isum[t] = _mm512_dpwssd_epi32(isum[t], _mm512_maddubs_epi16(q, _mm512_loadu_si512(a[t].qs + 256 * b + 64 * c)), s);
+        }
+        for (int t = 0; t < nt; t++) {
+            isum256[t] = _mm256_add_epi32(_mm512_castsi512_si256(isum[t]), _mm512_extracti64x4_epi64(isum[t], 1));
+            msum256[t] = _mm256_madd_epi16(bsums_of(&a[t], b), mins16);
+        }
+        k_accumulate(a, b, nt, isum256, msum256, f16x(blk), f16x(blk + 2), acc);
+    }
+    k_store(acc, nt, out, os);
+}
+NT_DISPATCH(dot512_q4_k)
+
 const hk_isa hk_isa_avx512 = {
     .name = "avx512",
     .dot = {
         [HK_F32] = FN(dot_f32), [HK_F16] = FN(dot_f16), [HK_BF16] = FN(dot_bf16), [HK_Q4_0] = FN(dot512_q4_0),
         [HK_Q4_1] = FN(dot512_q4_1), [HK_Q5_0] = FN(dot512_q5_0), [HK_Q5_1] = FN(dot512_q5_1), [HK_Q8_0] = FN(dot512_q8_0),
-        [HK_Q2_K] = FN(dot_q2_k), [HK_Q3_K] = FN(dot_q3_k), [HK_Q4_K] = FN(dot_q4_k), [HK_Q5_K] = FN(dot_q5_k),
+        [HK_Q2_K] = FN(dot_q2_k), [HK_Q3_K] = FN(dot_q3_k), [HK_Q4_K] = FN(dot512_q4_k), [HK_Q5_K] = FN(dot_q5_k),
         [HK_Q6_K] = FN(dot_q6_k), [HK_TQ1_0] = FN(dot_tq1_0), [HK_TQ2_0] = FN(dot_tq2_0),
     },
     .quant32 = FN(quant32),

@@ -163,13 +163,16 @@ static void rows_task(void *ctx, int task) {
     }
 }
 
+#define TASK_MIN_BYTES 16384   /* a task with less weight than this costs more to hand out than it saves */
+#define TILE_CHUNK_BYTES 24576 /* prefill: a chunk of weights that stays in L1 across the token tiles */
+
 static int chunk_rows(int rows, int n, size_t row_bytes) {
-    int threads = hk_pool_threads();
-    if (n == 1) { /* bandwidth-bound: enough chunks for balance on a noisy machine, few enough to be cheap */
-        int c = rows / (threads * 16);
-        return c < 8 ? 8 : c;
+    size_t rb = row_bytes ? row_bytes : 1;
+    if (n == 1) { /* bandwidth-bound: enough tasks to balance a noisy machine, none too small */
+        int c = rows / (hk_pool_threads() * 8), min_rows = (int)((TASK_MIN_BYTES + rb - 1) / rb);
+        return c > min_rows ? c : min_rows;
     }
-    size_t c = (size_t)24576 / (row_bytes ? row_bytes : 1); /* a chunk of weights that stays in L1 */
+    size_t c = TILE_CHUNK_BYTES / rb;
     if (c < 4) c = 4;
     if (c > 64) c = 64;
     return (int)c;

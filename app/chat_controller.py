@@ -195,8 +195,14 @@ class ChatController(QObject):
         return True
 
     def stop(self) -> None:
-        if self._reply is not None:
+        """Stop the answer. Before its first text (the prompt is still being read, which the engine only
+        notices between prefill chunks) the window is freed at once and the empty answer dropped."""
+        if self._reply is None:
+            return
+        if self._reply.writer.text:
             self.host.stop(self._reply.request_id)
+        else:
+            self.stop_and_forget()
 
     def regenerate(self) -> None:
         """Replace the last answer of the shown conversation with a new one."""
@@ -222,9 +228,9 @@ class ChatController(QObject):
         self._generate()
 
     def delete_message(self, message_id: int) -> None:
+        message = self.store.message(message_id)
         if self._reply and self._reply.writer.message_id == message_id:
             self.stop_and_forget()
-        message = self.store.message(message_id)
         self.store.delete_message(message_id)
         emit(self.messages_changed, message.conversation_id)
         self._emit_context_usage()
@@ -232,10 +238,16 @@ class ChatController(QObject):
     def stop_and_forget(self) -> None:
         """Stop the running reply and detach from it: its remaining events are ignored, its text is kept."""
         reply, self._reply = self._reply, None
-        if reply is not None:
-            self.host.stop(reply.request_id)
+        if reply is None:
+            return
+        self.host.stop(reply.request_id)
+        if reply.writer.text:
             reply.writer.finish("stopped", {"finish_reason": "cancelled"})
-            emit(self.generating_changed, False)
+        else:
+            self.store.delete_message(reply.writer.message_id)
+        emit(self.status, "Stopped")
+        emit(self.generating_changed, False)
+        emit(self.messages_changed, reply.conversation_id)
 
     # -- engine events -------------------------------------------------------------------------------
     def _generate(self) -> None:

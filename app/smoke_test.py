@@ -47,7 +47,19 @@ class SmokeTest(QObject):
         c.update_settings(settings)
         c.open_conversation(conv)
         self._deadline.start()
-        QTimer.singleShot(0, self._send)
+        self.started_at = time.perf_counter()
+        self.loaded_at = None
+        if c.model_info:
+            QTimer.singleShot(0, self._send)
+        else:  # measure time to first token on a loaded model, as a user who waits for "ready" sees it
+            c.model_changed.connect(self._on_model)
+
+    def _on_model(self, info: dict) -> None:
+        if not info:
+            self._fail("the built-in model did not load")
+        elif self.loaded_at is None:
+            self.loaded_at = time.perf_counter()
+            QTimer.singleShot(0, self._send)
 
     def _send(self) -> None:
         self.pages["chat-empty"] = self._grab("chat-empty")
@@ -91,6 +103,7 @@ class SmokeTest(QObject):
         app.setStyle(old_style)
         transcript = {
             "prompt": PROMPT, "reply": reply, "stats": stats, "model": self.session.controller.model_info,
+            "load_s": round(self.loaded_at - self.started_at, 3) if self.loaded_at else None,
             "ui_time_to_first_text_s": round(self.first_text_at - self.sent_at, 3) if self.first_text_at else None,
             "ui_text_updates": self.chunks, "screenshots": pages,
         }

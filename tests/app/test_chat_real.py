@@ -46,6 +46,8 @@ def test_an_answer_streams_into_the_window(qtbot, make_session):
 
 def test_escape_stops_the_answer_and_keeps_what_was_said(qtbot, make_session):
     session = make_session()
+    session.window.activateWindow()  # Esc is a window shortcut: it needs the active window
+    qtbot.waitUntil(session.window.isActiveWindow, timeout=3000)
     configure(session, max_tokens=400, temperature=0.8)
     c = session.controller
     with qtbot.waitSignal(c.reply_text, timeout=LONG * 6):

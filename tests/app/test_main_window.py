@@ -169,3 +169,20 @@ def test_an_answer_cut_off_by_a_crash_shows_as_interrupted(qtbot, make_session, 
     session = make_session(engine_factory=FakeFactory(FakeModel()))
     widget = session.window.chat_view.widgets[writer.message_id]
     assert widget.body.markdown == "Once upon a" and "interrupted" in widget._stats.text()
+
+
+def test_stop_while_the_prompt_is_read_frees_the_window_at_once(qtbot, make_session):
+    session = make_session(engine_factory=FakeFactory(FakeModel(["late"], prefill_s=1.5)))
+    c = session.controller
+    edit = session.window.composer.edit
+    edit.setPlainText("a long document ...")
+    qtbot.keyClick(edit, Qt.Key.Key_Return)
+    composer = session.window.composer
+    assert composer.generating and composer.button.accessibleName() == "Stop"
+    qtbot.mouseClick(composer.button, Qt.MouseButton.LeftButton)
+    assert not composer.generating and composer.button.accessibleName() == "Send"
+    assert [m.role for m in c.store.messages(c.current_id)] == ["user"]  # no empty answer left behind
+    with qtbot.waitSignal(c.reply_finished, timeout=20000):
+        composer.edit.setPlainText("again")
+        qtbot.keyClick(composer.edit, Qt.Key.Key_Return)
+    assert [m.content for m in c.store.messages(c.current_id)] == ["a long document ...", "again", "late"]

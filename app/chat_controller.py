@@ -135,8 +135,10 @@ class ChatController(QObject):
         if self.current_id is not None and not self.store.messages(self.current_id):
             self.open_conversation(self.current_id)
             return self.current_id
-        settings = self.settings() if self.current_id else ChatSettings()
-        conv = self.store.create_conversation("New chat", self.model_path(), settings)
+        current = self.store.conversation(self.current_id) if self.current_id else None
+        # None means "the default model", so the built-in model's path is not frozen into every conversation
+        conv = self.store.create_conversation("New chat", current.model_path if current else None,
+                                              current.settings if current else ChatSettings())
         emit(self.conversations_changed)
         self.open_conversation(conv.id)
         return conv.id
@@ -176,7 +178,7 @@ class ChatController(QObject):
     def set_model(self, path: str) -> None:
         """Use the GGUF at ``path`` for the shown conversation and load it now."""
         if self.current_id is not None:
-            self.store.set_model_path(self.current_id, path)
+            self.store.set_model_path(self.current_id, None if path == self.default_model else path)
         self.preload()
 
     # -- messages ------------------------------------------------------------------------------------

@@ -151,6 +151,14 @@ class EngineWorker(QObject):
         emit(self.progress, "Reading the conversation…")
         dropped, events = self._model.chat(messages, params=self._params_factory(options), max_tokens=max_tokens,
                                            overflow="drop_oldest")
+        try:
+            last = self._emit_coalesced(request_id, events)
+        finally:
+            events.close()  # runs the engine's clean-up now, also when we stopped early
+        emit(self.finished, request_id, self._stats(last, dropped, request_id))
+
+    def _emit_coalesced(self, request_id: int, events):
+        """Emit the events' text in batches at most COALESCE_S apart; stop when asked. Returns the last event."""
         pending, last_emit, last = "", time.monotonic(), None
         for event in events:
             last = event
@@ -162,7 +170,7 @@ class EngineWorker(QObject):
                 pending, last_emit = "", time.monotonic()
         if pending:
             emit(self.tokens, request_id, pending)
-        emit(self.finished, request_id, self._stats(last, dropped, request_id))
+        return last
 
     def _stats(self, last, dropped: int, request_id: int) -> dict:
         stats = {"dropped": dropped, "n_ctx": self._model.n_ctx, "model": self._model.name}

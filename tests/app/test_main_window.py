@@ -6,6 +6,7 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
 
+from app.qt_compat import emit
 from app.store import DB_FILENAME, ConversationStore
 from app.ui.markdown_view import CodeBlock, ProseBlock
 
@@ -186,3 +187,24 @@ def test_stop_while_the_prompt_is_read_frees_the_window_at_once(qtbot, make_sess
         composer.edit.setPlainText("again")
         qtbot.keyClick(composer.edit, Qt.Key.Key_Return)
     assert [m.content for m in c.store.messages(c.current_id)] == ["a long document ...", "again", "late"]
+
+
+def test_a_conversation_remembers_the_model_chosen_on_the_models_page(qtbot, make_session, tmp_path,
+                                                                      builtin_model):
+    factory = FakeFactory(FakeModel(["ok"]))
+    session = make_session(engine_factory=factory)
+    window, c = session.window, session.controller
+    window.show_page("models")
+    listed = [window.models_page.list.item(i).text() for i in range(window.models_page.list.count())]
+    assert any(text.startswith("SmolLM2 135M Instruct (built-in)") for text in listed)
+    assert c.store.conversation(c.current_id).model_path is None  # the default model, not a frozen path
+    other = str(tmp_path / "other.gguf")
+    with qtbot.waitSignal(c.model_changed, timeout=20000):
+        emit(window.models_page.use_requested, other)
+    assert window.stack.currentWidget() is window.pages["chat"]
+    assert c.store.conversation(c.current_id).model_path == other and factory.loads[-1] == (other, 4096)
+    send(qtbot, session, "hi")
+    c.new_conversation()
+    assert c.model_path() == other and window.composer.model_label.text() == "Fake"
+    emit(window.models_page.use_requested, builtin_model)
+    assert c.store.conversation(c.current_id).model_path is None and c.model_name() == "SmolLM2 135M Instruct"

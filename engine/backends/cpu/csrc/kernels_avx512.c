@@ -96,7 +96,7 @@ DOT32X2(dot512_q5_0, HK_Q5_0)
 DOT32X2(dot512_q5_1, HK_Q5_1)
 DOT32X2(dot512_q8_0, HK_Q8_0)
 
-/* -- Q4_K with one 64-element chunk (two sub-blocks) per 512-bit vector */
+/* -- Q4_K and Q5_K with one 64-element chunk (two sub-blocks) per 512-bit vector */
 
 /* int16 lanes 0-15 equal to byte i of the k4_scales vector, lanes 16-31 to byte i + 1. */
 INLINE __m512i k4_scale_pair512(__m512i sc, int i) {
@@ -105,20 +105,27 @@ INLINE __m512i k4_scale_pair512(__m512i sc, int i) {
                                                     lo, lo, lo, lo, lo, lo, lo, lo, lo, lo, lo, lo, lo, lo, lo, lo));
 }
 
-INLINE void dot512_q4_k_nt(int nb, const uint8_t *w, const hk_act *a, const int nt, float *out, ptrdiff_t os) {
+INLINE void dot512_q45_k_nt(const int five, int nb, const uint8_t *w, const hk_act *a, const int nt, float *out, ptrdiff_t os) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m256i m16 = _mm256_set1_epi8(0x10);
+    const int ts = five ? 176 : 144;
     __m256 acc[HK_MAX_NT];
     for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = w + (size_t)b * 144;
-        __m256i sc = k4_scales(blk + 4), mins16 = k4_mins_pairs(sc);
+        const uint8_t *blk = w + (size_t)b * ts, *qs = blk + (five ? 48 : 16);
+        __m256i sc = k4_scales(blk + 4), mins16 = k4_mins_pairs(sc), qh = five ? loadu256(blk + 16) : _mm256_setzero_si256();
         __m512i sc512 = _mm512_broadcast_i64x4(sc);
         __m512i isum[HK_MAX_NT];
         __m256i isum256[HK_MAX_NT], msum256[HK_MAX_NT];
         for (int t = 0; t < nt; t++) isum[t] = _mm512_setzero_si512();
         for (int c = 0; c < 4; c++) {
-            __m256i raw = loadu256(blk + 16 + 32 * c);
+            __m256i raw = loadu256(qs + 32 * c);
             __m512i q = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(raw), _mm256_srli_epi16(raw, 4), 1), m4);
+            if (five) { /* bit 2c (2c+1) of each qh byte is bit 4 of the low (high) nibble's code, as in dot_q5_k */
+                __m256i hlo = _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(qh, 2 * c), 4), m16);
+                __m256i hhi = _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(qh, 2 * c + 1), 4), m16);
+                q = _mm512_or_si512(q, _mm512_inserti64x4(_mm512_castsi256_si512(hlo), hhi, 1));
+            }
             __m512i s = k4_scale_pair512(sc512, 2 * c);
             for (int t = 0; t < nt; t++)
                 isum[t] = _mm512_dpwssd_epi32(isum[t], _mm512_maddubs_epi16(q, _mm512_loadu_si512(a[t].qs + 256 * b + 64 * c)), s);
@@ -131,14 +138,22 @@ INLINE void dot512_q4_k_nt(int nb, const uint8_t *w, const hk_act *a, const int 
     }
     k_store(acc, nt, out, os);
 }
+INLINE void dot512_q4_k_nt(int nb, const uint8_t *w, const hk_act *a, const int nt, float *out, ptrdiff_t os) {
+    dot512_q45_k_nt(0, nb, w, a, nt, out, os);
+}
 NT_DISPATCH(dot512_q4_k)
+
+INLINE void dot512_q5_k_nt(int nb, const uint8_t *w, const hk_act *a, const int nt, float *out, ptrdiff_t os) {
+    dot512_q45_k_nt(1, nb, w, a, nt, out, os);
+}
+NT_DISPATCH(dot512_q5_k)
 
 const hk_isa hk_isa_avx512 = {
     .name = "avx512",
     .dot = {
         [HK_F32] = FN(dot_f32), [HK_F16] = FN(dot_f16), [HK_BF16] = FN(dot_bf16), [HK_Q4_0] = FN(dot512_q4_0),
         [HK_Q4_1] = FN(dot512_q4_1), [HK_Q5_0] = FN(dot512_q5_0), [HK_Q5_1] = FN(dot512_q5_1), [HK_Q8_0] = FN(dot512_q8_0),
-        [HK_Q2_K] = FN(dot_q2_k), [HK_Q3_K] = FN(dot_q3_k), [HK_Q4_K] = FN(dot512_q4_k), [HK_Q5_K] = FN(dot_q5_k),
+        [HK_Q2_K] = FN(dot_q2_k), [HK_Q3_K] = FN(dot_q3_k), [HK_Q4_K] = FN(dot512_q4_k), [HK_Q5_K] = FN(dot512_q5_k),
         [HK_Q6_K] = FN(dot_q6_k), [HK_TQ1_0] = FN(dot_tq1_0), [HK_TQ2_0] = FN(dot_tq2_0),
     },
     .quant32 = FN(quant32),

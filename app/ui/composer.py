@@ -63,7 +63,7 @@ class Composer(QFrame):
         super().__init__(parent)
         self.generating = False
         self.edit = MessageEdit()
-        self.edit.setPlaceholderText("Message Hearth…  (Enter to send, Shift+Enter for a new line)")
+        self.edit.setPlaceholderText("Message Hearth…  (Shift+Enter for a new line)")
         self.edit.setAccessibleName("Message")
         self.edit.submitted.connect(self._on_submit)
         self.button = QToolButton()
@@ -81,11 +81,12 @@ class Composer(QFrame):
         self.meter.setObjectName("contextMeter")
         self.meter.setTextVisible(False)
         self.meter.setFixedHeight(4)
-        self.meter.setFixedWidth(120)
+        self.meter.setFixedWidth(90)
         self.meter_label = QLabel()
         self.meter_label.setObjectName("meterLabel")
         self.model_label = QLabel()
         self.model_label.setObjectName("meterLabel")
+        self.model_label.setMinimumWidth(1)  # clipped, not overlapping the meter, in a narrow window
         footer = QHBoxLayout()
         footer.setContentsMargins(6, 0, 6, 0)
         footer.addWidget(self.model_label)

@@ -48,6 +48,7 @@ class MainWindow(QMainWindow):
         self.settings_panel.hide()
         self.title = QLabel()
         self.title.setObjectName("chatTitle")
+        self.title.setMinimumWidth(1)  # a long title is clipped rather than pushing the layout wider
         self.settings_button = QToolButton()
         self.settings_button.setCheckable(True)
         self.settings_button.setToolTip("Conversation settings (Ctrl+,)")
@@ -75,7 +76,8 @@ class MainWindow(QMainWindow):
         self.splitter.addWidget(self.settings_panel)
         self.splitter.setStretchFactor(1, 1)
         self.splitter.setSizes([260, 700, 300])
-        self.sidebar.setMinimumWidth(200)
+        self.sidebar.setMinimumWidth(180)
+        center.setMinimumWidth(380)  # the side panels give way first; below this the window grows instead
         self.models_page = ModelsPage()
         self.stack = QStackedWidget()
         self.pages = {"chat": self.splitter, "models": self.models_page}
@@ -125,7 +127,7 @@ class MainWindow(QMainWindow):
         self.chat_view.regenerate_requested.connect(c.regenerate)
         self.settings_panel.settings_changed.connect(c.update_settings)
         self.settings_panel.choose_model_requested.connect(lambda: self.show_page("models"))
-        self.settings_button.toggled.connect(self.settings_panel.setVisible)
+        self.settings_button.toggled.connect(self._show_settings)
         self.models_page.use_requested.connect(self._use_model)
         self.models_page.add_requested.connect(self._add_model)
         self.models_page.refresh_requested.connect(self._refresh_models)
@@ -144,6 +146,11 @@ class MainWindow(QMainWindow):
         QShortcut(QKeySequence(Qt.Key.Key_Escape), self, activated=c.stop)
         QShortcut(QKeySequence("Ctrl+,"), self, activated=self.settings_button.toggle)
         QShortcut(QKeySequence.StandardKey.Find, self, activated=self.sidebar.search.setFocus)
+
+    def _show_settings(self, visible: bool) -> None:
+        self.settings_panel.setVisible(visible)
+        if visible and self.width() < self.minimumSizeHint().width():
+            self.resize(self.minimumSizeHint().width(), self.height())  # grow rather than squeeze the chat
 
     # -- pages ---------------------------------------------------------------------------------------
     def show_page(self, name: str) -> None:

@@ -54,6 +54,7 @@ class MessageWidget(QFrame):
         self.setObjectName("userMessage" if message.role == "user" else "assistantMessage")
         self._author = QLabel("You" if message.role == "user" else assistant_name)
         self._author.setObjectName("author")
+        self._author.setMinimumWidth(1)  # a long model name is clipped rather than widening the chat
         self.body = MarkdownView()
         self._stats = QLabel()
         self._stats.setObjectName("stats")

@@ -95,7 +95,7 @@ class SettingsPanel(QFrame):
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
         outer.addWidget(scroll)
-        self.setMinimumWidth(280)
+        self.setMinimumWidth(260)
 
     def set_settings(self, settings: ChatSettings) -> None:
         """Show ``settings`` without emitting settings_changed."""

@@ -13,7 +13,15 @@ from collections.abc import Callable
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
+from engine.backends import BackendUnavailableError
+from engine.chat_template import TemplateError
+from engine.context import ContextOverflowError
+from engine.gguf_file import ModelFormatError
+
 from .qt_compat import emit
+
+# about the file, the prompt or the machine; anything else may have left the engine inconsistent
+EXPECTED_ERRORS = (ModelFormatError, BackendUnavailableError, ContextOverflowError, TemplateError, OSError)
 
 COALESCE_S = 0.03  # emit streamed text at most this often, so the GUI repaints at ~30 Hz at most
 
@@ -33,9 +41,7 @@ def make_sampling_params(options: dict):
 
 def classify(exc: BaseException) -> bool:
     """True when ``exc`` says something about the user's input and the worker itself is still sound."""
-    names = {cls.__name__ for cls in type(exc).__mro__}
-    return bool(names & {"ModelFormatError", "BackendUnavailableError", "ContextOverflowError", "TemplateError",
-                         "TemplateRenderError", "FileNotFoundError", "PermissionError", "IsADirectoryError"})
+    return isinstance(exc, EXPECTED_ERRORS)
 
 
 def describe(exc: BaseException) -> str:

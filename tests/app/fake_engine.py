@@ -63,7 +63,3 @@ class FakeFactory:
         if isinstance(model, BaseException):
             raise model
         return model
-
-
-class ModelFormatError(ValueError):
-    """Named like the engine's error, which the worker reports as a load failure."""

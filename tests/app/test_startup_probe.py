@@ -1,0 +1,35 @@
+"""The start-up probe prints one line when the window first paints."""
+
+import io
+import re
+import time
+
+import pytest
+from PySide6.QtWidgets import QWidget
+
+from app.startup_probe import StartupProbe, probe_mode
+
+pytestmark = pytest.mark.gui
+
+
+def test_first_paint_is_reported_once(qtbot):
+    window = QWidget()
+    qtbot.addWidget(window)
+    out = io.StringIO()
+    probe = StartupProbe(window, out=out)
+    before = time.time()
+    with qtbot.waitSignal(probe.painted, timeout=5000) as blocker:
+        window.show()
+    window.update()
+    qtbot.wait(50)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1
+    match = re.fullmatch(r"hearth-startup-probe window-painted epoch=([\d.]+) since_process_start=([\d.]+)", lines[0])
+    assert match, lines[0]
+    assert before <= float(match[1]) == pytest.approx(blocker.args[0], abs=1e-5)
+
+
+@pytest.mark.parametrize(("value", "mode"), [("", None), ("0", None), ("1", "print"), ("quit", "quit")])
+def test_probe_mode_from_environment(value, mode):
+    assert probe_mode({"HEARTH_STARTUP_PROBE": value}) == mode
+    assert probe_mode({}) is None

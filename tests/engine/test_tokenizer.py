@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from engine.gguf_file import ModelFormatError, read_gguf
-from engine.pretokenizer import KINDS, PreTokenizer
+from engine.pretokenizer import PreTokenizer
+from engine.pretokenizer_rules import KINDS
 from engine.tokenizer import IncrementalDecoder, Tokenizer, clean_up_spaces
 from engine.unicode_classes import CATEGORY_MASK, WHITESPACE, WHITESPACE_CODEPOINTS, class_table
 from tests.model_store import model_path

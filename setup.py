@@ -13,7 +13,8 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 CSRC = Path("engine/backends/cpu/csrc")
-SOURCES = ["module.c", "matmul.c", "pool.c", "kernels_scalar.c", "kernels_avx2.c", "kernels_avxvnni.c", "kernels_avx512.c"]
+SOURCES = ["module.c", "matmul.c", "pool.c", "kernels_scalar.c", "kernels_avx2.c", "kernels_avxvnni.c", "kernels_avx512.c",
+           "kernels_neon.c", "kernels_dotprod.c"]
 
 
 class OptionalBuildExt(build_ext):

@@ -10,6 +10,7 @@ assert; a wrong nibble order, scale or offset misses it by orders of magnitude. 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -36,6 +37,7 @@ ALL_TYPES = tuple(SCALE_FIELDS) + FLOAT_TYPES
 ISA_REQUIREMENTS = {
     "scalar": (), "avx2": ("avx2", "fma", "f16c"), "avxvnni": ("avx2", "fma", "f16c", "avxvnni"),
     "avx512": ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni"),
+    "neon": ("neon",), "dotprod": ("neon", "dotprod"),
 }
 
 
@@ -218,6 +220,21 @@ def test_every_isa_and_the_numpy_fallback_pass_this_suite():
             cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
         )
         assert proc.returncode == 0, f"{isa}:\n{proc.stdout[-3000:]}"
+
+
+@pytest.mark.slow
+def test_c_crosscheck_of_every_isa_against_scalar(tmp_path):
+    """The C harness (also used for arm64 under qemu) built with this machine's compiler: every ISA agrees
+    with the scalar kernels on rows that start at odd addresses."""
+    csrc = REPO / "engine/backends/cpu/csrc"
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    assert cc, "no C compiler: the extension itself could not have been built"
+    exe = tmp_path / "crosscheck"
+    sources = [REPO / "tests/engine/cpu_kernels_crosscheck.c", csrc / "matmul.c", csrc / "pool.c", *csrc.glob("kernels_*.c")]
+    subprocess.run([cc, "-O2", "-pthread", f"-I{csrc}", *map(str, sources), "-lm", "-o", str(exe)], check=True)
+    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout
+    assert f"{len(_usable_isas()) - 1} ISAs checked against scalar, all agree" in proc.stdout
 
 
 # -- the real test models -------------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 The extension quantizes the activations once per product (8-bit blocks of 32 for the legacy types, of 256
 for the K and ternary types) and runs integer dot products on the best instruction set of this CPU, chosen
-at run time. ``HEARTH_CPU_ISA`` forces one: ``scalar``, ``avx2``, ``avxvnni``, ``avx512`` (an ISA this CPU
-cannot run is an error), or ``numpy`` to leave the extension unloaded as if it had not been built.
+at run time. ``HEARTH_CPU_ISA`` forces one: ``scalar``, ``avx2``, ``avxvnni``, ``avx512`` (x86-64), ``neon``,
+``dotprod`` (arm64) -- an ISA this CPU cannot run is an error -- or ``numpy`` to leave the extension
+unloaded as if it had not been built.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def cpu_features() -> dict[str, bool]:
 
 
 def active_isa() -> str:
-    """The instruction set the products run on: ``scalar``, ``avx2``, ``avxvnni``, ``avx512`` or ``numpy``."""
+    """The instruction set the products run on: ``scalar``, ``avx2``, ``avxvnni``, ``avx512``, ``neon``,
+    ``dotprod``, or ``numpy`` without the extension."""
     return _ext.isa() if _ext is not None else "numpy"
 
 

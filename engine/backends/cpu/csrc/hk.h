@@ -60,6 +60,10 @@ extern const hk_isa hk_isa_avx2;
 extern const hk_isa hk_isa_avxvnni;
 extern const hk_isa hk_isa_avx512;
 #endif
+#if defined(__aarch64__)
+extern const hk_isa hk_isa_neon;
+extern const hk_isa hk_isa_dotprod;
+#endif
 
 /* Scalar helpers shared by every translation unit. */
 float hk_f16_to_f32(uint16_t h);

@@ -8,6 +8,8 @@
 
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
+#elif defined(__aarch64__) && defined(__APPLE__)
+#include <sys/sysctl.h>
 #endif
 
 /* -- CPU features and ISA selection */
@@ -29,6 +31,10 @@ void hk_cpu_features(hk_features *f) {
     f->neon = 1;
 #if defined(__linux__) && defined(HWCAP_ASIMDDP)
     f->dotprod = (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+#elif defined(__APPLE__)
+    int v = 0;
+    size_t size = sizeof v;
+    f->dotprod = sysctlbyname("hw.optional.arm.FEAT_DotProd", &v, &size, NULL, 0) == 0 && v != 0;
 #elif defined(__ARM_FEATURE_DOTPROD)
     f->dotprod = 1;
 #endif
@@ -52,6 +58,11 @@ static int usable_isas(isa_choice *out) {
     if (avx2 && f.avxvnni) out[n++] = (isa_choice){"avxvnni", &hk_isa_avxvnni};
     if (avx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni)
         out[n++] = (isa_choice){"avx512", &hk_isa_avx512};
+#elif defined(__aarch64__)
+    hk_features f;
+    hk_cpu_features(&f);
+    out[n++] = (isa_choice){"neon", &hk_isa_neon};
+    if (f.dotprod) out[n++] = (isa_choice){"dotprod", &hk_isa_dotprod};
 #endif
     return n;
 }

@@ -10,7 +10,8 @@ typedef struct {
 
 void hk_cpu_features(hk_features *f);
 
-/* Use the named ISA ("scalar", "avx2", "avxvnni", "avx512"; "auto" or NULL: the best this CPU runs).
+/* Use the named ISA ("scalar"; "avx2", "avxvnni", "avx512" on x86-64; "neon", "dotprod" on arm64;
+   "auto" or NULL: the best this CPU runs).
    Returns 0, or -1 when the name is unknown or this CPU cannot run it. */
 int hk_select_isa(const char *name);
 const char *hk_isa_name(void);

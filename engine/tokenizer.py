@@ -76,7 +76,18 @@ class Tokenizer:
         return bool(self._attrs[self._check_id(id)] & (CONTROL | UNKNOWN))
 
     def token_to_bytes(self, id: int, skip_special: bool = False) -> bytes:
-        """The raw bytes of one token's piece; control tokens give b"" when ``skip_special``."""
+        """The raw bytes of one token's piece (llama.cpp's ``llama_token_to_piece``).
+
+        Args:
+            id: the token id.
+            skip_special: give b"" for control and unknown tokens instead of their text.
+
+        Returns:
+            The bytes; a piece may be part of a multi-byte character (see ``IncrementalDecoder``).
+
+        Raises:
+            ValueError: the id is outside the vocabulary.
+        """
         return self._piece(self._check_id(id), not skip_special)
 
     # -- encoding --------------------------------------------------------------------------------------

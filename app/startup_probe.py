@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 
 from PySide6.QtCore import QEvent, QObject, QTimer, Signal
 from PySide6.QtWidgets import QApplication, QWidget
@@ -26,12 +27,20 @@ def probe_mode(environ: dict[str, str] | None = None) -> str | None:
     return "quit" if value == "quit" else "print"
 
 
-def process_start_time() -> float | None:
-    """When this process started (epoch seconds), from the OS; None when psutil cannot tell."""
+def seconds_since_process_start() -> float | None:
+    """How long this process has run, from the OS; None when it cannot tell.
+
+    On Linux from the start time in /proc (clock ticks since boot) against CLOCK_BOOTTIME, which is exact to a
+    tick; psutil's create_time elsewhere (on Linux it rounds the boot time to whole seconds).
+    """
     try:
+        if sys.platform.startswith("linux"):
+            fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+            started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat(5), counted after "(comm)"
+            return time.clock_gettime(time.CLOCK_BOOTTIME) - started
         import psutil
 
-        return psutil.Process().create_time()
+        return time.time() - psutil.Process().create_time()
     except Exception:  # noqa: BLE001 - the probe is a measurement aid and must never stop the app
         return None
 
@@ -60,8 +69,8 @@ class StartupProbe(QObject):
         return False
 
     def _report(self, now: float) -> None:
-        started = process_start_time()
-        since = f"{now - started:.3f}" if started is not None else "unknown"
+        running = seconds_since_process_start()
+        since = f"{running:.3f}" if running is not None else "unknown"
         print(f"{PREFIX} window-painted epoch={now:.6f} since_process_start={since}", file=self.out, flush=True)
         self.painted.emit(now)
         if self.quit_after:

@@ -29,7 +29,7 @@ def run_once(command: list[str], env: dict[str, str], data_dir: Path, timeout: f
     """Seconds from launch to the probe line, and the app's own since-process-start figure."""
     env = {**env, "HEARTH_STARTUP_PROBE": "quit"}
     launched = time.time()
-    result = subprocess.run(command + ["--data-dir", str(data_dir)], env=env, cwd=data_dir.parent,
+    result = subprocess.run(command + ["--data-dir", str(data_dir)], env=env,
                             capture_output=True, text=True, timeout=timeout, check=False)
     match = PROBE.search(result.stdout)
     if result.returncode != 0 or not match:

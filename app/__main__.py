@@ -2,7 +2,9 @@
 
 Start-up order:
 1. Parse the command line; ``models`` goes to the model library CLI and ``--version`` prints and exits.
-2. Create the QApplication (palette follows the OS; ``--color-scheme`` can force light or dark).
+2. Create the QApplication. If another Hearth holds this data dir, ask it to show its window and exit 0
+   (single_instance.py); else start the rotating log file and the crash handler in the log dir. The palette
+   follows the OS; ``--color-scheme`` can force light or dark.
 3. Open the conversation store in the data directory: integrity check, migrations, damaged file moved aside.
 4. Start the engine host: the worker QObject on its own QThread (nothing loaded yet).
 5. Build the ChatController (store + host + built-in model path) and the MainWindow around it; show the window.
@@ -13,7 +15,6 @@ Start-up order:
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path
@@ -47,20 +48,38 @@ def main(argv: list[str] | None = None) -> int:
 def run_app(args: argparse.Namespace) -> int:
     from PySide6.QtWidgets import QApplication
 
+    import engine
+
     from .app_session import AppSession
+    from .crash_handler import CrashHandler, ask_to_open_log_folder
+    from .logging_setup import debug_requested, setup_logging
     from .paths import data_dir, log_dir
+    from .single_instance import SingleInstance, bring_to_front
+    from .startup_probe import StartupProbe, probe_mode
     from .ui.theme import ThemeKeeper, app_icon, apply_color_scheme
 
     data = data_dir(args.data_dir or (Path(args.smoke_test) / "data" if args.smoke_test else None))
-    _setup_logging(log_dir(data if args.data_dir or args.smoke_test else None))
     app = QApplication.instance() or QApplication([sys.argv[0]])
+    instance = SingleInstance(data)
+    if not instance.acquire():  # a second launch touches none of the first one's files
+        if instance.activate_running():
+            return 0
+        print(f"Hearth is already running on {data} but did not answer; close it and try again.", file=sys.stderr)
+        return 1
+    logs = log_dir(data if args.data_dir or args.smoke_test else None)
+    setup_logging(logs, debug=debug_requested())
+    crash = CrashHandler(logs, engine.__version__, prompt=None if args.smoke_test else ask_to_open_log_folder).install()
     app.setApplicationName("Hearth")
+    app.setApplicationVersion(engine.__version__)
     app.setApplicationDisplayName("Hearth")
     app.setDesktopFileName("hearth")
     app.setWindowIcon(app_icon())
     apply_color_scheme(app, args.color_scheme)
     theme = ThemeKeeper(app)  # noqa: F841 - lives as the app's child, re-styles on light/dark switches
     session = AppSession(data, args.model)
+    instance.activation_requested.connect(lambda: bring_to_front(session.window))
+    if probe_mode():
+        StartupProbe(session.window, quit_after=probe_mode() == "quit")
     session.window.show()
     session.start()
     if args.smoke_test:
@@ -73,14 +92,11 @@ def run_app(args: argparse.Namespace) -> int:
         script.start()
     code = app.exec()
     session.close()
+    instance.release()
+    crash.uninstall()
     if args.smoke_test:
         return smoke.exit_code
     return code
-
-
-def _setup_logging(directory: Path) -> None:
-    logging.basicConfig(filename=directory / "hearth.log", level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 if __name__ == "__main__":

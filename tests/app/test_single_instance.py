@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,26 @@ def test_bring_to_front_restores_a_minimized_window(qtbot):
     qtbot.waitUntil(window.isMinimized, timeout=5000)
     bring_to_front(window)
     assert window.isVisible() and not window.isMinimized()
+
+
+@pytest.mark.slow
+@pytest.mark.gui
+def test_a_second_launch_of_the_app_shows_the_first_and_exits_0(tmp_path):
+    data = tmp_path / "data"
+    env = {**_env(), "HEARTH_STARTUP_PROBE": "1"}
+    first = subprocess.Popen([sys.executable, "-m", "app", "--data-dir", str(data)], cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().startswith("hearth-startup-probe window-painted")  # the window is up
+        second = subprocess.run([sys.executable, "-m", "app", "--data-dir", str(data)], cwd=ROOT, env=_env(),
+                                capture_output=True, text=True, timeout=120, check=False)
+        assert second.returncode == 0, second.stderr[-2000:]
+        assert first.poll() is None  # the first one keeps running
+        log = data / "logs" / "hearth.log"
+        deadline = time.monotonic() + 30
+        while "another launch asked for the window" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "another launch asked for the window" in log.read_text()
+    finally:
+        first.kill()
+        first.communicate(timeout=60)

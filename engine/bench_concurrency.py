@@ -2,8 +2,8 @@
 alone in the same run; and a scripted thermal trace replayed through the policy on a fake clock.
 
 Decode speed is measured over whole scheduler steps that do no prefill (sampling and bookkeeping included), and
-also over bare ``forward`` / ``forward_batch`` calls. Single and batched runs are interleaved ``repeats`` times and
-medians reported. Nothing here asserts a time.
+also over bare ``forward`` / ``forward_batch`` calls, in wall-clock and in CPU time. Single and batched runs are
+interleaved ``repeats`` times and medians reported. Nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -38,49 +38,83 @@ def _greedy() -> Callable:
     return make_sampler(SamplingParams(temperature=0.0))
 
 
-def scheduler_decode_tps(backend: Backend, prompts: list[list[int]], gen_tokens: int, n_ctx: int) -> float:
-    """Tokens/sec over the scheduler steps that only decode, with every prompt in one batch."""
+@dataclasses.dataclass
+class Speed:
+    """Decode tokens and the time they took: wall clock, and CPU time of this process (all its threads).
+
+    On a machine shared with other work, tokens per CPU-second is the steadier number for a one-thread run.
+    """
+
+    tokens: int = 0
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+
+    def add(self, tokens: int, wall_s: float, cpu_s: float) -> None:
+        self.tokens, self.wall_s, self.cpu_s = self.tokens + tokens, self.wall_s + wall_s, self.cpu_s + cpu_s
+
+    @property
+    def tps(self) -> float:
+        return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def tps_per_cpu(self) -> float:
+        return self.tokens / self.cpu_s if self.cpu_s > 0 else 0.0
+
+
+def _clocks() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()
+
+
+def scheduler_decode_speed(backend: Backend, prompts: list[list[int]], gen_tokens: int, n_ctx: int) -> Speed:
+    """Decode speed over the scheduler steps that only decode, with every prompt in one batch."""
     limits = Limits(prefill_chunk=max(map(len, prompts)) * len(prompts), max_batch=len(prompts), pause_s=0.0)
     scheduler = Scheduler(backend, n_ctx, limits=limits)
     for prompt in prompts:
         scheduler.submit(Request(tuple(prompt), _greedy(), max_tokens=gen_tokens))
-    tokens, seconds = 0, 0.0
+    speed = Speed()
     while scheduler.has_work:
-        start = time.perf_counter()
+        wall, cpu = _clocks()
         report = scheduler.step()
-        elapsed = time.perf_counter() - start
         if report.prefill_tokens == 0 and report.decode_batch == len(prompts):
-            tokens, seconds = tokens + report.decode_batch, seconds + elapsed
-    return tokens / seconds if seconds > 0 else 0.0
+            speed.add(report.decode_batch, time.perf_counter() - wall, time.process_time() - cpu)
+    return speed
 
 
-def forward_decode_tps(backend: Backend, prompts: list[list[int]], gen_tokens: int, n_ctx: int) -> float:
-    """Tokens/sec of bare greedy decode: ``forward`` for one prompt, ``forward_batch`` for several."""
+def forward_decode_speed(backend: Backend, prompts: list[list[int]], gen_tokens: int, n_ctx: int) -> Speed:
+    """Speed of bare greedy decode: ``forward`` for one prompt, ``forward_batch`` for several."""
     caches = [backend.new_cache(n_ctx) for _ in prompts]
     tokens = [int(np.argmax(backend.forward(p, c))) for p, c in zip(prompts, caches)]
-    start = time.perf_counter()
+    wall, cpu = _clocks()
     for _ in range(gen_tokens - 1):
         if len(prompts) == 1:
             logits = backend.forward(tokens, caches[0])[None, :]
         else:
             logits = backend.forward_batch(tokens, caches)
         tokens = [int(t) for t in np.argmax(logits, axis=-1)]
-    return len(prompts) * (gen_tokens - 1) / (time.perf_counter() - start)
+    return Speed(len(prompts) * (gen_tokens - 1), time.perf_counter() - wall, time.process_time() - cpu)
 
 
 def measure_concurrency(backend: Backend, prompts: list[list[int]], gen_tokens: int, n_ctx: int,
                         repeats: int) -> dict:
-    """Single vs batched decode speed, interleaved ``repeats`` times; medians, runs and ratios."""
-    runs = {"single_decode_tps": [], "decode_tps": [], "single_forward_tps": [], "forward_batch_tps": []}
+    """Single vs batched decode speed, interleaved ``repeats`` times; medians, runs and ratios.
+
+    ``decode_tps`` / ``single_decode_tps`` go through the scheduler; ``forward_batch_tps`` /
+    ``single_forward_tps`` are the bare backend calls. ``*_per_cpu_s`` count tokens per CPU-second.
+    """
+    runs: dict[str, list[Speed]] = {"single_decode": [], "decode": [], "single_forward": [], "forward_batch": []}
     for _ in range(repeats):
-        runs["single_decode_tps"].append(scheduler_decode_tps(backend, prompts[:1], gen_tokens, n_ctx))
-        runs["decode_tps"].append(scheduler_decode_tps(backend, prompts, gen_tokens, n_ctx))
-        runs["single_forward_tps"].append(forward_decode_tps(backend, prompts[:1], gen_tokens, n_ctx))
-        runs["forward_batch_tps"].append(forward_decode_tps(backend, prompts, gen_tokens, n_ctx))
-    report = {name: round(statistics.median(values), 2) for name, values in runs.items()}
-    report.update({f"{name}_runs": [round(v, 2) for v in values] for name, values in runs.items()})
+        runs["single_decode"].append(scheduler_decode_speed(backend, prompts[:1], gen_tokens, n_ctx))
+        runs["decode"].append(scheduler_decode_speed(backend, prompts, gen_tokens, n_ctx))
+        runs["single_forward"].append(forward_decode_speed(backend, prompts[:1], gen_tokens, n_ctx))
+        runs["forward_batch"].append(forward_decode_speed(backend, prompts, gen_tokens, n_ctx))
+    report = {}
+    for name, speeds in runs.items():
+        report[f"{name}_tps"] = round(statistics.median(s.tps for s in speeds), 2)
+        report[f"{name}_tps_runs"] = [round(s.tps, 2) for s in speeds]
+        report[f"{name}_tokens_per_cpu_s"] = round(statistics.median(s.tps_per_cpu for s in speeds), 2)
     report["ratio.decode"] = round(report["decode_tps"] / report["single_decode_tps"], 3)
     report["ratio.forward"] = round(report["forward_batch_tps"] / report["single_forward_tps"], 3)
+    report["ratio.decode_per_cpu_s"] = round(report["decode_tokens_per_cpu_s"] / report["single_decode_tokens_per_cpu_s"], 3)
     return report
 
 

@@ -469,7 +469,8 @@ def test_bench_concurrency_reports_aggregate_and_single_decode_speed(tiny_model_
                  "--gen-tokens", "4", "--repeats", "1", "--thermal-script", str(trace), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["concurrency"] == 3 and len(set(report["prompt_tokens"])) == 3
-    for key in ("decode_tps", "single_decode_tps", "forward_batch_tps", "single_forward_tps"):
+    for key in ("decode_tps", "single_decode_tps", "forward_batch_tps", "single_forward_tps",
+                "decode_tokens_per_cpu_s", "single_decode_tokens_per_cpu_s"):
         assert report[key] > 0
     assert report["ratio.decode"] == round(report["decode_tps"] / report["single_decode_tps"], 3)
     assert [d["max_batch"] for d in report["thermal"]["decisions"]][:2] == [8, 1]

@@ -9,6 +9,7 @@ assert; a wrong nibble order, scale or offset misses it by orders of magnitude. 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -271,6 +272,19 @@ def test_real_tensors_match_reference(model):
             want = dequantize(np.ascontiguousarray(w[ids]), qtype).astype(np.float32).reshape(7, -1)
             np.testing.assert_allclose(kernels.get_rows(w, qtype, ids), want, rtol=1e-6, atol=1e-7)
     assert checked  # every model has quantized matrices
+
+
+@pytest.mark.slow
+def test_bench_command_prints_its_numbers(capsys):
+    from engine.backends.cpu import bench_kernels
+
+    before = kernels.get_threads()
+    assert bench_kernels.main(["--reps", "3", "--tensors", "blk.0.ffn_up.weight"]) == 0
+    assert kernels.get_threads() == before
+    report = json.loads(capsys.readouterr().out)
+    timing = report["tensors"]["blk.0.ffn_up.weight"]
+    assert timing["type"] == "Q5_0" and timing["shape"] == [4864, 896]
+    assert timing["matvec_gbps_1t"]["best"] > 0 and report["decode_pass"]["matrices"] == 169
 
 
 @pytest.mark.slow

@@ -5,6 +5,11 @@ a matrix-vector product (decode) at 1 thread and at the default thread count, th
 second, the same product through NumPy (dequantize then multiply, and multiply by weights dequantized once
 beforehand), and a 64-token product (prefill) in GFLOP/s. Both the median and the best of the repetitions
 are printed: on a shared machine the median measures the neighbours too, the best what the kernel can do.
+
+``--llama`` adds a comparison with llama.cpp (llama-cpp-python, the ``bench`` extra) in CPU time of one
+thread, which neighbours on a shared machine do not inflate: llama.cpp's whole decode step and 64-token
+prompt against this module's matrix products for the same token counts (logits of the last token only,
+as llama.cpp computes them).
 """
 
 from __future__ import annotations
@@ -59,19 +64,23 @@ def bench_tensor(g, name: str, reps: int, threads: list[int]) -> dict:
     return result
 
 
+def _products(g, n: int) -> list[tuple]:
+    """Every 2-D weight but the embedding table for n tokens, and the output matrix for the last token."""
+    head = "output.weight" if "output.weight" in g.tensors else "token_embd.weight"
+    cases = []
+    for name, info in g.tensors.items():
+        if len(info.shape) == 2 and name not in ("token_embd.weight", "output.weight"):
+            cases.append((g.raw(name), info.qtype, n))
+    cases.append((g.raw(head), g.tensor(head).qtype, 1))
+    return [(w, qtype, np.ones((m, kernels.row_elements(qtype, w.shape[1])), np.float32),
+             np.empty((m, w.shape[0]), np.float32)) for w, qtype, m in cases]
+
+
 def bench_decode_pass(g, reps: int, threads: list[int]) -> dict:
     """One token's matrix-vector products over every 2-D weight but the embedding table, back to back.
 
     This bounds decode speed from the kernels alone (no attention, norms or Python between them)."""
-    weights = [(g.raw(name), info.qtype) for name, info in g.tensors.items()
-               if len(info.shape) == 2 and name != "token_embd.weight"]
-    if "output.weight" not in g.tensors:  # tied embeddings: the output product reads the embedding table
-        info = g.tensor("token_embd.weight")
-        weights.append((g.raw("token_embd.weight"), info.qtype))
-    cases = []
-    for w, qtype in weights:
-        cols = kernels.row_elements(qtype, w.shape[1])
-        cases.append((w, qtype, np.ones((1, cols), np.float32), np.empty((1, w.shape[0]), np.float32)))
+    cases = _products(g, 1)
     total_bytes = sum(w.nbytes for w, *_ in cases)
 
     def one_pass() -> None:
@@ -88,10 +97,45 @@ def bench_decode_pass(g, reps: int, threads: list[int]) -> dict:
     return result
 
 
+def bench_vs_llama(path: str, reps: int) -> dict:
+    """Median CPU milliseconds of one thread: llama.cpp's decode step and 64-token prompt vs our products."""
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=path, n_threads=1, n_threads_batch=1, n_ctx=512, n_batch=512, verbose=False)
+    g = read_gguf(path)
+    kernels.set_threads(1)
+    products = {n: _products(g, n) for n in (1, 64)}
+    prompt = list(range(1000, 1064))
+
+    def ours(n: int) -> float:
+        start = time.thread_time()
+        for w, qtype, x, out in products[n]:
+            kernels.matmul(w, qtype, x, out)
+        return time.thread_time() - start
+
+    def llama(tokens: list[int], reset: bool) -> float:
+        if reset:
+            llm.reset()
+        start = time.thread_time()
+        llm.eval(tokens)
+        return time.thread_time() - start
+
+    times: dict[str, list[float]] = {"llama_decode": [], "hearth_decode_products": [],
+                                     "llama_prefill64": [], "hearth_prefill64_products": []}
+    for _ in range(reps):
+        times["llama_prefill64"].append(llama(prompt, True))
+        times["hearth_prefill64_products"].append(ours(64))
+        times["llama_decode"].append(llama([1234], False))
+        times["hearth_decode_products"].append(ours(1))
+    return {f"{k}_cpu_ms": round(statistics.median(v) * 1e3, 1) for k, v in times.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--model", help="a GGUF file (default: the Qwen2.5-Coder-0.5B test model)")
+    parser.add_argument("--tensors", nargs="+", default=list(TENSORS), help="the matrices to time one by one")
+    parser.add_argument("--llama", action="store_true", help="compare with llama.cpp (needs llama-cpp-python)")
     args = parser.parse_args(argv)
     if args.model is None:
         from tests.model_store import model_path
@@ -100,8 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     g = read_gguf(args.model)
     threads = sorted({1, kernels.default_threads()})
     report = {"isa": kernels.active_isa(), "available": kernels.AVAILABLE, "threads": threads, "reps": args.reps,
-              "tensors": {name: bench_tensor(g, name, args.reps, threads) for name in TENSORS if name in g.tensors},
+              "tensors": {name: bench_tensor(g, name, args.reps, threads) for name in args.tensors},
               "decode_pass": bench_decode_pass(g, max(5, args.reps // 5), threads)}
+    if args.llama:
+        report["vs_llama_cpp_1_thread"] = bench_vs_llama(str(args.model), max(5, args.reps // 5))
     kernels.set_threads(kernels.default_threads())
     json.dump(report, sys.stdout, indent=1)
     sys.stdout.write("\n")

@@ -17,9 +17,11 @@ class MessageEdit(QPlainTextEdit):
 
     Signals:
         submitted(): Enter (without Shift) was pressed.
+        escape_pressed(): Esc was pressed.
     """
 
     submitted = Signal()
+    escape_pressed = Signal()
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -31,6 +33,9 @@ class MessageEdit(QPlainTextEdit):
         self._fit()
 
     def keyPressEvent(self, event) -> None:  # noqa: N802
+        if event.key() == Qt.Key.Key_Escape:  # reaches here when the window's Esc shortcut did not take it
+            emit(self.escape_pressed)
+            return
         enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
         if enter and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
             emit(self.submitted)
@@ -66,6 +71,7 @@ class Composer(QFrame):
         self.edit.setPlaceholderText("Message Hearth…  (Shift+Enter for a new line)")
         self.edit.setAccessibleName("Message")
         self.edit.submitted.connect(self._on_submit)
+        self.edit.escape_pressed.connect(lambda: emit(self.stop_requested) if self.generating else None)
         self.button = QToolButton()
         self.button.setObjectName("sendButton")
         self.button.setIconSize(QSize(18, 18))

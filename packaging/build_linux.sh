@@ -51,6 +51,6 @@ install -m 755 packaging/linux/install.sh "$bundle/install.sh"
 echo "bundle: $bundle ($(du -sh "$bundle" | cut -f1))"
 if [ "$archive" = 1 ]; then
   tarball="$DIST/hearth-$version-linux-$(uname -m).tar.gz"
-  tar -C "$DIST" -czf "$tarball" --transform "s,^hearth,hearth-$version," hearth
+  tar -C "$DIST" -czf "$tarball" --transform "s,^hearth,hearth-$version,S" hearth  # S: leave link targets
   echo "archive: $tarball ($(du -sh "$tarball" | cut -f1))"
 fi

@@ -29,7 +29,7 @@ EXCLUDED_QT_MODULES = (
 # the PDF image plugin (it pulls in QtPdf), the virtual keyboard (QtQuick and QtQml), the EGLFS, VNC and
 # framebuffer platforms with their device integrations, and QtHelp's translations. About 25 MB on Linux.
 UNUSED_QT_FILES = re.compile(
-    r"(^|/)(lib)?Qt6?(Quick|Qml|Pdf|VirtualKeyboard|EglFS|WebEngine)\w*(\.so[.\d]*|\.dll|\.dylib|\.framework/.*)?$"
+    r"(^|/)(lib)?Qt6?(Quick|Qml|Pdf|VirtualKeyboard|EglF[sS]|WebEngine)\w*(\.so[.\d]*|\.dll|\.dylib|\.framework/.*)?$"
     r"|/plugins/imageformats/(lib)?qpdf\."
     r"|/plugins/platforminputcontexts/(lib)?qtvirtualkeyboardplugin\."
     r"|/plugins/platforms/(lib)?q(eglfs|linuxfb|minimalegl|vnc|vkkhrdisplay)\."

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CI for the Linux bundle: build it, check it, run its smoke test from outside the source tree with no Python on
 # PATH (env -i), time its start-up, print its size. Meant to be called from .ci/run after the test suite.
-#   packaging/ci_build_and_smoke.sh          build with packaging/build_linux.sh (pip install -e '.[packaging]')
+#   packaging/ci_build_and_smoke.sh              build with packaging/build_linux.sh (pip install -e '.[packaging]')
+#   packaging/ci_build_and_smoke.sh --no-install build in the environment as it is (kernels already compiled)
 #   packaging/ci_build_and_smoke.sh --no-build   check an existing dist/hearth
 # The bundle check includes the version test: `dist/hearth/hearth --version` must print engine.__version__
 # (done here rather than in pytest: a build takes minutes on two cores).
@@ -12,9 +13,12 @@ PYTHON=${PYTHON:-python}
 bundle="${HEARTH_DIST_DIR:-$ROOT/dist}/hearth"
 began=$(date +%s)
 
-if [ "${1:-}" != "--no-build" ]; then
-  bash "$ROOT/packaging/build_linux.sh" --no-archive
-fi
+case "${1:-}" in
+  --no-build) ;;
+  --no-install) bash "$ROOT/packaging/build_linux.sh" --no-archive --no-install ;;
+  "") bash "$ROOT/packaging/build_linux.sh" --no-archive ;;
+  *) echo "ci_build_and_smoke.sh: unknown option $1" >&2; exit 2 ;;
+esac
 built=$(date +%s)
 
 "$PYTHON" "$ROOT/packaging/check_bundle.py" "$bundle"

@@ -10,15 +10,9 @@ data=${XDG_DATA_HOME:-$HOME/.local/share}
 desktop="$data/applications/hearth.desktop"
 sizes="16 24 32 48 64 128 256 512"
 
-refresh() {
-  command -v update-desktop-database >/dev/null 2>&1 && update-desktop-database -q "$data/applications" || true
-  command -v gtk-update-icon-cache >/dev/null 2>&1 && gtk-update-icon-cache -q -t "$data/icons/hicolor" || true
-}
-
 if [ "${1:-}" = "--uninstall" ]; then
   rm -f "$desktop" "$data/icons/hicolor/scalable/apps/hearth.svg"
   for size in $sizes; do rm -f "$data/icons/hicolor/${size}x${size}/apps/hearth.png"; done
-  refresh
   echo "Removed Hearth from the application menu."
   exit 0
 fi
@@ -42,5 +36,5 @@ path=$(printf '%s' "$here" | sed 's/[&|]/\\&/g')  # & and | are special in the s
 sed -e "s|^Exec=hearth\$|Exec=\"$path/hearth\"|" -e "s|^TryExec=hearth\$|TryExec=$path/hearth|" \
   "$here/share/hearth.desktop" > "$desktop"
 chmod 644 "$desktop"
-refresh
+# No cache updates: desktops watch these folders, and a per-user icon cache would go stale for other apps.
 echo "Hearth is in the application menu ($desktop)."

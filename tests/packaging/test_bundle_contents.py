@@ -5,6 +5,7 @@ import pytest
 UNUSED = [
     "PySide6/Qt/lib/libQt6Quick.so.6", "PySide6/Qt/lib/libQt6QmlModels.so.6", "PySide6/Qt/lib/libQt6Pdf.so.6",
     "PySide6/Qt/lib/libQt6VirtualKeyboardQml.so.6", "PySide6/Qt/lib/libQt6WebEngineCore.so.6",
+    "PySide6/Qt/lib/libQt6EglFSDeviceIntegration.so.6", "PySide6/Qt/lib/libQt6EglFsKmsSupport.so.6",
     "PySide6/Qt/plugins/imageformats/libqpdf.so", "PySide6/Qt/plugins/platforms/libqeglfs.so",
     "PySide6/Qt/plugins/platforms/libqvnc.so", "PySide6/Qt/plugins/generic/libqevdevmouseplugin.so",
     "PySide6/Qt/plugins/platforminputcontexts/libqtvirtualkeyboardplugin.so", "PySide6/Qt/translations/qt_help_de.qm",

@@ -22,6 +22,7 @@ from .session import Session, SessionError, load_session, save_session
 from .tokenizer import IncrementalDecoder, Tokenizer
 
 DEFAULT_N_CTX = 4096
+CHAT_PREFILL_CHUNK = 128  # small enough that Stop acts within a fraction of a second
 
 
 class Model:
@@ -149,23 +150,32 @@ class Model:
             self._tokens = self._history[:self._cache.n_past]
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None, max_tokens: int = 512,
-             overflow: str = "drop_oldest", stop: Sequence[str] = ()) -> tuple[int, Iterator[GenerationEvent]]:
+             overflow: str = "drop_oldest", stop: Sequence[str] = (),
+             prefill_chunk: int = CHAT_PREFILL_CHUNK) -> tuple[int, Iterator[GenerationEvent]]:
         """Render ``messages`` with the chat template and stream the reply.
 
         Args:
+            messages: role/content dicts, oldest first.
+            params: sampling parameters (default: SamplingParams()).
+            max_tokens: most tokens in the reply.
             overflow: "drop_oldest" keeps the system prompt and drops the oldest turns until the prompt fits
                 with room for the reply; "stop" raises ContextOverflowError instead.
+            stop: strings that end the reply.
+            prefill_chunk: tokens per prefill step; ``cancel`` takes effect between steps.
 
         Returns:
             How many messages were dropped to fit, and the event stream.
         """
         reserve = min(max_tokens, self.n_ctx // 4)
+        rendered: list[list[int]] = []
 
         def count(msgs: list[dict]) -> int:
-            return len(self.chat_ids(msgs))
+            rendered.append(self.chat_ids(msgs))
+            return len(rendered[-1])
 
-        kept, dropped = fit_messages(messages, count, self.n_ctx - reserve, overflow)
-        return dropped, self.generate_ids(self.chat_ids(kept), params or SamplingParams(), max_tokens, stop)
+        _, dropped = fit_messages(messages, count, self.n_ctx - reserve, overflow)
+        ids = rendered[-1]  # fit_messages counts the list it returns last
+        return dropped, self.generate_ids(ids, params or SamplingParams(), max_tokens, stop, prefill_chunk)
 
     def chat_ids(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         """Token ids of the rendered conversation, with one BOS even when the template writes it too."""

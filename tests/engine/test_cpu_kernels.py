@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -168,6 +170,24 @@ def test_concurrent_callers_get_their_own_results():
     for k in range(4):
         for result in got[k]:
             np.testing.assert_array_equal(result, want[k])
+
+
+def test_a_forked_child_computes_instead_of_waiting_for_threads_it_lacks():
+    rng = np.random.default_rng(8)
+    w = random_weights(T.Q4_0, 2000, 512, rng)
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    want = kernels.matmul(w, T.Q4_0, x)  # the pool has run in the parent
+    pid = os.fork()
+    if pid == 0:  # the child: exit status says whether the product matched
+        ok = np.array_equal(kernels.matmul(w, T.Q4_0, x), want) and kernels.get_threads() == kernels.default_threads()
+        os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0
 
 
 def test_bad_arguments_raise_clear_errors():

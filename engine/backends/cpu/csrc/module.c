@@ -208,6 +208,9 @@ static PyMethodDef METHODS[] = {
 
 static void module_free(void *m) { hk_pool_shutdown(); }
 
+/* A fork while another thread held the lock would leave it locked forever in the child. */
+static void unlock_in_child(void) { pthread_mutex_init(&COMPUTE, NULL); }
+
 static struct PyModuleDef MODULE = {
     PyModuleDef_HEAD_INIT, "_kernels", "Matrix products on packed GGUF blocks (see kernels.py).", -1, METHODS,
     NULL, NULL, NULL, module_free,
@@ -215,6 +218,7 @@ static struct PyModuleDef MODULE = {
 
 PyMODINIT_FUNC PyInit__kernels(void) {
     import_array();
+    pthread_atfork(NULL, NULL, unlock_in_child);
     if (hk_select_isa("auto") != 0) {
         PyErr_SetString(PyExc_ImportError, "no usable CPU kernel ISA");
         return NULL;

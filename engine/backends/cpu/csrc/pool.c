@@ -24,6 +24,7 @@
 #define YIELD_EVERY 64  /* polls between two sched_yield calls (a yield costs well under a microsecond) */
 
 static struct {
+    int wanted;             /* workers set_threads asked for: respawned lazily in a forked child */
     pthread_mutex_t mu;
     pthread_cond_t wake;
     pthread_t threads[HK_MAX_THREADS];
@@ -80,7 +81,30 @@ static void *worker(void *arg) {
     }
 }
 
+static void after_fork_in_child(void);
+static void register_fork_handler(void) { pthread_atfork(NULL, NULL, after_fork_in_child); }
+
+static int spawn(int n_workers) {
+    int g = atomic_load_explicit(&P.generation, memory_order_acquire);
+    for (int i = 0; i < n_workers; i++) {
+        if (pthread_create(&P.threads[i], NULL, worker, (void *)(intptr_t)g) != 0) return -1;
+        P.n_workers = i + 1;
+    }
+    return 0;
+}
+
+/* In a forked child only the forking thread exists: forget the parent's workers (their state is
+   copied but they are not running) and start new ones on the next job. */
+static void after_fork_in_child(void) {
+    pthread_mutex_init(&P.mu, NULL);
+    pthread_cond_init(&P.wake, NULL);
+    P.n_workers = 0;
+    atomic_store_explicit(&P.stop, 0, memory_order_relaxed);
+}
+
 void hk_pool_run(hk_task_fn fn, void *ctx, int n_tasks) {
+    if (P.n_workers == 0 && P.wanted > 0 && n_tasks > 1 && spawn(P.wanted) != 0) /* first job after a fork */
+        P.wanted = P.n_workers; /* run on the threads that started */
     if (P.n_workers == 0 || n_tasks <= 1) {
         for (int i = 0; i < n_tasks; i++) fn(ctx, i);
         return;
@@ -114,16 +138,18 @@ void hk_pool_shutdown(void) {
 }
 
 int hk_pool_set_threads(int n) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, register_fork_handler);
     if (n < 1) n = 1;
     if (n > HK_MAX_THREADS) n = HK_MAX_THREADS;
     if (n - 1 == P.n_workers) return 0;
     hk_pool_shutdown();
-    int g = atomic_load_explicit(&P.generation, memory_order_acquire);
-    for (int i = 0; i < n - 1; i++) {
-        if (pthread_create(&P.threads[i], NULL, worker, (void *)(intptr_t)g) != 0) return -1;
-        P.n_workers = i + 1;
+    P.wanted = n - 1;
+    if (spawn(n - 1) != 0) {
+        P.wanted = P.n_workers;
+        return -1;
     }
     return 0;
 }
 
-int hk_pool_threads(void) { return P.n_workers + 1; }
+int hk_pool_threads(void) { return P.wanted + 1; }

@@ -1,0 +1,162 @@
+"""Load GGUF tensors into MLX arrays: quantized matrices repacked to MLX affine form, dense ones as stored.
+
+Tensor bytes are read with positional reads in chunks of rows, never through the file's memory map, so the
+file's pages stay in the page cache and do not count toward this process's resident memory; each chunk is
+repacked and written into a preallocated MLX array (the update reuses the array's buffer), so loading needs
+about the final size plus one chunk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import mlx.core as mx
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize
+
+from ...gguf_file import GGUFFile, ModelFormatError
+from .repack import DENSE_ITEMSIZE, GROUP, REPACKS, repack_rows
+
+CHUNK_BYTES = 1 << 20  # raw bytes repacked at a time: keeps the NumPy temporaries to a few MB
+COMPUTE_DTYPE = mx.float32  # activations, norms and KV cache: exact enough for llama.cpp parity, and fast on CPU
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizedMatrix:
+    """A (rows, cols) weight in MLX affine quantization with groups of ``GROUP`` columns."""
+
+    packed: mx.array  # (rows, cols * bits // 32) uint32
+    scales: mx.array  # (rows, cols // GROUP) float16
+    biases: mx.array  # (rows, cols // GROUP) float16
+    bits: int
+
+    def matmul(self, x: mx.array) -> mx.array:
+        """``x @ W.T`` for x (..., cols) -> (..., rows)."""
+        return mx.quantized_matmul(x, self.packed, self.scales, self.biases, transpose=True,
+                                   group_size=GROUP, bits=self.bits)
+
+    def rows(self, ids: mx.array) -> mx.array:
+        """Rows ``ids`` dequantized to float32 (scales widened first, so the rows are exact), (n, cols)."""
+        return mx.dequantize(self.packed[ids], self.scales[ids].astype(mx.float32),
+                             self.biases[ids].astype(mx.float32), group_size=GROUP, bits=self.bits)
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes + self.scales.nbytes + self.biases.nbytes
+
+
+@dataclasses.dataclass(frozen=True)
+class DenseMatrix:
+    """A (rows, cols) weight kept in its stored float type (float32, float16 or bfloat16)."""
+
+    weight: mx.array  # (rows, cols)
+
+    def matmul(self, x: mx.array) -> mx.array:
+        return x @ self.weight.astype(x.dtype).T
+
+    def rows(self, ids: mx.array) -> mx.array:
+        return self.weight[ids].astype(COMPUTE_DTYPE)
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.nbytes
+
+
+Matrix = QuantizedMatrix | DenseMatrix
+
+
+class TensorReader:
+    """Positional reads of tensor rows from a GGUF file (the tensor table comes from the parsed file)."""
+
+    def __init__(self, gguf: GGUFFile):
+        self.gguf = gguf
+        self._fd = os.open(gguf.path, os.O_RDONLY)
+
+    def row_bytes(self, name: str) -> int:
+        info = self.gguf.tensor(name)
+        block, type_size = GGML_QUANT_SIZES[info.qtype]
+        return info.shape[0] // block * type_size
+
+    def read_rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of tensor ``name`` as a fresh (stop - start, row_bytes) uint8 array."""
+        info, row_bytes = self.gguf.tensor(name), self.row_bytes(name)
+        out = np.empty((stop - start, row_bytes), np.uint8)
+        view, offset = memoryview(out).cast("B"), info.offset + start * row_bytes
+        done = 0
+        while done < out.nbytes:
+            n = os.preadv(self._fd, [view[done:]], offset + done)
+            if n <= 0:
+                raise ModelFormatError(f"{self.gguf.path}: tensor {name!r} is cut short (file changed while loading?)")
+            done += n
+        return out
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def mlx_weight_bytes(gguf: GGUFFile) -> int:
+    """The bytes the MLX backend will allocate for ``gguf``'s weights, from the tensor table alone."""
+    total = 0
+    for info in gguf.tensors.values():
+        n = info.n_elements
+        if len(info.shape) == 1:
+            total += 4 * n  # vectors are widened to float32
+        elif info.qtype in DENSE_ITEMSIZE:
+            total += DENSE_ITEMSIZE[info.qtype] * n
+        elif info.qtype in REPACKS:
+            total += n * REPACKS[info.qtype].bits // 8 + n // GROUP * 4  # codes, float16 scale and bias
+        else:
+            total += info.nbytes  # refused at load anyway
+    return total
+
+
+def load_matrix(reader: TensorReader, name: str) -> Matrix:
+    """Tensor ``name`` as a matrix; raises ModelFormatError for a type the MLX backend cannot hold."""
+    qtype = reader.gguf.tensor(name).qtype
+    if qtype in DENSE_ITEMSIZE:
+        return DenseMatrix(_dense(reader, name, qtype))
+    if qtype not in REPACKS:
+        raise ModelFormatError(f"tensor {name!r} has type {qtype.name}, which the MLX backend does not support")
+    return _quantized(reader, name, qtype)
+
+
+def _quantized(reader: TensorReader, name: str, qtype: GGMLQuantizationType) -> QuantizedMatrix:
+    info, bits = reader.gguf.tensor(name), REPACKS[qtype].bits
+    n_rows, cols = int(np.prod(info.shape[1:])), info.shape[0]
+    if cols % GROUP:
+        raise ModelFormatError(f"tensor {name!r}: row length {cols} is not a multiple of {GROUP}")
+    packed = mx.zeros((n_rows, cols * bits // 32), mx.uint32)
+    scales = mx.zeros((n_rows, cols // GROUP), mx.float16)
+    biases = mx.zeros((n_rows, cols // GROUP), mx.float16)
+    step = max(1, CHUNK_BYTES // reader.row_bytes(name))
+    for start in range(0, n_rows, step):
+        stop = min(n_rows, start + step)
+        rows = repack_rows(reader.read_rows(name, start, stop), qtype)
+        packed[start:stop] = mx.array(rows.packed)
+        scales[start:stop] = mx.array(rows.scales)
+        biases[start:stop] = mx.array(rows.biases)
+        mx.eval(packed, scales, biases)  # write in place now, so only one chunk is ever pending
+    return QuantizedMatrix(packed, scales, biases, bits)
+
+
+def _dense(reader: TensorReader, name: str, qtype: GGMLQuantizationType) -> mx.array:
+    info = reader.gguf.tensor(name)
+    raw = reader.read_rows(name, 0, int(np.prod(info.shape[1:])))
+    if qtype == GGMLQuantizationType.F32:
+        return mx.array(raw.view(np.float32))
+    if qtype == GGMLQuantizationType.F16:
+        return mx.array(raw.view(np.float16))
+    return mx.array(raw.view(np.uint16)).view(mx.bfloat16)
+
+
+def load_vector(reader: TensorReader, name: str) -> mx.array:
+    """A 1-D tensor (norm weight, bias, RoPE factors) as float32, (n,)."""
+    info = reader.gguf.tensor(name)
+    raw = reader.read_rows(name, 0, int(np.prod(info.shape[1:])))
+    if info.qtype == GGMLQuantizationType.F32:
+        return mx.array(raw.view(np.float32).reshape(-1))
+    return mx.array(dequantize(raw, info.qtype).astype(np.float32).reshape(-1))

@@ -1,0 +1,298 @@
+"""The MLX backend: one decoder for every architecture, read from ModelConfig, on MLX (Metal on a Mac, CPU elsewhere).
+
+Weights stay quantized: GGUF blocks are repacked into MLX affine quantization at load (mlx/repack.py) and
+multiplied with ``mx.quantized_matmul``. Norms, RoPE and attention use ``mx.fast`` kernels. Activations and
+the KV cache are float32 (see weights.COMPUTE_DTYPE).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from functools import partial
+from collections.abc import Callable, Iterator, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from ..config import ModelConfig
+from ..gguf_file import GGUFFile
+from ..model_tensors import layer_tensor_names, output_tensor_name
+from . import platform_mlx
+from .base import Backend, KVCache, MemoryStats
+from .mlx.kv_cache import MAX_CHUNK, MlxKVCache
+from .mlx.weights import Matrix, TensorReader, load_matrix, load_vector, mlx_weight_bytes
+
+GELU_COEF = 0.7978845608028654  # sqrt(2 / pi)
+
+
+@dataclasses.dataclass
+class LayerWeights:
+    """One decoder block; matrices are (out, in) like GGUF rows."""
+
+    attn_norm: mx.array  # (n_embd,)
+    wq: Matrix  # (n_heads * head_dim, n_embd)
+    wk: Matrix  # (n_kv_heads * head_dim, n_embd)
+    wv: Matrix  # (n_kv_heads * v_head_dim, n_embd)
+    wo: Matrix  # (n_embd, n_heads * v_head_dim)
+    ffn_norm: mx.array  # (n_embd,)
+    w_gate: Matrix  # (n_ff, n_embd)
+    w_up: Matrix  # (n_ff, n_embd)
+    w_down: Matrix  # (n_embd, n_ff)
+    bq: mx.array | None = None  # (n_heads * head_dim,)
+    bk: mx.array | None = None
+    bv: mx.array | None = None
+    q_norm: mx.array | None = None  # (head_dim,)
+    k_norm: mx.array | None = None
+    post_attn_norm: mx.array | None = None  # (n_embd,)
+    post_ffn_norm: mx.array | None = None
+
+
+MATRIX_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+
+@partial(mx.compile, shapeless=True)
+def silu_gated(gate: mx.array, up: mx.array) -> mx.array:
+    """silu(gate) * up as one fused kernel."""
+    return gate * mx.sigmoid(gate) * up
+
+
+@partial(mx.compile, shapeless=True)
+def gelu_tanh_gated(gate: mx.array, up: mx.array) -> mx.array:
+    """gelu_tanh(gate) * up as one fused kernel."""
+    return 0.5 * gate * (1.0 + mx.tanh(GELU_COEF * (gate + 0.044715 * gate * gate * gate))) * up
+
+
+GATED_ACTIVATIONS = {"silu": silu_gated, "gelu_tanh": gelu_tanh_gated}
+
+
+class MlxBackend(Backend):
+    """The decoder on MLX arrays. ``forward`` returns NumPy float32 logits like every backend."""
+
+    name = "mlx"
+
+    def __init__(self, gguf: GGUFFile, config: ModelConfig):
+        """Load and repack the weights.
+
+        Raises:
+            ModelDoesNotFitError: the weights would not fit in what the device can keep resident.
+            ModelFormatError: a tensor has a type or shape this backend cannot use.
+        """
+        self.config = config
+        weight_bytes = mlx_weight_bytes(gguf)
+        platform_mlx.check_fits(weight_bytes, gguf.path.name)
+        reader = TensorReader(gguf)
+        try:
+            self.layers = [self._load_layer(reader, i) for i in range(config.n_layers)]
+            self.output_norm = load_vector(reader, "output_norm.weight")  # (n_embd,)
+            self.token_embd = load_matrix(reader, "token_embd.weight")  # (n_vocab, n_embd)
+            output = output_tensor_name(gguf, config)
+            self.output = self.token_embd if output == "token_embd.weight" else load_matrix(reader, output)
+            self.rope_freqs = self._rope_freqs(reader)
+        finally:
+            reader.close()
+        self.gated_activation = GATED_ACTIVATIONS[config.activation]
+        self._caches: weakref.WeakSet[MlxKVCache] = weakref.WeakSet()
+        mx.clear_cache()  # the load's chunk buffers
+        self._previous_wired_limit = platform_mlx.wire_memory(weight_bytes)
+
+    def _load_layer(self, reader: TensorReader, i: int) -> LayerWeights:
+        fields = {}
+        for field, name in layer_tensor_names(reader.gguf, self.config, i).items():
+            if name is None:
+                fields[field] = None
+            elif field in MATRIX_FIELDS:
+                fields[field] = load_matrix(reader, name)
+            else:
+                fields[field] = load_vector(reader, name)
+        return LayerWeights(**fields)
+
+    def _rope_freqs(self, reader: TensorReader) -> mx.array | None:
+        """Per-dimension periods (rope_dim // 2,) when the model scales them (Llama 3.1), else None."""
+        if not self.config.has_rope_freqs:
+            return None
+        c = self.config
+        base = np.float64(c.rope_base) ** (np.arange(0, c.rope_dim, 2) / c.rope_dim)
+        factors = np.array(load_vector(reader, "rope_freqs.weight"), dtype=np.float64)
+        return mx.array((base * factors).astype(np.float32))
+
+    # -- the contract ------------------------------------------------------------------------------------
+    def new_cache(self, n_ctx: int) -> MlxKVCache:
+        cache = MlxKVCache(self.config, n_ctx, self._replay)
+        self._caches.add(cache)
+        return cache
+
+    def forward(self, tokens: Sequence[int], cache: KVCache, all_logits: bool = False) -> np.ndarray:
+        outputs = []
+        for hidden in self._chunks(self._checked(tokens), cache):  # (1, L, n_embd) each
+            if all_logits:
+                outputs.append(self.logits(hidden[0]))
+        logits = mx.concatenate(outputs) if all_logits else self.logits(hidden[0, -1:])[0]
+        return np.array(logits)
+
+    def forward_batch(self, tokens: Sequence[int], caches: Sequence[KVCache]) -> np.ndarray:
+        """One decode step for several sequences: the B rows share every weight read, attention is per cache."""
+        ids = self._checked(tokens)
+        if len(ids) != len(caches) or len({id(c) for c in caches}) != len(caches):
+            raise ValueError(f"forward_batch needs one token per distinct cache, got {len(ids)} for {len(caches)}")
+        for cache in caches:
+            cache.reserve(1)
+        x = self.embed(mx.array(ids))[:, None, :]  # (B, 1, n_embd)
+        starts = [cache.n_past for cache in caches]
+        for i, layer in enumerate(self.layers):
+            x = x + self._attention_batch(i, layer, x, caches, starts)
+            x = x + self._ffn(layer, x)
+        for cache, token in zip(caches, ids):
+            cache.advance(1)
+            cache.record([token])
+        return np.array(self.logits(x[:, 0]))
+
+    def decode_pipelined(self, tokens: Sequence[int], cache: MlxKVCache,
+                         sample: Callable[[mx.array], mx.array]) -> Iterator[int]:
+        """Prefill ``tokens``, then yield one sampled token id per step until the cache is full.
+
+        ``sample`` maps logits (n_vocab,) to a token id on the device, so step k + 1 is built and queued
+        (``mx.async_eval``) before token k is read back: the host and the device overlap. Each yielded token
+        is already fed back into ``cache`` when the caller sees it.
+        """
+        for hidden in self._chunks(self._checked(tokens), cache):
+            pass
+        token = sample(self.logits(hidden[0, -1:])[0])
+        mx.async_eval(token)
+        while cache.n_past < cache.n_ctx:
+            cache.reserve(1)
+            next_token = sample(self.logits(self._forward_chunk(token.reshape(1), cache)[0])[0])
+            mx.async_eval(next_token)
+            fed = token.item()
+            cache.record([fed])
+            yield fed
+            token = next_token
+        yield token.item()
+
+    def memory(self) -> MemoryStats:
+        return MemoryStats(
+            weights_bytes=self.weights_nbytes(),
+            kv_cache_bytes=sum(cache.nbytes for cache in self._caches),
+            device_active_bytes=mx.get_active_memory(),
+            device_peak_bytes=mx.get_peak_memory(),
+            device_cache_bytes=mx.get_cache_memory(),
+        )
+
+    def weights_nbytes(self) -> int:
+        total = sum(getattr(layer, f).nbytes for layer in self.layers for f in MATRIX_FIELDS)
+        total += sum(v.nbytes for layer in self.layers for v in vars(layer).values() if isinstance(v, mx.array))
+        total += self.token_embd.nbytes + self.output_norm.nbytes
+        total += self.rope_freqs.nbytes if self.rope_freqs is not None else 0
+        return total + (self.output.nbytes if self.output is not self.token_embd else 0)
+
+    def close(self) -> None:
+        self.layers, self.token_embd, self.output = [], None, None
+        mx.clear_cache()
+        platform_mlx.restore_wired_limit(self._previous_wired_limit)
+        self._previous_wired_limit = None
+
+    # -- the decoder -------------------------------------------------------------------------------------
+    def _checked(self, tokens: Sequence[int]) -> list[int]:
+        ids = [int(t) for t in tokens]
+        if not ids:
+            raise ValueError("forward needs at least one token")
+        if min(ids) < 0 or max(ids) >= self.config.n_vocab:
+            raise ValueError(f"token id out of range 0..{self.config.n_vocab - 1}")
+        return ids
+
+    def _chunks(self, ids: list[int], cache: MlxKVCache) -> Iterator[mx.array]:
+        """Run ``ids`` through the decoder in chunks of MAX_CHUNK, yielding each chunk's hidden (1, L, n_embd).
+
+        The cache is evaluated between chunks, so only one chunk's graph is ever pending.
+        """
+        cache.reserve(len(ids))
+        for start in range(0, len(ids), MAX_CHUNK):
+            if start:
+                mx.eval(cache.arrays())
+            chunk = ids[start:start + MAX_CHUNK]
+            hidden = self._forward_chunk(mx.array(chunk), cache)
+            cache.record(chunk)
+            yield hidden
+
+    def _replay(self, cache: MlxKVCache, tokens: Sequence[int]) -> None:
+        """Recompute the keys and values of ``tokens`` into an emptied cache (no logits)."""
+        for _ in self._chunks(list(tokens), cache):
+            pass
+        mx.eval(cache.arrays())
+
+    def embed(self, ids: mx.array) -> mx.array:
+        """Embedding rows of ``ids`` (n,), scaled as the architecture asks; (n, n_embd)."""
+        rows = self.token_embd.rows(ids)
+        return rows * self.config.embed_scale if self.config.embed_scale != 1.0 else rows
+
+    def logits(self, hidden: mx.array) -> mx.array:
+        """Final norm and output projection: (n, n_embd) -> (n, n_vocab) float32."""
+        return self.output.matmul(mx.fast.rms_norm(hidden, self.output_norm, self.config.rms_eps))
+
+    def _forward_chunk(self, ids: mx.array, cache: MlxKVCache) -> mx.array:
+        """The decoder over ``ids`` (L,) at positions ``cache.n_past ...`` (room reserved); hidden (1, L, n_embd)."""
+        start = cache.n_past
+        x = self.embed(ids)[None]  # (1, L, n_embd)
+        for i, layer in enumerate(self.layers):
+            x = x + self._attention(i, layer, x, cache, start)
+            x = x + self._ffn(layer, x)
+        cache.advance(ids.size)
+        return x
+
+    def _qkv(self, i: int, layer: LayerWeights, x: mx.array, offset) -> tuple[mx.array, mx.array, mx.array]:
+        """Normed, biased, rotated queries (B, n_heads, L, head_dim), keys and values (B, n_kv_heads, L, dim)."""
+        c = self.config
+        b, n, _ = x.shape
+        h = mx.fast.rms_norm(x, layer.attn_norm, c.rms_eps)
+        q, k, v = layer.wq.matmul(h), layer.wk.matmul(h), layer.wv.matmul(h)
+        if layer.bq is not None:
+            q, k, v = q + layer.bq, k + layer.bk, v + layer.bv
+        q = q.reshape(b, n, c.n_heads, c.head_dim).transpose(0, 2, 1, 3)
+        k = k.reshape(b, n, c.n_kv_heads, c.head_dim).transpose(0, 2, 1, 3)
+        v = v.reshape(b, n, c.n_kv_heads, c.v_head_dim).transpose(0, 2, 1, 3)
+        if layer.q_norm is not None:
+            q = mx.fast.rms_norm(q, layer.q_norm, c.rms_eps)
+            k = mx.fast.rms_norm(k, layer.k_norm, c.rms_eps)
+        return self._rope(i, q, offset), self._rope(i, k, offset), v
+
+    def _rope(self, i: int, x: mx.array, offset) -> mx.array:
+        c = self.config
+        base = None if self.rope_freqs is not None else c.layer_rope_base(i)
+        return mx.fast.rope(x, c.rope_dim, traditional=not c.rope_neox, base=base, scale=1.0 / c.rope_scale,
+                            offset=offset, freqs=self.rope_freqs)
+
+    def _attention(self, i: int, layer: LayerWeights, x: mx.array, cache: MlxKVCache, start: int) -> mx.array:
+        q, k, v = self._qkv(i, layer, x, start)
+        kv = cache.layers[i]
+        kv.store(k, v, start)
+        keys, values = kv.view(start + x.shape[1])
+        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.config.attn_scale,
+                                                   mask=kv.mask(start, x.shape[1]))
+        return self._attention_output(layer, out)
+
+    def _attention_batch(self, i: int, layer: LayerWeights, x: mx.array, caches: Sequence[MlxKVCache],
+                         starts: list[int]) -> mx.array:
+        q, k, v = self._qkv(i, layer, x, mx.array(starts))
+        outs = []
+        for b, (cache, start) in enumerate(zip(caches, starts)):
+            kv = cache.layers[i]
+            kv.store(k[b:b + 1], v[b:b + 1], start)
+            keys, values = kv.view(start + 1)
+            outs.append(mx.fast.scaled_dot_product_attention(q[b:b + 1], keys, values, scale=self.config.attn_scale,
+                                                             mask=kv.mask(start, 1)))
+        return self._attention_output(layer, mx.concatenate(outs))
+
+    def _attention_output(self, layer: LayerWeights, out: mx.array) -> mx.array:
+        """Attention heads (B, n_heads, L, v_head_dim) -> the block's output (B, L, n_embd)."""
+        b, _, n, _ = out.shape
+        out = layer.wo.matmul(out.transpose(0, 2, 1, 3).reshape(b, n, -1))
+        if layer.post_attn_norm is not None:
+            out = mx.fast.rms_norm(out, layer.post_attn_norm, self.config.rms_eps)
+        return out
+
+    def _ffn(self, layer: LayerWeights, x: mx.array) -> mx.array:
+        h = mx.fast.rms_norm(x, layer.ffn_norm, self.config.rms_eps)
+        out = layer.w_down.matmul(self.gated_activation(layer.w_gate.matmul(h), layer.w_up.matmul(h)))
+        if layer.post_ffn_norm is not None:
+            out = mx.fast.rms_norm(out, layer.post_ffn_norm, self.config.rms_eps)
+        return out

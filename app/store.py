@@ -177,6 +177,23 @@ class ConversationStore:
                 (title, now, now, model_path, settings_json))
         return self.conversation(cur.lastrowid)
 
+    def import_conversation(self, title: str, model_path: str | None, settings: ChatSettings,
+                            messages: list[tuple[str, str, str, dict, float]], created_at: float,
+                            updated_at: float) -> Conversation:
+        """Add a whole conversation (messages as role, content, state, stats, created_at) in one transaction."""
+        for _, _, state, _, _ in messages:
+            _check_state(state)
+        with self._transaction():
+            cur = self.db.execute(
+                "INSERT INTO conversations (title, created_at, updated_at, model_path, settings) VALUES (?,?,?,?,?)",
+                (title, created_at, updated_at, model_path, json.dumps(settings.to_dict())))
+            self.db.executemany(
+                "INSERT INTO messages (conversation_id, seq, role, content, state, stats, created_at, updated_at)"
+                " VALUES (?,?,?,?,?,?,?,?)",
+                [(cur.lastrowid, seq, role, content, state, json.dumps(stats), at, at)
+                 for seq, (role, content, state, stats, at) in enumerate(messages)])
+        return self.conversation(cur.lastrowid)
+
     def conversation(self, conversation_id: int) -> Conversation:
         row = self.db.execute("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
         if row is None:

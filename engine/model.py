@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import os
@@ -17,12 +18,25 @@ from .config import ModelConfig
 from .context import fit_messages
 from .generate import GenerationEvent, prefill, stream_generate
 from .gguf_file import GGUFFile, read_gguf
+from .memory_estimate import kv_cache_bytes
 from .sampling import SamplingParams, make_sampler
 from .session import Session, SessionError, load_session, save_session
 from .tokenizer import IncrementalDecoder, Tokenizer
 
 DEFAULT_N_CTX = 4096
 CHAT_PREFILL_CHUNK = 128  # small enough that Stop acts within a fraction of a second
+KV_ELEMENT_BYTES = 4  # float32 keys and values, as the NumPy and CPU caches store them
+
+
+@dataclasses.dataclass(frozen=True)
+class KVCacheUsage:
+    """How much of its KV cache the live sequence fills, and what the cache holds and may grow to."""
+
+    used_positions: int  # positions filled
+    max_positions: int  # n_ctx
+    allocated_bytes: int  # held now; the cache grows in steps towards max_bytes
+    bytes_per_position: int  # keys and values of one position in every layer
+    max_bytes: int  # at max_positions (sliding-window layers stop growing at their window)
 
 
 class Model:
@@ -65,6 +79,18 @@ class Model:
             while chunk := f.read(1 << 22):
                 digest.update(chunk)
         return digest.hexdigest()
+
+    @property
+    def kv_cache_usage(self) -> KVCacheUsage:
+        """The live sequence's KV cache use; read it on the thread that generates (the model is not thread-safe).
+
+        Sizes assume float32 elements (KV_ELEMENT_BYTES); a backend storing float16 holds half of ``max_bytes``.
+        """
+        cache = self._cache
+        return KVCacheUsage(used_positions=cache.n_past if cache is not None else 0, max_positions=self.n_ctx,
+                            allocated_bytes=cache.nbytes if cache is not None else 0,
+                            bytes_per_position=kv_cache_bytes(self.config, 1, KV_ELEMENT_BYTES),
+                            max_bytes=kv_cache_bytes(self.config, self.n_ctx, KV_ELEMENT_BYTES))
 
     # -- text ----------------------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
@@ -128,10 +154,13 @@ class Model:
         yield from self.generate_ids(ids, params, max_tokens, stop, prefill_chunk)
 
     def generate_ids(self, ids: list[int], params: SamplingParams, max_tokens: int, stop: Sequence[str] = (),
-                     prefill_chunk: int = 512, sampler_state: dict | None = None) -> Iterator[GenerationEvent]:
+                     prefill_chunk: int = 512, sampler_state: dict | None = None,
+                     skip_special: bool = False) -> Iterator[GenerationEvent]:
         """Like ``generate`` with a token prompt and ready-made sampling parameters.
 
         ``sampler_state`` (from a snapshot) continues a seeded sampler exactly where it stopped.
+        ``skip_special`` leaves control tokens out of the event text (chat display) instead of writing them
+        as llama.cpp's detokenizer does.
         """
         self._cancel.clear()
         cached = self._reuse_prefix(ids)
@@ -141,7 +170,7 @@ class Model:
             self._sampler.set_state(sampler_state)
         try:
             for event in stream_generate(self.backend, self._cache, ids, cached, self._sampler,
-                                         IncrementalDecoder(self.tokenizer), self.tokenizer.eog_ids, max_tokens,
+                                         IncrementalDecoder(self.tokenizer, skip_special), self.tokenizer.eog_ids, max_tokens,
                                          stop, prefill_chunk, self._cancel):
                 self._history.append(event.id)
                 yield event
@@ -175,7 +204,8 @@ class Model:
 
         _, dropped = fit_messages(messages, count, self.n_ctx - reserve, overflow)
         ids = rendered[-1]  # fit_messages counts the list it returns last
-        return dropped, self.generate_ids(ids, params or SamplingParams(), max_tokens, stop, prefill_chunk)
+        return dropped, self.generate_ids(ids, params or SamplingParams(), max_tokens, stop, prefill_chunk,
+                                          skip_special=True)
 
     def chat_ids(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         """Token ids of the rendered conversation, with one BOS even when the template writes it too."""

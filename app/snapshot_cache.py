@@ -1,0 +1,185 @@
+"""An LRU cache of session snapshots (KV state) per conversation and model, in a memory tier and a disk tier.
+
+No Qt. The engine restores a snapshot only from a file (``Model.load_session(path)``), so the memory tier is
+a folder on a RAM file system (``/dev/shm`` on Linux) under a memory budget; the disk tier is a folder in the
+data dir under a disk budget. New snapshots go to memory; the least recently used ones move to disk when
+memory is over budget, and the least recently used disk ones are deleted when disk is over budget. Disk
+entries survive a restart (their order is kept in the files' modification times); memory entries do not.
+Keys are ``(conversation id, model sha256)``: one model's snapshot never restores into another.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Literal
+
+import psutil
+
+from engine.atomic_write import atomic_write
+
+Tier = Literal["memory", "disk"]
+SUFFIX = ".hearth"
+NAME = re.compile(r"c(\d+)-([0-9a-f]{64})\.hearth")
+DEFAULT_DISK_BUDGET = 4 << 30
+MAX_MEMORY_BUDGET = 512 << 20
+
+
+@dataclasses.dataclass
+class CacheEntry:
+    conversation_id: int
+    model_sha256: str
+    tier: Tier
+    path: Path
+    size: int
+
+
+def default_memory_dir(data_dir: Path) -> Path | None:
+    """A folder on ``/dev/shm`` private to this data dir, or None where there is no RAM file system."""
+    shm = Path("/dev/shm")
+    if not (shm.is_dir() and os.access(shm, os.W_OK)):
+        return None
+    tag = hashlib.sha256(str(Path(data_dir).resolve()).encode()).hexdigest()[:16]
+    return shm / f"hearth-{os.getuid()}-{tag}"
+
+
+def default_memory_budget() -> int:
+    """A sixteenth of physical memory, at most 512 MiB."""
+    return min(MAX_MEMORY_BUDGET, psutil.virtual_memory().total // 16)
+
+
+class SnapshotCache:
+    """Snapshots by (conversation id, model sha256), least recently used evicted first. Thread-safe."""
+
+    def __init__(self, disk_dir: Path, disk_budget: int = DEFAULT_DISK_BUDGET, memory_dir: Path | None = None,
+                 memory_budget: int = 0):
+        self.dirs: dict[Tier, Path | None] = {"disk": Path(disk_dir), "memory": Path(memory_dir) if memory_dir else None}
+        self.budgets: dict[Tier, int] = {"disk": disk_budget, "memory": memory_budget if memory_dir else 0}
+        self._entries: collections.OrderedDict[tuple[int, str], CacheEntry] = collections.OrderedDict()  # oldest first
+        self._lock = threading.RLock()
+        self.dirs["disk"].mkdir(parents=True, exist_ok=True)
+        if self.dirs["memory"] is not None:
+            shutil.rmtree(self.dirs["memory"], ignore_errors=True)  # left by a run that did not close: stale
+            self.dirs["memory"].mkdir(parents=True, mode=0o700, exist_ok=True)
+        self._load_disk()
+
+    # -- queries -------------------------------------------------------------------------------------
+    def lookup(self, conversation_id: int, model_sha256: str) -> CacheEntry | None:
+        """The snapshot for this conversation and model, marked most recently used; None when there is none."""
+        with self._lock:
+            entry = self._entries.get((conversation_id, model_sha256))
+            if entry is None:
+                return None
+            if not entry.path.exists():  # deleted behind our back
+                del self._entries[(conversation_id, model_sha256)]
+                return None
+            self._touch(entry)
+            return entry
+
+    def entries(self) -> list[CacheEntry]:
+        """Every entry, least recently used first."""
+        with self._lock:
+            return list(self._entries.values())
+
+    def used(self, tier: Tier) -> int:
+        with self._lock:
+            return sum(e.size for e in self._entries.values() if e.tier == tier)
+
+    # -- changes -------------------------------------------------------------------------------------
+    def save(self, conversation_id: int, model_sha256: str, write: Callable[[Path], None],
+             tier: Tier = "memory") -> CacheEntry:
+        """Store a snapshot: ``write(path)`` writes it (atomically); then the budgets are enforced.
+
+        The memory tier is used when asked for and there is one; if writing there fails (the RAM file system is
+        full), the snapshot goes to disk. Exceptions of ``write`` for the disk tier propagate.
+        """
+        tier = tier if self.dirs["memory"] is not None and self.budgets["memory"] > 0 else "disk"
+        with self._lock:
+            self.discard(conversation_id, model_sha256)
+            path = self._path(tier, conversation_id, model_sha256)
+            try:
+                write(path)
+            except OSError:
+                if tier == "disk":
+                    raise
+                tier, path = "disk", self._path("disk", conversation_id, model_sha256)
+                write(path)
+            entry = CacheEntry(conversation_id, model_sha256, tier, path, path.stat().st_size)
+            self._entries[(conversation_id, model_sha256)] = entry
+            self._enforce_budgets()
+            return self._entries.get((conversation_id, model_sha256), entry)
+
+    def discard(self, conversation_id: int, model_sha256: str | None = None) -> None:
+        """Forget (and delete) the conversation's snapshots, of one model or of all."""
+        with self._lock:
+            for key in [k for k in self._entries if k[0] == conversation_id and model_sha256 in (None, k[1])]:
+                self._entries.pop(key).path.unlink(missing_ok=True)
+
+    def retain(self, conversation_ids: Iterable[int]) -> None:
+        """Delete the snapshots of every conversation not in ``conversation_ids`` (deleted conversations)."""
+        keep = set(conversation_ids)
+        with self._lock:
+            for conversation_id in {k[0] for k in self._entries} - keep:
+                self.discard(conversation_id)
+
+    def close(self) -> None:
+        """Delete the memory tier (the disk tier stays for the next run)."""
+        with self._lock:
+            for key in [k for k, e in self._entries.items() if e.tier == "memory"]:
+                del self._entries[key]
+            if self.dirs["memory"] is not None:
+                shutil.rmtree(self.dirs["memory"], ignore_errors=True)
+
+    # -- internals -----------------------------------------------------------------------------------
+    def _path(self, tier: Tier, conversation_id: int, model_sha256: str) -> Path:
+        if not re.fullmatch(r"[0-9a-f]{64}", model_sha256):
+            raise ValueError(f"not a sha256: {model_sha256!r}")
+        return self.dirs[tier] / f"c{int(conversation_id)}-{model_sha256}{SUFFIX}"
+
+    def _load_disk(self) -> None:
+        found = []
+        for path in self.dirs["disk"].glob(f"*{SUFFIX}"):
+            m = NAME.fullmatch(path.name)
+            if m is None:
+                continue
+            st = path.stat()
+            found.append((st.st_mtime_ns, CacheEntry(int(m.group(1)), m.group(2), "disk", path, st.st_size)))
+        for _, entry in sorted(found, key=lambda item: item[0]):
+            self._entries[(entry.conversation_id, entry.model_sha256)] = entry
+        self._enforce_budgets()
+
+    def _touch(self, entry: CacheEntry) -> None:
+        self._entries.move_to_end((entry.conversation_id, entry.model_sha256))
+        now = time.time_ns()
+        os.utime(entry.path, ns=(now, now))  # the order survives a restart (and a move to disk)
+
+    def _enforce_budgets(self) -> None:
+        while self.used("memory") > self.budgets["memory"]:
+            self._demote(next(e for e in self._entries.values() if e.tier == "memory"))
+        while self.used("disk") > self.budgets["disk"]:
+            oldest = next(e for e in self._entries.values() if e.tier == "disk")
+            self._entries.pop((oldest.conversation_id, oldest.model_sha256)).path.unlink(missing_ok=True)
+
+    def _demote(self, entry: CacheEntry) -> None:
+        """Move a memory entry to disk, keeping its place in the LRU order."""
+        target = self._path("disk", entry.conversation_id, entry.model_sha256)
+        try:
+            with open(entry.path, "rb") as src, atomic_write(target) as dst:
+                shutil.copyfileobj(src, dst, 1 << 22)
+            st = entry.path.stat()
+            os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+        except OSError:
+            target = None  # the disk is full or unwritable: the snapshot is dropped, only a cache is lost
+        entry.path.unlink(missing_ok=True)
+        if target is None:
+            del self._entries[(entry.conversation_id, entry.model_sha256)]
+        else:
+            entry.tier, entry.path = "disk", target

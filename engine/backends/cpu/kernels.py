@@ -40,14 +40,14 @@ def _load_extension():
     return _kernels
 
 
-_ext = _load_extension()
-AVAILABLE: bool = _ext is not None
-_fallback_threads = 1
-
-
 def default_threads() -> int:
     """Physical cores: a second hyper-thread per core adds no memory bandwidth to a matrix-vector product."""
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+_ext = _load_extension()
+AVAILABLE: bool = _ext is not None
+_fallback_threads = default_threads()  # recorded only: the fallback leaves threading to NumPy
 
 
 def cpu_features() -> dict[str, bool]:

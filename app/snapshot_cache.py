@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -25,6 +26,9 @@ from typing import Literal
 import psutil
 
 from engine.atomic_write import atomic_write
+from engine.session import SessionError
+
+log = logging.getLogger(__name__)
 
 Tier = Literal["memory", "disk"]
 SUFFIX = ".hearth"
@@ -183,3 +187,76 @@ class SnapshotCache:
             del self._entries[(entry.conversation_id, entry.model_sha256)]
         else:
             entry.tier, entry.path = "disk", target
+
+
+class ConversationStates:
+    """Which conversation's KV state is live in the model, moving states out to and in from a SnapshotCache.
+
+    Used on the engine thread only, by the worker. A conversation's state is saved when another one takes the
+    model (or the model closes) and only if it changed since it was restored; it is restored when its
+    conversation comes back and a snapshot for this model is in the cache. A snapshot the engine refuses is
+    deleted. Without a cache, this only tracks ownership.
+    """
+
+    def __init__(self, cache: SnapshotCache | None):
+        self.cache = cache
+        self.model = None
+        self.owner: int | None = None  # the conversation whose state is in the model
+        self.dirty = False  # the live state changed since it was saved or restored
+        self._note: dict | None = None  # how the owner's state got in, for the next answer's stats
+
+    def attach(self, model) -> None:
+        """A model was loaded: its (empty) state belongs to no conversation."""
+        self.model, self.owner, self.dirty, self._note = model, None, False, None
+
+    def detach(self, tier: Tier = "memory") -> None:
+        """The model is about to close: save the live state first."""
+        self.park(tier)
+        self.model, self.owner = None, None
+
+    def switch(self, conversation_id: int | None) -> dict | None:
+        """Make ``conversation_id`` the owner: save the outgoing state, restore the incoming one if cached.
+
+        Returns what was restored ({"restored_from": tier, "restored_tokens": n}) or None.
+        """
+        if self.model is None or conversation_id is None or conversation_id == self.owner:
+            return None
+        self.park()
+        self.owner, self.dirty, self._note = conversation_id, False, None
+        entry = self.cache.lookup(conversation_id, self.model.sha256) if self.cache else None
+        if entry is None:
+            return None
+        try:
+            session = self.model.load_session(entry.path)
+        except (SessionError, OSError) as e:
+            log.info("snapshot of conversation %s not restored: %s", conversation_id, e)
+            self.cache.discard(conversation_id, self.model.sha256)
+            return None
+        self._note = {"restored_from": entry.tier, "restored_tokens": len(session.tokens)}
+        return self._note
+
+    def park(self, tier: Tier = "memory") -> CacheEntry | None:
+        """Save the owner's live state into the cache if it changed; None when nothing was saved."""
+        if self.cache is None or self.model is None or self.owner is None or not self.dirty:
+            return None
+        model = self.model
+        try:
+            entry = self.cache.save(self.owner, model.sha256, lambda path: model.save_session(path), tier)
+        except (SessionError, OSError) as e:
+            log.warning("could not keep the state of conversation %s: %s", self.owner, e)
+            return None
+        self.dirty = False
+        return entry
+
+    def changed(self, conversation_id: int | None, note: dict | None = None) -> None:
+        """The live state now belongs to ``conversation_id`` and is not saved (an answer, a restore from a file)."""
+        if conversation_id != self.owner:
+            self.owner, self._note = conversation_id, None
+        self.dirty = conversation_id is not None
+        if note is not None:
+            self._note = note
+
+    def take_note(self) -> dict | None:
+        """How the owner's state was restored, once: the next answer's stats carry it."""
+        note, self._note = self._note, None
+        return note

@@ -7,10 +7,12 @@ thread-safe by the engine) so a long prefill stops at its next chunk too.
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
 from collections.abc import Callable
 
+import psutil
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from engine.backends import BackendUnavailableError
@@ -19,6 +21,7 @@ from engine.context import ContextOverflowError
 from engine.gguf_file import ModelFormatError
 
 from .qt_compat import emit
+from .snapshot_cache import ConversationStates, SnapshotCache
 
 # about the file, the prompt or the machine; anything else may have left the engine inconsistent
 EXPECTED_ERRORS = (ModelFormatError, BackendUnavailableError, ContextOverflowError, TemplateError, OSError)
@@ -56,7 +59,8 @@ class EngineWorker(QObject):
     """Owns one loaded model and runs it; lives on the engine thread and never touches a widget.
 
     Signals:
-        loaded(dict): a model is ready: path, name, n_ctx, arch, backend, notices.
+        loaded(dict): a model is ready: path, name, n_ctx, arch, backend, notices, sha256, and memory: rss_before
+            and rss_after the load (bytes; with the CPU backend every weight page is touched first) and the estimate.
         unloaded(): the model was closed.
         load_failed(str, str): path and a readable reason.
         tokens(int, str): request id and new reply text, coalesced to one emit per ~30 ms.
@@ -64,6 +68,9 @@ class EngineWorker(QObject):
         error(int, str): request id and a readable reason the request failed.
         progress(str): what the engine is doing now, for the status line.
         crashed(str): an unexpected exception left the worker in doubt; the host replaces it.
+        state_saved(int, str, dict): conversation id, snapshot path, and tokens/bytes saved.
+        state_restored(int, str, dict): conversation id, snapshot path, and tokens restored.
+        state_failed(int, str, str): conversation id, snapshot path and the engine's reason it was not saved/used.
     """
 
     loaded = Signal(object)
@@ -74,12 +81,18 @@ class EngineWorker(QObject):
     error = Signal(int, str)
     progress = Signal(str)
     crashed = Signal(str)
+    state_saved = Signal(int, str, object)
+    state_restored = Signal(int, str, object)
+    state_failed = Signal(int, str, str)
 
     def __init__(self, engine_factory: EngineFactory = load_engine_model,
-                 params_factory: Callable[[dict], object] = make_sampling_params):
+                 params_factory: Callable[[dict], object] = make_sampling_params,
+                 snapshots: SnapshotCache | None = None):
         super().__init__()
         self._engine_factory = engine_factory
         self._params_factory = params_factory
+        self._states = ConversationStates(snapshots)
+        self._shown: int | None = None  # the conversation the window shows; its state is restored after a load
         self._model = None
         self._model_key: tuple[str, int] | None = None
         self._stopped_through = -1  # every request id up to this one was asked to stop
@@ -107,9 +120,49 @@ class EngineWorker(QObject):
             self._close_model()
             emit(self.unloaded)
 
+    @Slot(object)
+    def activate(self, conversation_id: int | None) -> None:
+        """The window shows this conversation: swap its KV state in now (saving the outgoing one)."""
+        self._shown = conversation_id
+        self._switch(conversation_id)
+
+    @Slot(int, str, int, str, object, object)
+    def save_state(self, conversation_id: int, model_path: str, n_ctx: int, path: str, messages: list,
+                   conversation) -> None:
+        """Write a snapshot of the conversation (``messages`` prefilled first, reusing the cached prefix)."""
+        try:
+            self._ensure_model(model_path, n_ctx)
+            self._switch(conversation_id)
+            emit(self.progress, "Saving the conversation's state…")
+            self._model.next_token_logits(self._model.chat_ids(messages))
+            self._states.changed(conversation_id)
+            session = self._model.save_session(path, conversation=conversation)
+        except Exception as exc:  # noqa: BLE001 - the engine's reason is shown; a save never breaks chat
+            emit(self.state_failed, conversation_id, path, describe(exc))
+            return
+        emit(self.state_saved, conversation_id, path, {"tokens": len(session.tokens), "bytes": _size(path)})
+
+    @Slot(int, str, int, str)
+    def restore_state(self, conversation_id: int, model_path: str, n_ctx: int, path: str) -> None:
+        """Load a snapshot as the state of ``conversation_id``; state_failed carries the engine's reason."""
+        try:
+            self._ensure_model(model_path, n_ctx)
+            self._switch(conversation_id)
+            emit(self.progress, "Restoring the conversation's state…")
+            session = self._model.load_session(path)
+        except Exception as exc:  # noqa: BLE001 - SessionError and any load failure: the text is imported anyway
+            emit(self.state_failed, conversation_id, path, describe(exc))
+            return
+        info = {"restored_from": "file", "restored_tokens": len(session.tokens)}
+        self._states.changed(conversation_id, info)
+        emit(self.state_restored, conversation_id, path, {"tokens": len(session.tokens)})
+
     @Slot(int, str, int, object, object)
     def generate(self, request_id: int, path: str, n_ctx: int, messages: list, options: dict) -> None:
-        """Stream a reply to ``messages``; options: max_tokens and the sampling parameters."""
+        """Stream a reply to ``messages``; options: max_tokens, the sampling parameters and, optionally,
+        conversation_id (whose KV state is swapped in first)."""
+        options = dict(options)
+        conversation_id = options.pop("conversation_id", None)
         if self._stopped_through >= request_id:
             emit(self.finished, request_id, {"finish_reason": "cancelled", "generated_tokens": 0})
             return
@@ -121,7 +174,8 @@ class EngineWorker(QObject):
             emit(self.error, request_id, f"Could not load the model: {describe(exc)}")
             return
         try:
-            self._stream(request_id, messages, dict(options))
+            self._switch(conversation_id)
+            self._stream(request_id, messages, options, conversation_id)
         except Exception as exc:  # noqa: BLE001
             emit(self.error, request_id, describe(exc))
             if not classify(exc):
@@ -129,20 +183,34 @@ class EngineWorker(QObject):
                 emit(self.crashed, _summary(exc))
 
     def shutdown(self) -> None:
-        """Close the model; called by the host once the engine thread has ended."""
+        """Keep the live conversation's state on disk for the next run, then close the model; called by the host
+        once the engine thread has ended."""
+        if self._model is not None:
+            self._states.detach(tier="disk")
         self._close_model()
 
     # -- internals ---------------------------------------------------------------------------------------
     def _ensure_model(self, path: str, n_ctx: int) -> None:
         if self._model is not None and self._model_key == (path, n_ctx):
             return
+        if self._model is not None:
+            self._states.detach()
         self._close_model()
         emit(self.progress, f"Loading {_basename(path)}…")
+        rss_before = _rss()
         model = self._engine_factory(path, n_ctx)
         self._model, self._model_key = model, (path, n_ctx)
+        memory = measure_load(model, rss_before)
+        self._states.attach(model)
         emit(self.loaded, {"path": path, "name": model.name, "n_ctx": model.n_ctx,
                           "arch": getattr(model.config, "arch", ""), "notices": list(model.notices),
-                          "backend": getattr(model.backend, "name", "")})
+                          "backend": getattr(model.backend, "name", ""), "sha256": model.sha256, **memory})
+        self._switch(self._shown)
+
+    def _switch(self, conversation_id: int | None) -> None:
+        if self._model is not None and conversation_id is not None and conversation_id != self._states.owner:
+            emit(self.progress, "Switching conversation…")
+            self._states.switch(conversation_id)
 
     def _close_model(self) -> None:
         model, self._model, self._model_key = self._model, None, None
@@ -152,7 +220,7 @@ class EngineWorker(QObject):
             except Exception:  # noqa: BLE001 - closing a broken model must not hide the original error
                 pass
 
-    def _stream(self, request_id: int, messages: list, options: dict) -> None:
+    def _stream(self, request_id: int, messages: list, options: dict, conversation_id: int | None) -> None:
         max_tokens = int(options.pop("max_tokens", 512))
         emit(self.progress, "Reading the conversation…")
         dropped, events = self._model.chat(messages, params=self._params_factory(options), max_tokens=max_tokens,
@@ -161,7 +229,9 @@ class EngineWorker(QObject):
             last = self._emit_coalesced(request_id, events)
         finally:
             events.close()  # runs the engine's clean-up now, also when we stopped early
-        emit(self.finished, request_id, self._stats(last, dropped, request_id))
+            note = self._states.take_note()
+            self._states.changed(conversation_id)
+        emit(self.finished, request_id, {**self._stats(last, dropped, request_id), **(note or {})})
 
     def _emit_coalesced(self, request_id: int, events):
         """Emit the events' text in batches at most COALESCE_S apart; stop when asked. Returns the last event."""
@@ -197,14 +267,20 @@ class EngineHost(QObject):
         load_requested(str, int): path and n_ctx, to the worker.
         prompt_requested(int, str, int, list, dict): request id, path, n_ctx, messages, options, to the worker.
         unload_requested(): to the worker.
+        activate_requested(object), save_state_requested(int, str, int, str, list, dict),
+        restore_state_requested(int, str, int, str): to the worker.
         loaded(dict), unloaded(), load_failed(str, str), tokens(int, str), finished(int, dict),
-        error(int, str), progress(str): forwarded from the worker.
+        error(int, str), progress(str), state_saved(int, str, dict), state_restored(int, str, dict),
+        state_failed(int, str, str): forwarded from the worker.
         restarted(str): the worker crashed and was replaced; the text says what happened.
     """
 
     load_requested = Signal(str, int)
     prompt_requested = Signal(int, str, int, object, object)
     unload_requested = Signal()
+    activate_requested = Signal(object)
+    save_state_requested = Signal(int, str, int, str, object, object)
+    restore_state_requested = Signal(int, str, int, str)
     loaded = Signal(object)
     unloaded = Signal()
     load_failed = Signal(str, str)
@@ -213,29 +289,38 @@ class EngineHost(QObject):
     error = Signal(int, str)
     progress = Signal(str)
     restarted = Signal(str)
+    state_saved = Signal(int, str, object)
+    state_restored = Signal(int, str, object)
+    state_failed = Signal(int, str, str)
 
     def __init__(self, engine_factory: EngineFactory = load_engine_model,
-                 params_factory: Callable[[dict], object] = make_sampling_params, parent: QObject | None = None):
+                 params_factory: Callable[[dict], object] = make_sampling_params, parent: QObject | None = None,
+                 snapshots: SnapshotCache | None = None):
         super().__init__(parent)
         self._engine_factory = engine_factory
         self._params_factory = params_factory
+        self._snapshots = snapshots
         self._next_id = 0
         self._thread: QThread | None = None
         self._worker: EngineWorker | None = None
         self._last_load: tuple[str, int] | None = None
+        self._shown: int | None = None
         self.restarts = 0
         self._start()
 
     def _start(self) -> None:
         self._thread = QThread()
         self._thread.setObjectName("hearth-engine")
-        self._worker = EngineWorker(self._engine_factory, self._params_factory)
+        self._worker = EngineWorker(self._engine_factory, self._params_factory, self._snapshots)
         self._worker.moveToThread(self._thread)
         w = self._worker
         links = [(self.load_requested, w.load), (self.prompt_requested, w.generate),
-                 (self.unload_requested, w.unload), (w.crashed, self._on_crashed)]
+                 (self.unload_requested, w.unload), (w.crashed, self._on_crashed),
+                 (self.activate_requested, w.activate), (self.save_state_requested, w.save_state),
+                 (self.restore_state_requested, w.restore_state)]
         links += [(getattr(w, name), getattr(self, name)) for name in
-                  ("loaded", "unloaded", "load_failed", "tokens", "finished", "error", "progress")]
+                  ("loaded", "unloaded", "load_failed", "tokens", "finished", "error", "progress",
+                   "state_saved", "state_restored", "state_failed")]
         self._connections = [signal.connect(slot) for signal, slot in links]
         self._thread.start()
 
@@ -268,6 +353,20 @@ class EngineHost(QObject):
         emit(self.prompt_requested, self._next_id, path, n_ctx, [dict(m) for m in messages], dict(options))
         return self._next_id
 
+    def activate(self, conversation_id: int | None) -> None:
+        """Tell the worker which conversation is shown, so it swaps that conversation's KV state in early."""
+        self._shown = conversation_id
+        emit(self.activate_requested, conversation_id)
+
+    def save_state(self, conversation_id: int, model_path: str, n_ctx: int, path: str, messages: list[dict],
+                   conversation: dict) -> None:
+        """Snapshot the conversation's state (``messages`` as for ``generate``) with ``conversation`` to ``path``."""
+        emit(self.save_state_requested, conversation_id, model_path, n_ctx, path, [dict(m) for m in messages],
+             conversation)
+
+    def restore_state(self, conversation_id: int, model_path: str, n_ctx: int, path: str) -> None:
+        emit(self.restore_state_requested, conversation_id, model_path, n_ctx, path)
+
     def stop(self, request_id: int) -> None:
         if self._worker is not None:
             self._worker.request_stop(request_id)
@@ -282,8 +381,34 @@ class EngineHost(QObject):
         self._stop_thread()
         self._start()
         emit(self.restarted, f"The engine hit an unexpected error and was restarted ({summary}).")
+        emit(self.activate_requested, self._shown)
         if self._last_load is not None:
             emit(self.load_requested, *self._last_load)
+
+
+def measure_load(model, rss_before: int) -> dict:
+    """RSS before and after a load next to the engine's estimate; with the CPU backend, which memory-maps the
+    weights, every weight page is touched first so the measurement holds the weights (the first answer would
+    page them in anyway)."""
+    if getattr(model.backend, "name", "") == "cpu":
+        for name in model.gguf.tensors:
+            int(model.gguf.raw(name).reshape(-1)[::4096].sum())
+    try:
+        from engine.memory_estimate import estimate_memory
+        e = estimate_memory(model.gguf, model.n_ctx)
+        estimate = {"weights": e.weights_bytes, "kv_cache": e.kv_cache_bytes, "overhead": e.overhead_bytes,
+                    "total": e.total_bytes}
+    except Exception:  # noqa: BLE001 - an estimate is information; it never fails a load
+        estimate = None
+    return {"rss_before": rss_before, "rss_after": _rss(), "estimate": estimate}
+
+
+def _rss() -> int:
+    return psutil.Process().memory_info().rss
+
+
+def _size(path: str) -> int:
+    return os.path.getsize(path)
 
 
 def _basename(path: str) -> str:

@@ -6,6 +6,7 @@ import threading
 import time
 
 from engine.generate import GenerationEvent
+from engine.session import SessionError
 
 
 class FakeModel:
@@ -13,7 +14,7 @@ class FakeModel:
 
     def __init__(self, pieces=("Hello", " there", "!"), token_s=0.0, prefill_s=0.0, fail_with=None,
                  n_ctx=4096, dropped=0):
-        self.name, self.n_ctx, self.notices = "Fake", n_ctx, []
+        self.name, self.n_ctx, self.notices, self.sha256 = "Fake", n_ctx, [], "f" * 64
         self.pieces, self.token_s, self.prefill_s = list(pieces), token_s, prefill_s
         self.fail_with, self.dropped = fail_with, dropped
         self.config = type("Config", (), {"arch": "fake"})()
@@ -45,6 +46,12 @@ class FakeModel:
 
     def cancel(self):
         self._cancel.set()
+
+    def save_session(self, path, conversation=None):
+        raise SessionError("the fake model keeps no state")
+
+    def load_session(self, path):
+        raise SessionError("the fake model keeps no state")
 
     def close(self):
         self.closed = True

@@ -146,6 +146,7 @@ class ChatController(QObject):
     def open_conversation(self, conversation_id: int) -> None:
         self.current_id = conversation_id
         self.store.set_setting("last_conversation", conversation_id)
+        self.host.activate(conversation_id)  # the worker swaps this conversation's KV state in early
         emit(self.conversation_opened, conversation_id)
         emit(self.generating_changed, self.is_generating())
         self._emit_context_usage()
@@ -251,6 +252,15 @@ class ChatController(QObject):
         emit(self.generating_changed, False)
         emit(self.messages_changed, reply.conversation_id)
 
+    def history(self, conversation_id: int) -> list[dict]:
+        """The conversation as the model sees it: the system prompt, then every message with text."""
+        conv = self.store.conversation(conversation_id)
+        history = [{"role": m.role, "content": m.content} for m in self.store.messages(conv.id)
+                   if m.content and m.state != "error"]
+        if conv.settings.system_prompt.strip():
+            history.insert(0, {"role": "system", "content": conv.settings.system_prompt.strip()})
+        return history
+
     # -- engine events -------------------------------------------------------------------------------
     def _generate(self) -> None:
         self.stop_and_forget()
@@ -259,11 +269,9 @@ class ChatController(QObject):
         if not path:
             emit(self.notice, "error", "No model to answer with. Open a GGUF file on the Models page.")
             return
-        history = [{"role": m.role, "content": m.content} for m in self.store.messages(conv.id)
-                   if m.content and m.state != "error"]
-        if conv.settings.system_prompt.strip():
-            history.insert(0, {"role": "system", "content": conv.settings.system_prompt.strip()})
-        options = {**conv.settings.sampling_kwargs(), "max_tokens": conv.settings.max_tokens}
+        history = self.history(conv.id)
+        options = {**conv.settings.sampling_kwargs(), "max_tokens": conv.settings.max_tokens,
+                   "conversation_id": conv.id}
         writer = self.store.begin_reply(conv.id)
         request_id = self.host.generate(path, conv.settings.n_ctx, history, options)
         self._reply = _Reply(request_id, conv.id, writer)

@@ -7,6 +7,7 @@ from pathlib import Path
 from .chat_controller import ChatController
 from .model_choices import ModelChoices
 from .paths import BuiltinModelMissingError, builtin_model_path
+from .snapshot_cache import SnapshotCache, default_memory_budget, default_memory_dir
 from .store import DB_FILENAME, ConversationStore
 from .ui.main_window import MainWindow
 from .worker import EngineHost, load_engine_model
@@ -25,7 +26,10 @@ class AppSession:
             builtin, self.builtin_problem = None, str(e)
         else:
             self.builtin_problem = None
-        self.host = EngineHost(engine_factory or load_engine_model)
+        self.snapshots = SnapshotCache(data / "snapshots", memory_dir=default_memory_dir(data),
+                                       memory_budget=default_memory_budget())
+        self.snapshots.retain(c.id for c in self.store.conversations())
+        self.host = EngineHost(engine_factory or load_engine_model, snapshots=self.snapshots)
         default = model or (str(builtin) if builtin else None)
         self.controller = ChatController(self.store, self.host, default, builtin_path=str(builtin) if builtin else None)
         self.window = MainWindow(self.controller, ModelChoices(data, builtin))
@@ -41,5 +45,6 @@ class AppSession:
         self.closed = True
         self.controller.stop_and_forget()
         self.host.shutdown()
+        self.snapshots.close()
         self.window.close()
         self.store.close()

@@ -106,3 +106,111 @@ def test_files_that_are_not_snapshots_are_left_alone(dirs):
     (disk / "c1-short.hearth").write_text("not ours")
     cache = SnapshotCache(disk, disk_budget=0)
     assert cache.entries() == [] and (disk / "notes.txt").exists() and (disk / "c1-short.hearth").exists()
+
+
+# -- through the real worker and the built-in model ----------------------------------------------------------
+@pytest.fixture
+def real_host(qtbot, tmp_path):
+    from app.worker import EngineHost
+
+    hosts = []
+
+    def make(cache=None):
+        host = EngineHost(snapshots=cache)
+        hosts.append(host)
+        return host
+
+    yield make
+    for host in hosts:
+        host.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tokenizer_model():
+    """The built-in model loaded in the test process, only to count tokens the way the worker does."""
+    import engine.model
+    from app.paths import builtin_model_path
+
+    model = engine.model.load(builtin_model_path(), n_ctx=2048)
+    yield model
+    model.close()
+
+
+def answer(qtbot, host, model_path, conversation_id, messages, max_tokens=8):
+    from PySide6.QtCore import QObject
+
+    replies = []
+    connection = host.tokens.connect(lambda rid, text: replies.append(text))
+    with qtbot.waitSignal(host.finished, timeout=300000) as finished:
+        host.generate(model_path, 2048, messages, {"max_tokens": max_tokens, "temperature": 0.0,
+                                                   "conversation_id": conversation_id})
+    QObject.disconnect(connection)
+    return "".join(replies), finished.args[1]
+
+
+def common_prefix(a, b):
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@pytest.mark.slow
+def test_a_saved_state_restores_into_a_fresh_worker_without_reprocessing(qtbot, real_host, builtin_model,
+                                                                          tokenizer_model, tmp_path):
+    history = [{"role": "system", "content": "You answer in one short sentence."},
+               {"role": "user", "content": "Why is the sky blue? Explain it to a child, please."}]
+    first = real_host()
+    reply, _ = answer(qtbot, first, builtin_model, 1, history)
+    history.append({"role": "assistant", "content": reply})
+    path = str(tmp_path / "tea.hearth")
+    with qtbot.waitSignal(first.state_saved, timeout=300000) as saved:
+        first.save_state(1, builtin_model, 2048, path, history, {"title": "sky"})
+    assert saved.args[2]["tokens"] == len(tokenizer_model.chat_ids(history)) and saved.args[2]["bytes"] > 0
+    fresh = real_host()
+    with qtbot.waitSignal(fresh.state_restored, timeout=300000) as restored:
+        fresh.restore_state(7, builtin_model, 2048, path)
+    assert restored.args[:2] == [7, path]
+    follow_up = history + [{"role": "user", "content": "And at sunset?"}]
+    _, stats = answer(qtbot, fresh, builtin_model, 7, follow_up)
+    history_ids = tokenizer_model.chat_ids(history, add_generation_prompt=False)
+    expected = common_prefix(tokenizer_model.chat_ids(history), tokenizer_model.chat_ids(follow_up))
+    assert expected >= len(history_ids)  # the whole history is reused, plus the next turn's first marker
+    assert stats["cached_tokens"] == expected and stats["restored_from"] == "file"
+    print(f"\nrestored {restored.args[2]['tokens']} tokens; the next answer reused {stats['cached_tokens']} of "
+          f"{stats['prompt_tokens']} prompt tokens")
+
+
+@pytest.mark.slow
+def test_switching_a_b_a_restores_a_from_the_cache(qtbot, real_host, builtin_model, tokenizer_model, tmp_path):
+    cache = SnapshotCache(tmp_path / "disk", memory_dir=tmp_path / "shm", memory_budget=64 << 20)
+    host = real_host(cache)
+    a = [{"role": "user", "content": "List three fruits that are red."}]
+    b = [{"role": "system", "content": "Reply in French."}, {"role": "user", "content": "Good morning!"}]
+    reply_a, _ = answer(qtbot, host, builtin_model, 1, a)
+    _, stats_b = answer(qtbot, host, builtin_model, 2, b)
+    assert [(e.conversation_id, e.tier) for e in cache.entries()] == [(1, "memory")]  # A parked when B came
+    a2 = a + [{"role": "assistant", "content": reply_a}, {"role": "user", "content": "And yellow ones?"}]
+    _, stats = answer(qtbot, host, builtin_model, 1, a2)
+    without_cache = common_prefix(tokenizer_model.chat_ids(b), tokenizer_model.chat_ids(a2))
+    assert stats["restored_from"] == "memory"
+    assert stats["cached_tokens"] >= len(tokenizer_model.chat_ids(a)) > without_cache
+    assert {e.conversation_id for e in cache.entries()} == {1, 2}  # B parked in turn
+    print(f"\nA -> B -> A: the second answer in A reused {stats['cached_tokens']} of {stats['prompt_tokens']} "
+          f"prompt tokens (without the cache: {without_cache})")
+
+
+@pytest.mark.slow
+def test_a_snapshot_the_engine_refuses_is_deleted_and_the_answer_still_comes(qtbot, real_host, builtin_model,
+                                                                              tmp_path):
+    cache = SnapshotCache(tmp_path / "disk")
+    host = real_host(cache)
+    with qtbot.waitSignal(host.loaded, timeout=300000) as loaded:
+        host.load(builtin_model, 2048)
+    sha = loaded.args[0]["sha256"]
+    cache.save(3, sha, lambda path: path.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}garbage"), tier="disk")
+    _, stats = answer(qtbot, host, builtin_model, 3, [{"role": "user", "content": "Hi"}], max_tokens=2)
+    assert "restored_from" not in stats and stats["generated_tokens"] >= 1
+    assert cache.lookup(3, sha) is None and list((tmp_path / "disk").glob("*.hearth")) == []

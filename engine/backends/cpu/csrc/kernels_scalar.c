@@ -144,11 +144,12 @@ static void decode_q2_k(const uint8_t *blk, kblock *k) {
 
 static void decode_q3_k(const uint8_t *blk, kblock *k) {
     int8_t sc[16];
-    for (int e = 0; e < 256; e++) {
-        int h = e / 128, s = (e % 128) / 32, l = e % 32;
-        int low = (blk[32 + 32 * h + l] >> (2 * s)) & 3, hb = (blk[l] >> (e / 32)) & 1;
-        k->q[e] = (int8_t)(low | (hb << 2));
-    }
+    for (int h = 0; h < 2; h++)
+        for (int s = 0; s < 4; s++)
+            for (int l = 0; l < 32; l++) { /* element 128h + 32s + l: hmask bit 4h + s */
+                int low = (blk[32 + 32 * h + l] >> (2 * s)) & 3, hb = (blk[l] >> (4 * h + s)) & 1;
+                k->q[128 * h + 32 * s + l] = (int8_t)(low | (hb << 2));
+            }
     hk_unpack_q3k_scales(blk + 96, sc);
     for (int i = 0; i < 16; i++) { k->sc[i] = sc[i]; k->mn[i] = 0; }
     k->off = 4; k->dw = f16(blk + 108); k->dm = 0.0f;
@@ -184,7 +185,9 @@ static void decode_q6_k(const uint8_t *blk, kblock *k) {
 }
 
 static void decode_tq2_0(const uint8_t *blk, kblock *k) {
-    for (int e = 0; e < 256; e++) k->q[e] = (int8_t)((blk[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3);
+    for (int h = 0; h < 2; h++)
+        for (int s = 0; s < 4; s++)
+            for (int l = 0; l < 32; l++) k->q[128 * h + 32 * s + l] = (int8_t)((blk[32 * h + l] >> (2 * s)) & 3);
     for (int i = 0; i < 16; i++) { k->sc[i] = 1; k->mn[i] = 0; }
     k->off = 1; k->dw = f16(blk + 64); k->dm = 0.0f;
 }

@@ -166,6 +166,11 @@ def parse_document(data: bytes) -> ImportedConversation:
     return _conversation(_loads(data))
 
 
+def from_document(document) -> ImportedConversation:
+    """Validate an already parsed document (e.g. the ``conversation`` of a session snapshot) strictly."""
+    return _conversation(document)
+
+
 def read_archive(path: str | Path) -> list[ImportedConversation]:
     """Read and validate a whole archive; nothing is returned unless every conversation in it is valid."""
     try:

@@ -8,9 +8,11 @@ from PySide6.QtWidgets import (QButtonGroup, QFrame, QHBoxLayout, QLabel, QMainW
                                QToolButton, QVBoxLayout, QWidget)
 
 from ..chat_controller import ChatController
+from ..conversation_actions import ConversationActions
 from ..model_choices import ModelChoices
 from .chat_view import ChatView
 from .composer import Composer
+from .conversation_menu import ConversationMenu
 from .models_page import ModelsPage
 from .notice_bar import NoticeBar
 from .settings_panel import SettingsPanel
@@ -27,16 +29,19 @@ class MainWindow(QMainWindow):
         none of its own; the views' intents go straight to the ChatController.
     """
 
-    def __init__(self, controller: ChatController, model_choices: ModelChoices, parent: QWidget | None = None):
+    def __init__(self, controller: ChatController, model_choices: ModelChoices, parent: QWidget | None = None,
+                 actions: ConversationActions | None = None):
         super().__init__(parent)
         self.controller = controller
         self.model_choices = model_choices
+        self.actions = actions
         self._deleted: tuple[int, str] | None = None
         self.setWindowIcon(app_icon())
         self.resize(1180, 760)
         self.setMinimumSize(720, 480)
         self._build()
         self._connect()
+        self._connect_conversation_menu()
 
     # -- building ------------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -57,6 +62,8 @@ class MainWindow(QMainWindow):
         header = QHBoxLayout()
         header.setContentsMargins(16, 8, 8, 8)
         header.addWidget(self.title, 1)
+        self.conversation_menu = ConversationMenu()
+        header.addWidget(self.conversation_menu)
         header.addWidget(self.settings_button)
         center = QWidget()
         center_layout = QVBoxLayout(center)
@@ -147,6 +154,19 @@ class MainWindow(QMainWindow):
         QShortcut(QKeySequence("Ctrl+,"), self, activated=self.settings_button.toggle)
         QShortcut(QKeySequence.StandardKey.Find, self, activated=self.sidebar.search.setFocus)
 
+    def _connect_conversation_menu(self) -> None:
+        menu, actions = self.conversation_menu, self.actions
+        menu.setVisible(actions is not None)
+        if actions is None:
+            return
+        exports = {"json": actions.export_json, "markdown": actions.export_markdown, "all": actions.export_all}
+        imports = {"json": actions.import_file, "all": actions.import_archive}
+        menu.export_requested.connect(lambda kind, path: exports[kind](path))
+        menu.import_requested.connect(lambda kind, path: imports[kind](path))
+        menu.save_state_requested.connect(actions.save_state)
+        menu.restore_state_requested.connect(actions.restore_state)
+        actions.notice.connect(self.notice_bar.show_notice)
+
     def _show_settings(self, visible: bool) -> None:
         self.settings_panel.setVisible(visible)
         if visible and self.width() < self.minimumSizeHint().width():
@@ -193,6 +213,7 @@ class MainWindow(QMainWindow):
         if c.current_id is not None:
             title = c.store.conversation(c.current_id).title
             self.title.setText(title)
+            self.conversation_menu.set_title(title)
             self.setWindowTitle(f"{title} — Hearth")
 
     def _on_conversation_opened(self, conversation_id: int) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .chat_controller import ChatController
+from .conversation_actions import ConversationActions
 from .model_choices import ModelChoices
 from .paths import BuiltinModelMissingError, builtin_model_path
 from .snapshot_cache import SnapshotCache, default_memory_budget, default_memory_dir
@@ -32,7 +33,8 @@ class AppSession:
         self.host = EngineHost(engine_factory or load_engine_model, snapshots=self.snapshots)
         default = model or (str(builtin) if builtin else None)
         self.controller = ChatController(self.store, self.host, default, builtin_path=str(builtin) if builtin else None)
-        self.window = MainWindow(self.controller, ModelChoices(data, builtin))
+        self.actions = ConversationActions(self.controller)
+        self.window = MainWindow(self.controller, ModelChoices(data, builtin), actions=self.actions)
 
     def start(self) -> None:
         self.controller.start()

@@ -255,3 +255,162 @@ def test_a_kill_during_an_export_leaves_the_previous_file_intact(store, tmp_path
         if child.poll() is None:
             child.kill()
     assert target.read_bytes() == b"the previous export"
+
+
+# -- in the app: the conversation menu -------------------------------------------------------------------
+def fake_dialog(session, path):
+    asked = []
+    session.window.conversation_menu.ask_path = lambda title, suggested, kind: asked.append((title, suggested)) or str(path)
+    return asked
+
+
+def trigger(session, name):
+    session.window.conversation_menu.actions_by_name[name].trigger()
+
+
+@pytest.mark.gui
+def test_export_and_import_through_the_menu(qtbot, make_session, tmp_path):
+    from .fake_engine import FakeFactory, FakeModel
+
+    session = make_session(engine_factory=FakeFactory(FakeModel(["Green", " tea"])))
+    c = session.controller
+    with qtbot.waitSignal(c.reply_finished, timeout=20000):
+        c.send("Name a tea")
+    original = c.current_id
+    asked = fake_dialog(session, tmp_path / "chat.json")
+    trigger(session, "export_json")
+    assert asked == [("Export conversation", "Name a tea.json")]
+    doc = json.loads((tmp_path / "chat.json").read_text())
+    assert [m["content"] for m in doc["messages"]] == ["Name a tea", "Green tea"]
+    assert doc["model"] == {"name": "SmolLM2 135M Instruct", "sha256": "f" * 64, "file": Path(c.builtin_path).name}
+    trigger(session, "import_json")
+    assert c.current_id != original and session.window.title.text() == "Name a tea"
+    assert [m.content for m in c.store.messages(c.current_id)] == ["Name a tea", "Green tea"]
+    assert session.window.notice_bar.label.text() == "Imported “Name a tea” (2 messages)."
+    fake_dialog(session, tmp_path / "chat.md")
+    trigger(session, "export_markdown")
+    assert "## Assistant" in (tmp_path / "chat.md").read_text()
+    fake_dialog(session, tmp_path / "all.zip")
+    trigger(session, "export_all")
+    before = len(c.store.conversations())
+    trigger(session, "import_all")
+    assert len(c.store.conversations()) == 2 * before
+    assert session.window.notice_bar.label.text() == f"Imported {before} conversations from all.zip."
+
+
+@pytest.mark.gui
+def test_a_malformed_import_is_refused_with_the_reason(qtbot, make_session, tmp_path):
+    from .fake_engine import FakeFactory
+
+    session = make_session(engine_factory=FakeFactory())
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "hearth-conversation", "version": 1}')
+    before = session.controller.store.conversations()
+    fake_dialog(session, bad)
+    trigger(session, "import_json")
+    assert session.controller.store.conversations() == before
+    bar = session.window.notice_bar
+    assert bar.isVisible() and bar.kind == "error"
+    assert bar.label.text() == ("Could not import bad.json: The document: missing created_at, messages, model, "
+                                "settings, system_prompt, title, updated_at")
+
+
+def send_and_wait(qtbot, session, text, timeout=300000):
+    with qtbot.waitSignal(session.controller.reply_finished, timeout=timeout) as finished:
+        session.controller.send(text)
+    return finished.args[1]
+
+
+def settle(session, **changes):
+    import dataclasses
+    c = session.controller
+    c.update_settings(dataclasses.replace(c.settings(), **changes))
+
+
+def wait_loaded(qtbot, session):
+    if not session.controller.model_info:
+        with qtbot.waitSignal(session.controller.model_changed, timeout=300000):
+            pass
+    return session.controller.model_info
+
+
+@pytest.mark.gui
+@pytest.mark.slow
+def test_save_state_then_restore_it_continues_without_reprocessing(qtbot, make_session, tmp_path):
+    session = make_session()
+    settle(session, max_tokens=8, temperature=0.0)
+    send_and_wait(qtbot, session, "What colour is the sea?")
+    c = session.controller
+    history_len = len(c.history(c.current_id))
+    path = tmp_path / "sea.hearth"
+    fake_dialog(session, path)
+    with qtbot.waitSignal(session.actions.state_done, timeout=300000) as done:
+        trigger(session, "save_state")
+    assert done.args == [str(path), True] and path.stat().st_size > 0
+    assert session.window.notice_bar.label.text().startswith("Saved the conversation and its state (")
+    session.close()
+    (tmp_path / "other").mkdir()
+    again = make_session(data=tmp_path / "other")  # a fresh app on another data dir
+    wait_loaded(qtbot, again)
+    fake_dialog(again, path)
+    with qtbot.waitSignal(again.actions.state_done, timeout=300000) as done:
+        trigger(again, "restore_state")
+    assert done.args == [str(path), True]
+    c = again.controller
+    assert len(c.history(c.current_id)) == history_len and c.store.conversation(c.current_id).title == "What colour is the sea?"
+    assert again.window.notice_bar.label.text().startswith("Restored the conversation with its state (")
+    stats = send_and_wait(qtbot, again, "And the sky?")
+    assert stats["restored_from"] == "file" and stats["cached_tokens"] >= 15
+    assert stats["prompt_tokens"] - stats["cached_tokens"] <= 12  # only the new question was read
+
+
+@pytest.mark.gui
+@pytest.mark.slow
+def test_a_snapshot_of_another_model_imports_the_text_and_says_why_the_state_was_not_used(qtbot, make_session,
+                                                                                          tmp_path):
+    import engine.model
+    from tests.model_store import model_path
+
+    path = tmp_path / "gemma.hearth"
+    store = ConversationStore(tmp_path / "src.db")
+    conv = store.create_conversation("From Gemma")
+    store.add_message(conv.id, "user", "Hello Gemma")
+    store.add_message(conv.id, "assistant", "Hello!")
+    document = ce.conversation_document(store, conv.id)
+    store.close()
+    gemma = engine.model.load(model_path("gemma3"), n_ctx=512)
+    try:
+        gemma.next_token_logits(gemma.chat_ids([{"role": "user", "content": "Hello Gemma"},
+                                                {"role": "assistant", "content": "Hello!"}]))
+        gemma.save_session(path, conversation=document)
+    finally:
+        gemma.close()
+    session = make_session()
+    wait_loaded(qtbot, session)
+    fake_dialog(session, path)
+    with qtbot.waitSignal(session.actions.state_done, timeout=300000) as done:
+        trigger(session, "restore_state")
+    assert done.args == [str(path), False]
+    c = session.controller
+    assert [m.content for m in c.store.messages(c.current_id)] == ["Hello Gemma", "Hello!"]
+    bar = session.window.notice_bar
+    assert bar.kind == "warning" and "imported as text" in bar.label.text()
+    assert "belongs to another model" in bar.label.text() and "re-process the history" in bar.label.text()
+    settle(session, max_tokens=4, temperature=0.0)
+    stats = send_and_wait(qtbot, session, "How are you?")
+    assert "restored_from" not in stats and stats["generated_tokens"] >= 1
+
+
+@pytest.mark.gui
+@pytest.mark.slow
+def test_reopening_the_app_restores_the_last_conversation_from_its_snapshot(qtbot, make_session, tmp_path):
+    session = make_session()
+    settle(session, max_tokens=8, temperature=0.0)
+    first = send_and_wait(qtbot, session, "Tell me a fact about owls.")
+    conv_id = session.controller.current_id
+    session.close()
+    assert list((tmp_path / "data" / "snapshots").glob(f"c{conv_id}-*.hearth"))  # kept on disk at exit
+    again = make_session(data=tmp_path / "data")
+    assert again.controller.current_id == conv_id
+    stats = send_and_wait(qtbot, again, "Another one?")
+    assert stats["restored_from"] == "disk" and stats["cached_tokens"] >= first["prompt_tokens"]

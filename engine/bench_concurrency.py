@@ -127,10 +127,11 @@ class _FakeClock:
 
 
 def replay_thermal_trace(backend: Backend, prompts: list[list[int]], trace_path: Path,
-                         policy_config: PolicyConfig = PolicyConfig()) -> dict:
+                         policy_config: PolicyConfig | None = None) -> dict:
     """Run the scheduler on ``prompts`` under a scripted thermal trace, one fake second per step (pauses add
     their length), until the trace ends and the policy has had time to recover; record what it decided."""
     trace = load_trace(trace_path)
+    policy_config = policy_config or PolicyConfig()
     clock = _FakeClock()
     monitor = ThermalMonitor(ScriptedProvider(trace, clock), ThermalPolicy(policy_config), clock=clock,
                              poll_interval_s=0.0)

@@ -16,6 +16,7 @@ FAIR_MARGIN_C = 10.0  # this close below the high point counts as "fair"
 HIGH_BELOW_CRITICAL_C = 10.0  # when only a critical point is known, "high" is taken this far below it
 PLAUSIBLE_C = (-40.0, 200.0)  # readings and trip points outside this are a driver's placeholder, not a temperature
 HIGH_TRIP_TYPES = ("passive", "hot")  # passive: the kernel starts throttling; hot: the platform warns
+PSUTIL_SENSORS = getattr(psutil, "sensors_temperatures", None)  # psutil has it on Linux and FreeBSD only
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +120,7 @@ class LinuxThermalProvider(ThermalProvider):
     name = "linux"
 
     def __init__(self, sysfs_root: Path = SYSFS_THERMAL,
-                 sensors: Callable[[], dict] | None = getattr(psutil, "sensors_temperatures", None)):
+                 sensors: Callable[[], dict] | None = PSUTIL_SENSORS):
         self.sysfs_root = Path(sysfs_root)
         self.sensors = sensors
         self.last_readings: tuple[TemperatureReading, ...] = ()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import bisect
+import itertools
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -80,7 +81,7 @@ def parse_trace(data: object) -> list[tuple[float, ThermalState]]:
                 and isinstance(item[1], str)):
             raise ValueError(f"bad thermal trace point {item!r}: expected [t_seconds, state]")
         trace.append((float(item[0]), ThermalState.parse(item[1])))
-    if any(b[0] < a[0] for a, b in zip(trace, trace[1:])):
+    if any(b[0] < a[0] for a, b in itertools.pairwise(trace)):
         raise ValueError("thermal trace times must not decrease")
     return trace
 

@@ -4,6 +4,7 @@ wrong token fed back shows); the tiny random model checks the real decoder path.
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 
@@ -177,7 +178,7 @@ def test_long_prompt_delays_a_running_stream_by_at_most_one_prefill_chunk():
     # between two of A's tokens the backend ran one decode pass and at most one chunk of prefill
     calls, segments = backend.calls, []
     decode_at = [i for i, c in enumerate(calls) if c[0] == "decode"]
-    for lo, hi in zip(decode_at, decode_at[1:]):
+    for lo, hi in itertools.pairwise(decode_at):
         segments.append(sum(n for kind, n in calls[lo + 1:hi] if kind == "prefill"))
     assert max(segments) == chunk
     rest = run_to_end(scheduler)

@@ -6,8 +6,17 @@ import dataclasses
 
 import pytest
 
-from engine.thermal import (DEFAULT_LEVELS, Limits, Mode, PolicyConfig, PolicyDecision, ScriptedProvider,
-                            ThermalMonitor, ThermalPolicy, ThermalState)
+from engine.thermal import (
+    DEFAULT_LEVELS,
+    Limits,
+    Mode,
+    PolicyConfig,
+    PolicyDecision,
+    ScriptedProvider,
+    ThermalMonitor,
+    ThermalPolicy,
+    ThermalState,
+)
 from engine.thermal.drift import DriftStatus
 
 N, F, S, C, U = (ThermalState.NOMINAL, ThermalState.FAIR, ThermalState.SERIOUS, ThermalState.CRITICAL,
@@ -59,7 +68,7 @@ def test_a_flickering_sensor_does_not_make_the_limits_oscillate():
 
 
 def test_a_short_cool_spell_resets_the_cooldown():
-    limits, decisions = replay([(0, S), (10, N), (18, S), (19, N)], 40)
+    limits, _ = replay([(0, S), (10, N), (18, S), (19, N)], 40)
     assert limits[28].max_batch == 2  # 10..18 was not long enough, and the clock restarted at 19
     assert limits[29].max_batch == 4
 
@@ -142,9 +151,9 @@ def test_a_policy_needs_four_levels():
 
 
 def test_the_bench_replays_a_trace_file_and_records_batch_decisions(tiny_model_path, tmp_path):
+    from engine.backends.numpy_backend import NumpyBackend
     from engine.bench_concurrency import replay_thermal_trace
     from engine.config import ModelConfig
-    from engine.backends.numpy_backend import NumpyBackend
     from engine.gguf_file import read_gguf
 
     gguf = read_gguf(tiny_model_path)

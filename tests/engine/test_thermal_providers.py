@@ -65,7 +65,7 @@ def test_the_hottest_zone_wins_and_unclassifiable_or_broken_zones_are_left_out(t
 
 def test_no_classifiable_sensor_is_unknown_with_a_reason(tmp_path):
     make_zone(tmp_path, 0, 70000, ())
-    provider = LinuxThermalProvider(sysfs_root=tmp_path, sensors=lambda: {})
+    provider = LinuxThermalProvider(sysfs_root=tmp_path, sensors=dict)
     assert provider.read() is U and "no temperature sensor" in provider.reason
     assert LinuxThermalProvider(sysfs_root=tmp_path / "absent", sensors=None).read() is U
 
@@ -80,7 +80,7 @@ def test_psutil_sensors_with_high_and_critical_points(tmp_path):
 
 def test_psutil_and_sysfs_are_combined_and_a_failing_psutil_is_ignored(tmp_path):
     make_zone(tmp_path, 0, 101000, (("critical", 100000),))
-    assert LinuxThermalProvider(sysfs_root=tmp_path, sensors=lambda: {}).read() is C
+    assert LinuxThermalProvider(sysfs_root=tmp_path, sensors=dict).read() is C
 
     def broken():
         raise OSError("hwmon went away")

@@ -22,6 +22,7 @@ from engine.gguf_file import ModelFormatError
 
 from .qt_compat import emit
 from .snapshot_cache import ConversationStates, SnapshotCache
+from .telemetry import EngineProbe
 
 # about the file, the prompt or the machine; anything else may have left the engine inconsistent
 EXPECTED_ERRORS = (ModelFormatError, BackendUnavailableError, ContextOverflowError, TemplateError, OSError)
@@ -71,6 +72,8 @@ class EngineWorker(QObject):
         state_saved(int, str, dict): conversation id, snapshot path, and tokens/bytes saved.
         state_restored(int, str, dict): conversation id, snapshot path, and tokens restored.
         state_failed(int, str, str): conversation id, snapshot path and the engine's reason it was not saved/used.
+        telemetry(EngineSample): phase, throughput, KV cache and memory, on every change and twice a second
+            while a reply streams (app/telemetry.py).
     """
 
     loaded = Signal(object)
@@ -84,11 +87,13 @@ class EngineWorker(QObject):
     state_saved = Signal(int, str, object)
     state_restored = Signal(int, str, object)
     state_failed = Signal(int, str, str)
+    telemetry = Signal(object)
 
     def __init__(self, engine_factory: EngineFactory = load_engine_model,
                  params_factory: Callable[[dict], object] = make_sampling_params,
                  snapshots: SnapshotCache | None = None):
         super().__init__()
+        self._probe = EngineProbe(lambda sample: emit(self.telemetry, sample))
         self._engine_factory = engine_factory
         self._params_factory = params_factory
         self._states = ConversationStates(snapshots)
@@ -177,6 +182,7 @@ class EngineWorker(QObject):
             self._switch(conversation_id)
             self._stream(request_id, messages, options, conversation_id)
         except Exception as exc:  # noqa: BLE001
+            self._probe.model_changed(self._model)  # back to idle (or "none" once closed below)
             emit(self.error, request_id, describe(exc))
             if not classify(exc):
                 self._close_model()
@@ -205,12 +211,14 @@ class EngineWorker(QObject):
         emit(self.loaded, {"path": path, "name": model.name, "n_ctx": model.n_ctx,
                           "arch": getattr(model.config, "arch", ""), "notices": list(model.notices),
                           "backend": getattr(model.backend, "name", ""), "sha256": model.sha256, **memory})
+        self._probe.model_changed(model)
         self._switch(self._shown)
 
     def _switch(self, conversation_id: int | None) -> None:
         if self._model is not None and conversation_id is not None and conversation_id != self._states.owner:
             emit(self.progress, "Switching conversation…")
             self._states.switch(conversation_id)
+            self._probe.model_changed(self._model)  # the KV cache now holds that conversation
 
     def _close_model(self) -> None:
         model, self._model, self._model_key = self._model, None, None
@@ -219,10 +227,12 @@ class EngineWorker(QObject):
                 model.close()
             except Exception:  # noqa: BLE001 - closing a broken model must not hide the original error
                 pass
+            self._probe.model_changed(None)
 
     def _stream(self, request_id: int, messages: list, options: dict, conversation_id: int | None) -> None:
         max_tokens = int(options.pop("max_tokens", 512))
         emit(self.progress, "Reading the conversation…")
+        self._probe.started(self._model, request_id)
         dropped, events = self._model.chat(messages, params=self._params_factory(options), max_tokens=max_tokens,
                                            overflow="drop_oldest")
         try:
@@ -231,13 +241,15 @@ class EngineWorker(QObject):
             events.close()  # runs the engine's clean-up now, also when we stopped early
             note = self._states.take_note()
             self._states.changed(conversation_id)
-        emit(self.finished, request_id, {**self._stats(last, dropped, request_id), **(note or {})})
+        timing = self._probe.finished(self._model, last)
+        emit(self.finished, request_id, {**self._stats(last, dropped, request_id), **(note or {}), **timing})
 
     def _emit_coalesced(self, request_id: int, events):
         """Emit the events' text in batches at most COALESCE_S apart; stop when asked. Returns the last event."""
         pending, last_emit, last = "", time.monotonic(), None
         for event in events:
             last = event
+            self._probe.event(self._model, event)
             pending += event.text
             if self._stopped_through >= request_id:
                 break
@@ -271,7 +283,7 @@ class EngineHost(QObject):
         restore_state_requested(int, str, int, str): to the worker.
         loaded(dict), unloaded(), load_failed(str, str), tokens(int, str), finished(int, dict),
         error(int, str), progress(str), state_saved(int, str, dict), state_restored(int, str, dict),
-        state_failed(int, str, str): forwarded from the worker.
+        state_failed(int, str, str), telemetry(EngineSample): forwarded from the worker.
         restarted(str): the worker crashed and was replaced; the text says what happened.
     """
 
@@ -292,6 +304,7 @@ class EngineHost(QObject):
     state_saved = Signal(int, str, object)
     state_restored = Signal(int, str, object)
     state_failed = Signal(int, str, str)
+    telemetry = Signal(object)
 
     def __init__(self, engine_factory: EngineFactory = load_engine_model,
                  params_factory: Callable[[dict], object] = make_sampling_params, parent: QObject | None = None,
@@ -320,7 +333,7 @@ class EngineHost(QObject):
                  (self.restore_state_requested, w.restore_state)]
         links += [(getattr(w, name), getattr(self, name)) for name in
                   ("loaded", "unloaded", "load_failed", "tokens", "finished", "error", "progress",
-                   "state_saved", "state_restored", "state_failed")]
+                   "state_saved", "state_restored", "state_failed", "telemetry")]
         self._connections = [signal.connect(slot) for signal, slot in links]
         self._thread.start()
 

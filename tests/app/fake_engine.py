@@ -5,8 +5,19 @@ from __future__ import annotations
 import threading
 import time
 
+from engine.backends.base import MemoryStats
 from engine.generate import GenerationEvent
+from engine.model import KVCacheUsage
 from engine.session import SessionError
+
+
+class FakeBackend:
+    """The part of a backend the worker reads: its name and its memory."""
+
+    name = "fake"
+
+    def memory(self) -> MemoryStats:
+        return MemoryStats(weights_bytes=1_000_000, kv_cache_bytes=0)
 
 
 class FakeModel:
@@ -18,7 +29,8 @@ class FakeModel:
         self.pieces, self.token_s, self.prefill_s = list(pieces), token_s, prefill_s
         self.fail_with, self.dropped = fail_with, dropped
         self.config = type("Config", (), {"arch": "fake"})()
-        self.backend = type("Backend", (), {"name": "fake"})()
+        self.backend = FakeBackend()
+        self.positions = 0  # "KV cache" positions: the last prompt and reply
         self.calls: list[list[dict]] = []
         self.closed = False
         self._cancel = threading.Event()
@@ -40,9 +52,14 @@ class FakeModel:
             cancelled = self._cancel.is_set()
             finish = "cancelled" if cancelled else ("eos" if i == n - 1 else None)
             now = time.perf_counter()
+            self.positions = 10 + i + 1
             yield GenerationEvent(i, self.pieces[i], -0.1, i, 10, 0, first - start, now - first, finish)
             if cancelled:
                 return
+
+    @property
+    def kv_cache_usage(self) -> KVCacheUsage:
+        return KVCacheUsage(self.positions, self.n_ctx, 256 * 1000, 1000, self.n_ctx * 1000)
 
     def cancel(self):
         self._cancel.set()

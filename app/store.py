@@ -253,6 +253,15 @@ class ConversationStore:
             raise KeyError(message_id)
         return _message(row)
 
+    def recent_replies(self, limit: int = 50) -> list[tuple[Message, str]]:
+        """The latest answers that carry stats, across conversations not deleted, newest first, each with its
+        conversation's title."""
+        rows = self.db.execute(
+            "SELECT m.*, c.title AS conversation_title FROM messages m JOIN conversations c ON c.id = m.conversation_id"
+            " WHERE m.role = 'assistant' AND m.stats != '{}' AND c.deleted_at IS NULL ORDER BY m.id DESC LIMIT ?",
+            (limit,)).fetchall()
+        return [(_message(r), r["conversation_title"]) for r in rows]
+
     def add_message(self, conversation_id: int, role: str, content: str, state: str = "complete",
                     stats: dict | None = None) -> Message:
         """Append a message in its own transaction; it is on disk when this returns."""

@@ -1,4 +1,4 @@
-"""The Models page: the loaded model, every model Hearth can run, and adding a GGUF file."""
+"""The Models page: the loaded model and its memory, every model Hearth can run, adding, removing, downloading."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from html import escape
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QFileDialog, QFrame, QHBoxLayout, QLabel, QListWidget, QListWidgetItem, QPushButton,
-                               QVBoxLayout, QWidget)
+                               QSplitter, QVBoxLayout, QWidget)
 
 from ..model_choices import ModelChoice
 from ..qt_compat import emit
@@ -21,13 +21,15 @@ class ModelsPage(QFrame):
         use_requested(str): use the model at this path for the shown conversation.
         add_requested(str): add this GGUF file to the library.
         refresh_requested(): list the models again.
+        remove_requested(str): remove the model at this path (after the window confirms it).
     """
 
     use_requested = Signal(str)
     add_requested = Signal(str)
     refresh_requested = Signal()
+    remove_requested = Signal(str)
 
-    def __init__(self, parent: QWidget | None = None):
+    def __init__(self, parent: QWidget | None = None, downloads: QWidget | None = None):
         super().__init__(parent)
         title = QLabel("Models")
         title.setObjectName("pageTitle")
@@ -45,9 +47,12 @@ class ModelsPage(QFrame):
         add.clicked.connect(self._add)
         refresh = QPushButton("Refresh")
         refresh.clicked.connect(self.refresh_requested)
+        self.remove_button = QPushButton("Remove…")
+        self.remove_button.clicked.connect(self._remove)
         buttons = QHBoxLayout()
         buttons.addWidget(add)
         buttons.addWidget(refresh)
+        buttons.addWidget(self.remove_button)
         buttons.addStretch(1)
         buttons.addWidget(self.use_button)
         layout = QVBoxLayout(self)
@@ -55,9 +60,21 @@ class ModelsPage(QFrame):
         layout.setSpacing(10)
         layout.addWidget(title)
         layout.addWidget(self.current)
-        layout.addWidget(QLabel("Available models"))
-        layout.addWidget(self.list, 1)
-        layout.addLayout(buttons)
+        library = QWidget()
+        library_layout = QVBoxLayout(library)
+        library_layout.setContentsMargins(0, 0, 0, 0)
+        library_layout.addWidget(QLabel("Available models"))
+        library_layout.addWidget(self.list, 1)
+        library_layout.addLayout(buttons)
+        if downloads is None:
+            layout.addWidget(library, 1)
+        else:
+            split = QSplitter(Qt.Orientation.Vertical)
+            split.setChildrenCollapsible(False)
+            split.addWidget(library)
+            split.addWidget(downloads)
+            split.setSizes([260, 420])
+            layout.addWidget(split, 1)
         self._update_buttons()
 
     def set_models(self, models: list[ModelChoice], current_path: str | None) -> None:
@@ -83,12 +100,19 @@ class ModelsPage(QFrame):
         lines = [f"<b>{escape(info.get('name', ''))}</b> — loaded",
                  f"{escape(info.get('arch', ''))} · context {info.get('n_ctx', 0):,} tokens"
                  f" · {escape(info.get('backend', ''))} backend", escape(info.get("path", ""))]
+        if info.get("estimate") and info.get("rss_after"):
+            lines.append(escape(memory_text(info)))
         lines += [f"<i>{escape(n)}</i>" for n in info.get("notices", [])]
         self.current.setText("<br>".join(lines))
 
     def _use(self, item: QListWidgetItem | None) -> None:
         if item is not None and item.data(PATH_ROLE) and item.flags() & Qt.ItemFlag.ItemIsEnabled:
             emit(self.use_requested, item.data(PATH_ROLE))
+
+    def _remove(self) -> None:
+        item = self.list.currentItem()
+        if item is not None and item.data(PATH_ROLE):
+            emit(self.remove_requested, item.data(PATH_ROLE))
 
     def _add(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Add a GGUF model", "", "GGUF models (*.gguf)")
@@ -98,3 +122,13 @@ class ModelsPage(QFrame):
     def _update_buttons(self, *_) -> None:
         item = self.list.currentItem()
         self.use_button.setEnabled(bool(item and item.data(PATH_ROLE) and item.flags() & Qt.ItemFlag.ItemIsEnabled))
+        self.remove_button.setEnabled(bool(item and item.data(PATH_ROLE)))
+
+
+def memory_text(info: dict) -> str:
+    """The load's estimate next to the RSS growth measured by the worker, so the estimate can be checked."""
+    e, mb = info["estimate"], 1 << 20
+    measured = (info["rss_after"] - info["rss_before"]) / mb
+    return (f"Memory: weights and runtime estimated {(e['weights'] + e['overhead']) / mb:,.0f} MB, measured "
+            f"{measured:+,.0f} MB when loaded · KV cache up to {e['kv_cache'] / mb:,.0f} MB at "
+            f"{info.get('n_ctx', 0):,} tokens (it fills as the conversation grows)")

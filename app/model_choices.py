@@ -45,6 +45,24 @@ class ModelChoices:
         """Add a GGUF in place (linked, not copied); raises the library's error with a readable message."""
         return self._row(self._library().import_file(Path(path), mode="link"))
 
+    def plan_removal(self, path: str):
+        """What removing the model at ``path`` would do (a ``RemovalPlan``); raises LibraryError when refused."""
+        library = self._library()
+        return library.plan_removal(self._name_of(library, path))
+
+    def remove(self, path: str):
+        """Remove the model at ``path`` as planned: delete the file if Hearth owns it, else forget it."""
+        library = self._library()
+        return library.remove(self._name_of(library, path))
+
+    @staticmethod
+    def _name_of(library, path: str) -> str:
+        from .models.library import LibraryError
+        for entry in library.list():
+            if str(entry.path) == path:
+                return entry.name
+        raise LibraryError(f"{path} is not in the model library")
+
     @staticmethod
     def _row(entry) -> ModelChoice:
         info = entry.info

@@ -4,22 +4,28 @@ from __future__ import annotations
 
 from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QKeySequence, QShortcut
-from PySide6.QtWidgets import (QButtonGroup, QFrame, QHBoxLayout, QLabel, QMainWindow, QSplitter, QStackedWidget,
-                               QToolButton, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QButtonGroup, QFrame, QHBoxLayout, QLabel, QMainWindow, QMessageBox, QSplitter,
+                               QStackedWidget, QToolButton, QVBoxLayout, QWidget)
 
 from ..chat_controller import ChatController
 from ..conversation_actions import ConversationActions
+from ..downloads_bridge import DownloadsBridge
+from ..generation_history import recent_generations
 from ..model_choices import ModelChoices
+from ..telemetry import Telemetry
 from .chat_view import ChatView
 from .composer import Composer
+from .dashboard_page import DashboardPage
 from .conversation_menu import ConversationMenu
+from .downloads_panel import DownloadsPanel
 from .models_page import ModelsPage
 from .notice_bar import NoticeBar
 from .settings_panel import SettingsPanel
 from .sidebar import Sidebar
+from .status_strip import StatusStrip
 from .theme import app_icon, icon
 
-PAGES = ("chat", "models")
+PAGES = ("chat", "models", "dashboard")
 
 
 class MainWindow(QMainWindow):
@@ -30,11 +36,15 @@ class MainWindow(QMainWindow):
     """
 
     def __init__(self, controller: ChatController, model_choices: ModelChoices, parent: QWidget | None = None,
-                 actions: ConversationActions | None = None):
+                 actions: ConversationActions | None = None,
+                 telemetry: Telemetry | None = None, downloads: DownloadsBridge | None = None):
         super().__init__(parent)
         self.controller = controller
         self.model_choices = model_choices
         self.actions = actions
+        self.telemetry = telemetry or Telemetry(parent=self)
+        self.downloads = downloads
+        self.confirm = lambda title, text: QMessageBox.question(self, title, text) == QMessageBox.StandardButton.Yes
         self._deleted: tuple[int, str] | None = None
         self.setWindowIcon(app_icon())
         self.resize(1180, 760)
@@ -42,6 +52,7 @@ class MainWindow(QMainWindow):
         self._build()
         self._connect()
         self._connect_conversation_menu()
+        self._connect_downloads()
 
     # -- building ------------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -85,9 +96,11 @@ class MainWindow(QMainWindow):
         self.splitter.setSizes([260, 700, 300])
         self.sidebar.setMinimumWidth(180)
         center.setMinimumWidth(380)  # the side panels give way first; below this the window grows instead
-        self.models_page = ModelsPage()
+        self.downloads_panel = DownloadsPanel() if self.downloads is not None else None
+        self.models_page = ModelsPage(downloads=self.downloads_panel)
+        self.dashboard = DashboardPage(self.telemetry, lambda limit: recent_generations(self.controller.store, limit))
         self.stack = QStackedWidget()
-        self.pages = {"chat": self.splitter, "models": self.models_page}
+        self.pages = {"chat": self.splitter, "models": self.models_page, "dashboard": self.dashboard}
         for name in PAGES:
             self.stack.addWidget(self.pages[name])
         self.rail = QFrame()
@@ -97,7 +110,7 @@ class MainWindow(QMainWindow):
         rail_layout.setSpacing(6)
         self.nav = QButtonGroup(self)
         self.nav_buttons = {}
-        for index, (name, label) in enumerate((("chat", "Chat"), ("models", "Models"))):
+        for index, (name, label) in enumerate((("chat", "Chat"), ("models", "Models"), ("dashboard", "Live"))):
             button = QToolButton()
             button.setText(label)
             button.setCheckable(True)
@@ -118,6 +131,8 @@ class MainWindow(QMainWindow):
         body_layout.addWidget(self.stack, 1)
         self.setCentralWidget(body)
         self.statusBar().setSizeGripEnabled(False)
+        self.status_strip = StatusStrip(self.telemetry)
+        self.statusBar().addPermanentWidget(self.status_strip)
 
     def _connect(self) -> None:
         c = self.controller
@@ -138,6 +153,7 @@ class MainWindow(QMainWindow):
         self.models_page.use_requested.connect(self._use_model)
         self.models_page.add_requested.connect(self._add_model)
         self.models_page.refresh_requested.connect(self._refresh_models)
+        self.models_page.remove_requested.connect(self._remove_model)
         self.notice_bar.action_triggered.connect(self._undo_delete)
         c.conversations_changed.connect(self._refresh_conversations)
         c.conversation_opened.connect(self._on_conversation_opened)
@@ -149,6 +165,10 @@ class MainWindow(QMainWindow):
         c.notice.connect(self.notice_bar.show_notice)
         c.context_usage.connect(self.composer.set_context_usage)
         c.conversation_deleted.connect(self._on_deleted)
+        c.model_changed.connect(self.status_strip.set_model)
+        c.model_changed.connect(self.dashboard.set_model)
+        c.reply_finished.connect(lambda *_: self.dashboard.refresh_generations())
+        self.status_strip.activated.connect(lambda: self.show_page("dashboard"))
         QShortcut(QKeySequence.StandardKey.New, self, activated=c.new_conversation)
         QShortcut(QKeySequence(Qt.Key.Key_Escape), self, activated=c.stop)
         QShortcut(QKeySequence("Ctrl+,"), self, activated=self.settings_button.toggle)
@@ -166,6 +186,56 @@ class MainWindow(QMainWindow):
         menu.save_state_requested.connect(actions.save_state)
         menu.restore_state_requested.connect(actions.restore_state)
         actions.notice.connect(self.notice_bar.show_notice)
+
+    def _connect_downloads(self) -> None:
+        bridge, panel = self.downloads, self.downloads_panel
+        if bridge is None:
+            return
+        panel.search_requested.connect(bridge.search)
+        panel.repo_selected.connect(lambda repo: bridge.list_files(repo, panel.n_ctx()))
+        panel.n_ctx_changed.connect(lambda n_ctx: bridge.list_files(panel.repo, n_ctx) if panel.repo else None)
+        panel.download_requested.connect(bridge.start)
+        panel.pause_requested.connect(bridge.pause)
+        panel.resume_requested.connect(bridge.resume)
+        panel.cancel_requested.connect(bridge.cancel)
+        bridge.curated.connect(panel.set_curated)
+        bridge.search_results.connect(panel.set_search_results)
+        bridge.files_listed.connect(panel.set_files)
+        bridge.download_changed.connect(panel.update_download)
+        bridge.download_completed.connect(self._on_downloaded)
+        bridge.failed.connect(lambda what, reason: panel.show_message(f"{what}: {reason}", error=True))
+        bridge.load_curated()
+        for progress in bridge.downloads():  # paused or failed ones from an earlier run
+            panel.update_download(progress)
+
+    def _on_downloaded(self, key: str, path: str) -> None:
+        self._refresh_models()
+        self._tell("info", f"Downloaded {key.rsplit('/', 1)[-1]}; it is in the list of models now.")
+
+    def _remove_model(self, path: str) -> None:
+        """Remove a model after the user confirms what will be deleted; never the loaded one."""
+        if path == self.controller.model_info.get("path"):
+            self._tell("warning", "This model is loaded. Use another model first, then remove it.")
+            return
+        try:
+            plan = self.model_choices.plan_removal(path)
+        except Exception as exc:  # noqa: BLE001 - LibraryError says why (built in, not Hearth's file, ...)
+            self._tell("error", f"Cannot remove this model: {exc}")
+            return
+        if not self.confirm("Remove model", f"Remove {plan.entry.name}?\n\nHearth will {plan.message}."):
+            return
+        try:
+            self.model_choices.remove(path)
+        except Exception as exc:  # noqa: BLE001
+            self._tell("error", f"Could not remove {plan.entry.name}: {exc}")
+            return
+        self._refresh_models()
+        self._tell("info", f"Removed {plan.entry.name}.")
+
+    def _tell(self, kind: str, text: str) -> None:
+        """A notice for the chat page and the status bar (the notice bar is not on the Models page)."""
+        self.notice_bar.show_notice(kind, text)
+        self.statusBar().showMessage(text, 15000)
 
     def _show_settings(self, visible: bool) -> None:
         self.settings_panel.setVisible(visible)

@@ -6,10 +6,13 @@ from pathlib import Path
 
 from .chat_controller import ChatController
 from .conversation_actions import ConversationActions
+from .downloads_bridge import DownloadsBridge
 from .model_choices import ModelChoices
+from .models.downloads import DownloadManager
 from .paths import BuiltinModelMissingError, builtin_model_path
 from .snapshot_cache import SnapshotCache, default_memory_budget, default_memory_dir
 from .store import DB_FILENAME, ConversationStore
+from .telemetry import Telemetry
 from .ui.main_window import MainWindow
 from .worker import EngineHost, load_engine_model
 
@@ -34,7 +37,12 @@ class AppSession:
         default = model or (str(builtin) if builtin else None)
         self.controller = ChatController(self.store, self.host, default, builtin_path=str(builtin) if builtin else None)
         self.actions = ConversationActions(self.controller)
-        self.window = MainWindow(self.controller, ModelChoices(data, builtin), actions=self.actions)
+        self.telemetry = Telemetry()
+        self.host.telemetry.connect(self.telemetry.add_engine_sample)
+        self.downloads = DownloadsBridge(DownloadManager(data))
+        self.window = MainWindow(self.controller, ModelChoices(data, builtin), telemetry=self.telemetry,
+                                 actions=self.actions,
+                                 downloads=self.downloads)
 
     def start(self) -> None:
         self.controller.start()
@@ -48,5 +56,6 @@ class AppSession:
         self.controller.stop_and_forget()
         self.host.shutdown()
         self.snapshots.close()
+        self.downloads.shutdown()
         self.window.close()
         self.store.close()

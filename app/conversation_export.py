@@ -15,7 +15,7 @@ import re
 import time
 import zipfile
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from engine import __version__
@@ -382,7 +382,7 @@ def _prefixed(where: str, parse, data):
 # -- time stamps -----------------------------------------------------------------------------------------
 def iso_time(t: float) -> str:
     """Seconds since the epoch as ISO 8601 in UTC with milliseconds: ``2025-01-31T12:00:00.000Z``."""
-    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def parse_time(value, where: str) -> float:

@@ -137,7 +137,8 @@ class DownloadsBridge(QObject):
             try:
                 result = work()
             except (HubError, DownloadError, OSError) as e:
-                emit(self._posted, lambda: emit(self.failed, what, str(e)))
+                reason = str(e)
+                emit(self._posted, lambda: emit(self.failed, what, reason))
                 return
             if done is not None:
                 emit(self._posted, lambda: done(result))

@@ -190,7 +190,7 @@ def test_switching_a_b_a_restores_a_from_the_cache(qtbot, real_host, builtin_mod
     a = [{"role": "user", "content": "List three fruits that are red."}]
     b = [{"role": "system", "content": "Reply in French."}, {"role": "user", "content": "Good morning!"}]
     reply_a, _ = answer(qtbot, host, builtin_model, 1, a)
-    _, stats_b = answer(qtbot, host, builtin_model, 2, b)
+    answer(qtbot, host, builtin_model, 2, b)
     assert [(e.conversation_id, e.tier) for e in cache.entries()] == [(1, "memory")]  # A parked when B came
     a2 = a + [{"role": "assistant", "content": reply_a}, {"role": "user", "content": "And yellow ones?"}]
     _, stats = answer(qtbot, host, builtin_model, 1, a2)

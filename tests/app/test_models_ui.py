@@ -1,0 +1,272 @@
+"""The Models page with the fake Hub: search, files with a fit verdict, downloads, removal; memory after a switch."""
+
+from pathlib import Path
+
+import pytest
+from huggingface_hub import constants
+from PySide6.QtCore import Qt
+
+from app.downloads_bridge import DownloadsBridge
+from app.model_fit import parse_header_prefix, remote_estimate
+from app.models.downloads import DownloadManager
+from app.models.hub import HubClient
+from app.ui.downloads_panel import size_text
+from tests.app.models.fake_hub import FakeHub
+from tests.app.models.tiny_gguf import write_tiny_gguf
+
+from .fake_engine import FakeFactory
+
+pytestmark = pytest.mark.gui
+
+REPO = "acme/Tiny-GGUF"
+FILE = "tiny-q8_0.gguf"
+WAIT = 30000
+
+
+@pytest.fixture(autouse=True)
+def no_real_hub_credentials(monkeypatch, tmp_path):
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-saved-token"))
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> bytes:
+    return write_tiny_gguf(tmp_path_factory.mktemp("tiny") / FILE, name="Tiny Download", extra_bytes=3 << 20).read_bytes()
+
+
+@pytest.fixture
+def hub(tiny_model, monkeypatch):
+    with FakeHub() as fake:
+        fake.add_file(REPO, FILE, tiny_model, downloads=10)
+        fake.add_file(REPO, "README.md", b"# Tiny\n", lfs=False)
+        fake.add_file("other/Big-GGUF", "big.gguf", tiny_model, downloads=3)
+        monkeypatch.setenv("HF_ENDPOINT", fake.url)
+        yield fake
+
+
+@pytest.fixture
+def models_page(qtbot, hub, make_session):
+    session = make_session(engine_factory=FakeFactory())
+    session.window.show_page("models")
+    return session
+
+
+def search_and_pick(qtbot, session, query="tiny"):
+    panel, bridge = session.window.downloads_panel, session.downloads
+    panel.search.setText(query)
+    with qtbot.waitSignal(bridge.search_results, timeout=WAIT):
+        qtbot.keyClick(panel.search, Qt.Key.Key_Return)
+    assert [panel.repos.item(i).data(Qt.ItemDataRole.UserRole) for i in range(panel.repos.count())] == [REPO]
+    with qtbot.waitSignal(bridge.files_listed, timeout=WAIT):
+        panel.repos.setCurrentRow(0)
+    panel.files.setCurrentItem(panel.files.topLevelItem(0))
+    return panel
+
+
+def download_states(session):
+    states = []
+    session.downloads.download_changed.connect(lambda p: states.append((p["state"], p["downloaded"])))
+    return states
+
+
+def test_search_list_files_with_fit_then_download_into_the_library(qtbot, models_page, tiny_model):
+    session = models_page
+    panel = search_and_pick(qtbot, session)
+    (row,) = [panel.files.topLevelItem(i) for i in range(panel.files.topLevelItemCount())]
+    expected = remote_estimate(len(tiny_model), parse_header_prefix(tiny_model), 4096, available=1 << 40)
+    assert expected.kv_cache == 2 * 4096 * 2 * (8 + 8) * 4 and not expected.rough  # read from the header
+    assert [row.text(c) for c in range(4)] == [FILE, size_text(len(tiny_model)), size_text(expected.total), "Fits"]
+    assert "the file size" in row.toolTip(0) and "rough" not in row.toolTip(0)
+    assert panel.message.text() == f"1 GGUF files in {REPO}"
+    states = download_states(session)
+    with qtbot.waitSignal(session.downloads.download_completed, timeout=WAIT) as done:
+        qtbot.mouseClick(panel.download_button, Qt.MouseButton.LeftButton)
+    path = done.args[1]
+    assert done.args[0] == f"{REPO}/{FILE}" and Path(path).read_bytes() == tiny_model
+    assert states[0][0] == "running" and states[-1][0] == "completed"
+    rows = [session.window.models_page.list.item(i) for i in range(session.window.models_page.list.count())]
+    assert path in [r.data(Qt.ItemDataRole.UserRole) for r in rows]
+    assert session.window.statusBar().currentMessage() == f"Downloaded {FILE}; it is in the list of models now."
+    assert panel.rows[f"{REPO}/{FILE}"].detail.text().endswith("Done")
+
+
+def test_the_context_length_changes_the_estimate(qtbot, models_page, tiny_model):
+    panel = search_and_pick(qtbot, models_page)
+    with qtbot.waitSignal(models_page.downloads.files_listed, timeout=WAIT):
+        panel.context.setCurrentIndex(panel.context.findData(32768))
+    expected = remote_estimate(len(tiny_model), parse_header_prefix(tiny_model), 32768, available=1 << 40)
+    assert panel.files.topLevelItem(0).text(2) == size_text(expected.total)
+
+
+def wait_for_state(qtbot, session, state):
+    qtbot.waitUntil(lambda: session.window.downloads_panel.rows.get(f"{REPO}/{FILE}") is not None
+                    and session.window.downloads_panel.rows[f"{REPO}/{FILE}"].state == state, timeout=WAIT)
+    return session.window.downloads_panel.rows[f"{REPO}/{FILE}"]
+
+
+def test_pause_and_resume(qtbot, models_page, hub, tiny_model):
+    session = models_page
+    hub.faults.chunk_delay = 0.05  # 48 chunks: about 2.5 s in all
+    panel = search_and_pick(qtbot, session)
+    qtbot.mouseClick(panel.download_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: panel.rows.get(f"{REPO}/{FILE}") is not None and panel.rows[f"{REPO}/{FILE}"].bar.value() > 0,
+                    timeout=WAIT)
+    row = panel.rows[f"{REPO}/{FILE}"]
+    assert row.pause_button.isVisible() and not row.resume_button.isVisible()
+    assert " of " in row.detail.text() and "/s" in row.detail.text() and "left" in row.detail.text()
+    qtbot.mouseClick(row.pause_button, Qt.MouseButton.LeftButton)
+    wait_for_state(qtbot, session, "paused")
+    kept = row.bar.value()
+    assert 0 < kept < 1000 and row.resume_button.isVisible() and row.detail.text().endswith("Paused")
+    hub.faults.chunk_delay = 0.0
+    with qtbot.waitSignal(session.downloads.download_completed, timeout=WAIT) as done:
+        qtbot.mouseClick(row.resume_button, Qt.MouseButton.LeftButton)
+    assert Path(done.args[1]).read_bytes() == tiny_model
+    ranges = [r.headers.get("range") for r in hub.file_requests() if r.path.endswith(FILE)]
+    assert any(r and r != "bytes=0-524287" and r.startswith("bytes=") and r != "bytes=0-" for r in ranges)  # resumed
+
+
+def test_cancel_deletes_the_partial_file(qtbot, models_page, hub, tmp_path):
+    session = models_page
+    hub.faults.chunk_delay = 0.05
+    panel = search_and_pick(qtbot, session)
+    qtbot.mouseClick(panel.download_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: panel.rows.get(f"{REPO}/{FILE}") is not None and panel.rows[f"{REPO}/{FILE}"].bar.value() > 0,
+                    timeout=WAIT)
+    row = panel.rows[f"{REPO}/{FILE}"]
+    qtbot.mouseClick(row.cancel_button, Qt.MouseButton.LeftButton)
+    wait_for_state(qtbot, session, "cancelled")
+    assert not row.cancel_button.isVisible() and not row.resume_button.isVisible()
+    downloads = tmp_path / "data" / "downloads"
+    assert not list(downloads.glob("*.part")) and not (tmp_path / "data" / "models").exists()
+
+
+def test_a_failed_download_says_why(qtbot, models_page, hub):
+    session = models_page
+    panel = search_and_pick(qtbot, session)
+    hub.faults.status = 403
+    with qtbot.waitSignal(session.downloads.failed, timeout=WAIT) as failed:
+        qtbot.mouseClick(panel.download_button, Qt.MouseButton.LeftButton)
+    assert failed.args[0] == f"{REPO}/{FILE}" and "needs permission (403)" in failed.args[1]
+    assert "needs permission (403)" in panel.message.text()
+    row = wait_for_state(qtbot, session, "failed")
+    assert "needs permission" in row.detail.text() and row.resume_button.isVisible()
+
+
+def test_a_hub_error_is_shown(qtbot, models_page):
+    bridge, panel = models_page.downloads, models_page.window.downloads_panel
+    with qtbot.waitSignal(bridge.failed, timeout=WAIT) as failed:
+        bridge.list_files("nobody/nothing", 4096)
+    assert failed.args[0] == "nobody/nothing" and "was not found" in failed.args[1]
+    assert "was not found" in panel.message.text()
+
+
+def test_recommended_models_are_listed_first(models_page):
+    panel = models_page.window.downloads_panel
+    assert panel.repos.count() >= 3 and panel.message.text() == "Recommended models"
+    assert panel.repos.item(0).data(Qt.ItemDataRole.UserRole) == "Qwen/Qwen2.5-0.5B-Instruct-GGUF"
+
+
+def place_downloaded(session, name="acme/Kept-GGUF/kept.gguf"):
+    path = session.data / "models" / name
+    write_tiny_gguf(path, name="Kept")
+    session.window.show_page("models")
+    return str(path)
+
+
+def select_model(session, path):
+    page = session.window.models_page
+    (item,) = [page.list.item(i) for i in range(page.list.count()) if page.list.item(i).data(Qt.ItemDataRole.UserRole) == path]
+    page.list.setCurrentItem(item)
+    return page
+
+
+def test_remove_a_downloaded_model_after_confirming(qtbot, models_page):
+    session = models_page
+    path = place_downloaded(session)
+    asked = []
+    session.window.confirm = lambda title, text: asked.append(text) or False
+    page = select_model(session, path)
+    qtbot.mouseClick(page.remove_button, Qt.MouseButton.LeftButton)
+    assert asked == [f"Remove acme/Kept-GGUF/kept.gguf?\n\nHearth will delete {path} (0.00 GB)."]
+    assert (session.data / "models" / "acme/Kept-GGUF/kept.gguf").exists()  # declined: nothing happened
+    session.window.confirm = lambda title, text: True
+    qtbot.mouseClick(page.remove_button, Qt.MouseButton.LeftButton)
+    assert not (session.data / "models" / "acme").exists()
+    assert path not in [page.list.item(i).data(Qt.ItemDataRole.UserRole) for i in range(page.list.count())]
+    assert session.window.statusBar().currentMessage() == "Removed acme/Kept-GGUF/kept.gguf."
+
+
+def test_removal_is_refused_for_the_built_in_and_the_loaded_model(qtbot, models_page):
+    session = models_page
+    session.window.confirm = lambda title, text: pytest.fail("must not ask")
+    path = place_downloaded(session)
+    with qtbot.waitSignal(session.controller.model_changed, timeout=WAIT):
+        session.controller.set_model(path)
+    session.window.show_page("models")
+    page = select_model(session, path)
+    qtbot.mouseClick(page.remove_button, Qt.MouseButton.LeftButton)
+    assert session.window.statusBar().currentMessage() == "This model is loaded. Use another model first, then remove it."
+    assert (session.data / "models" / "acme/Kept-GGUF/kept.gguf").exists()
+    page = select_model(session, session.controller.builtin_path)  # not loaded now
+    qtbot.mouseClick(page.remove_button, Qt.MouseButton.LeftButton)
+    assert "ships with Hearth" in session.window.statusBar().currentMessage()
+
+
+def test_progress_from_the_download_thread_is_coalesced_on_the_gui_thread(qtbot, hub, tmp_path):
+    """Bytes keep flowing while the GUI thread is busy; it then gets one update per download, the newest."""
+    callbacks = []
+    manager = DownloadManager(tmp_path / "data", HubClient(), progress_interval=0.0)
+    bridge = DownloadsBridge(manager)
+    seen = []
+    bridge.download_changed.connect(lambda p: seen.append((p["state"], p["downloaded"])))
+    try:
+        manager.start(REPO, FILE, on_progress=lambda p: (callbacks.append(p.state), bridge._on_progress(p)))
+        # the GUI thread is blocked here while the download runs to the end
+        assert manager.wait(f"{REPO}/{FILE}", timeout=60).state == "completed" and seen == []
+        qtbot.waitUntil(lambda: bool(seen) and seen[-1][0] == "completed", timeout=WAIT)
+        assert len(callbacks) > 40 and len(seen) == 1  # 48 chunks' callbacks, one GUI update
+    finally:
+        bridge.shutdown()
+
+
+@pytest.mark.slow
+def test_the_previous_model_s_memory_is_returned_after_a_switch(qtbot, tmp_path):
+    from app.paths import builtin_model_path
+    from app.worker import EngineHost
+    from tests.model_store import model_path
+
+    big = model_path("qwen25coder")
+    host = EngineHost()
+    try:
+        with qtbot.waitSignal(host.loaded, timeout=300000) as first:
+            host.load(str(big), 2048)
+        with qtbot.waitSignal(host.loaded, timeout=300000) as second:
+            host.load(str(builtin_model_path()), 2048)
+    finally:
+        host.shutdown()
+    a, b = first.args[0], second.args[0]
+    grown = a["rss_after"] - a["rss_before"]
+    returned = a["rss_after"] - b["rss_before"]
+    expected = a["estimate"]["weights"] + a["estimate"]["overhead"]
+    size = big.stat().st_size
+    print(f"\nqwen2.5-coder 0.5B ({size / 2**20:.0f} MiB file): estimate for weights and runtime "
+          f"{expected / 2**20:.0f} MiB, RSS grew {grown / 2**20:.0f} MiB on load; after the switch "
+          f"{returned / 2**20:.0f} MiB were returned")
+    assert grown >= 0.9 * size  # the weights were paged in, so the measurement holds them
+    assert returned >= 0.9 * size  # Model.close() and dropping the model unmapped the file
+
+
+@pytest.mark.slow
+def test_the_models_page_shows_the_estimate_next_to_the_measured_load(qtbot, make_session):
+    session = make_session()
+    if not session.controller.model_info:
+        with qtbot.waitSignal(session.controller.model_changed, timeout=300000):
+            pass
+    info = session.controller.model_info
+    session.window.show_page("models")
+    text = session.window.models_page.current.text()
+    measured = (info["rss_after"] - info["rss_before"]) / 2**20
+    assert f"measured {measured:+,.0f} MB when loaded" in text and "KV cache up to" in text
+    assert info["estimate"]["weights"] > 0 and len(info["sha256"]) == 64

@@ -88,7 +88,7 @@ static int compare(const char *isa, int type, int rows, int cols, int n) {
 }
 
 int main(void) {
-    static const int ns[] = {1, 2, 3, 4, 5, 9};
+    static const int ns[] = {1, 2, 3, 4, 5, 6, 7, 9};
     int failures = 0, checked = 0;
     hk_pool_set_threads(2);
     for (size_t i = 0; i < sizeof ISAS / sizeof ISAS[0]; i++) {

@@ -101,7 +101,7 @@ def test_supported_types_are_the_extension_types():
         assert frozenset(kernels._ext.supported_types()) == kernels.SUPPORTED_TYPES
 
 
-@pytest.mark.parametrize("n", [1, 2, 7, 64])
+@pytest.mark.parametrize("n", [1, 2, 7, 13, 64])
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
 def test_matmul_matches_reference(qtype, n):
     rng = np.random.default_rng([int(qtype), n])

@@ -15,7 +15,8 @@ enum {
 
 #define HK_QK 32    /* elements per block of the legacy types (and of Q8_32 activations) */
 #define HK_QK_K 256 /* elements per super-block of the K and ternary types (and of Q8_K activations) */
-#define HK_MAX_NT 4 /* tokens per tile: each weight block is decoded once per tile */
+#define HK_MAX_NT 8 /* most tokens per tile: each weight block is decoded once per tile */
+#define HK_TILE 4   /* the usual tile: what 16 vector registers hold */
 
 /* How a weight type wants its activations. */
 typedef enum { HK_ACT_F32, HK_ACT_Q8_32, HK_ACT_Q8_K } hk_act_kind;
@@ -49,6 +50,7 @@ typedef void (*hk_quantK_fn)(const float *x, int cols, int8_t *qs, float *d, int
 typedef struct {
     const char *name;
     hk_dot_fn dot[HK_NTYPES]; /* NULL: use the scalar kernel */
+    int tile[HK_NTYPES];      /* tokens per tile, at most HK_MAX_NT (0: HK_TILE); more where it measured faster */
     hk_quant32_fn quant32;    /* NULL: use the scalar one */
     hk_quantK_fn quantK;
 } hk_isa;

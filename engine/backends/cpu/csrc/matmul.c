@@ -100,6 +100,8 @@ const char *hk_usable_isa_names(void) {
 
 static hk_dot_fn dot_for(int type) { return ACTIVE->dot[type] ? ACTIVE->dot[type] : hk_isa_scalar.dot[type]; }
 
+static int tile_for(int type) { return ACTIVE->dot[type] && ACTIVE->tile[type] ? ACTIVE->tile[type] : HK_TILE; }
+
 /* -- scratch: quantized activations of every token, grown on demand and never shrunk */
 
 static void *SCRATCH;
@@ -150,7 +152,7 @@ typedef struct {
     hk_act_kind kind;
     const uint8_t *w;
     ptrdiff_t w_stride;
-    int nb, rows, cols, n, chunk;
+    int nb, rows, cols, n, chunk, tile;
     const float *x;
     uint8_t *act_mem;
     size_t act_size;
@@ -163,12 +165,12 @@ static void quantize_task(void *ctx, int t) {
     quantize_token(j->kind, j->x + (size_t)t * j->cols, j->cols, j->act_mem + (size_t)t * j->act_size, &j->acts[t]);
 }
 
-/* One chunk of rows against every token, HK_MAX_NT tokens at a time; the chunk stays in L1/L2 across tiles. */
+/* One chunk of rows against every token, a tile of tokens at a time; the chunk stays in L1/L2 across tiles. */
 static void rows_task(void *ctx, int task) {
     mm_job *j = ctx;
     int r0 = task * j->chunk, r1 = r0 + j->chunk < j->rows ? r0 + j->chunk : j->rows;
-    for (int t0 = 0; t0 < j->n; t0 += HK_MAX_NT) {
-        int nt = j->n - t0 < HK_MAX_NT ? j->n - t0 : HK_MAX_NT;
+    for (int t0 = 0; t0 < j->n; t0 += j->tile) {
+        int nt = j->n - t0 < j->tile ? j->n - t0 : j->tile;
         for (int r = r0; r < r1; r++)
             j->dot(j->nb, j->w + (ptrdiff_t)r * j->w_stride, j->acts + t0, nt, j->out + (size_t)t0 * j->rows + r, j->rows);
     }
@@ -191,7 +193,7 @@ static int chunk_rows(int rows, int n, size_t row_bytes) {
 
 int hk_matmul(int type, const uint8_t *w, ptrdiff_t w_stride, int rows, int cols, const float *x, int n, float *out) {
     const hk_type *ti = hk_type_info(type);
-    mm_job j = {.dot = dot_for(type), .kind = ti->act, .w = w, .w_stride = w_stride, .nb = cols / ti->block,
+    mm_job j = {.dot = dot_for(type), .kind = ti->act, .tile = tile_for(type), .w = w, .w_stride = w_stride, .nb = cols / ti->block,
                 .rows = rows, .cols = cols, .n = n, .x = x, .out = out};
     if (rows == 0 || n == 0) return 0;
     j.act_size = act_bytes(j.kind, cols);

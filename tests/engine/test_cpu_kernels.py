@@ -204,6 +204,10 @@ def test_bad_arguments_raise_clear_errors():
         kernels.matmul(w, T.Q8_0, x, out=np.zeros((2, 5), np.float32))
     with pytest.raises(ValueError, match="blocks"):
         kernels.matmul(w[:, :30], T.Q8_0, x)
+    square = random_weights(T.F32, 64, 64, rng)
+    shared = np.zeros((2, 64), np.float32)
+    with pytest.raises(ValueError, match="share memory"):
+        kernels.matmul(square, T.F32, shared, out=shared)
     with pytest.raises(IndexError):
         kernels.get_rows(w, T.Q8_0, [4])
     with pytest.raises(ValueError):

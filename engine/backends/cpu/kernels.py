@@ -95,7 +95,8 @@ def matmul(w: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray | None = No
         w: uint8 (rows, row_bytes), each row whole blocks of qtype (a view into the model's memory map).
         qtype: the GGML type id of the blocks; one of SUPPORTED_TYPES.
         x: float32 (n, cols), C-contiguous.
-        out: optional float32 (n, rows), C-contiguous, written in place (no allocation).
+        out: optional float32 (n, rows), C-contiguous, written in place (no allocation); not sharing
+            memory with x.
 
     Returns:
         float32 (n, rows); ``out`` when given.
@@ -158,6 +159,8 @@ def _numpy_matmul(w: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray | No
         return result
     if out.dtype != np.float32 or out.shape != result.shape:
         raise ValueError(f"out must be a writeable C-contiguous float32 array {result.shape}")
+    if np.shares_memory(out, x):
+        raise ValueError("out must not share memory with x")
     out[...] = result
     return out
 

@@ -76,6 +76,11 @@ static PyObject *py_matmul(PyObject *self, PyObject *args, PyObject *kw) {
             return NULL;
         }
         out = (PyArrayObject *)outobj;
+        const char *o = PyArray_BYTES(out), *xb = PyArray_BYTES(x);
+        if (o < xb + PyArray_NBYTES(x) && xb < o + PyArray_NBYTES(out)) { /* x is read while out is written */
+            PyErr_SetString(PyExc_ValueError, "out must not share memory with x");
+            return NULL;
+        }
         Py_INCREF(out);
     }
     const uint8_t *w = (const uint8_t *)PyArray_BYTES((PyArrayObject *)wobj);

@@ -216,8 +216,10 @@ class EngineWorker(QObject):
 
     def _switch(self, conversation_id: int | None) -> None:
         if self._model is not None and conversation_id is not None and conversation_id != self._states.owner:
-            emit(self.progress, "Switching conversation…")
-            self._states.switch(conversation_id)
+            restored = self._states.switch(conversation_id)
+            if restored:
+                emit(self.progress, f"Restored the conversation's state ({restored['restored_tokens']:,} tokens "
+                                    f"from {restored['restored_from']})")
             self._probe.model_changed(self._model)  # the KV cache now holds that conversation
 
     def _close_model(self) -> None:

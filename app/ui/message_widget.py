@@ -24,6 +24,10 @@ def stats_text(message: Message) -> str:
         parts.append(f"{s['prefill_s']:.2f} s to first token")
         if s.get("decode_tps"):
             parts.append(f"{s['decode_tps']:.1f} tok/s")
+    if s.get("cached_tokens"):  # the KV cache of the history was reused (restored from a snapshot: where from)
+        where = {"memory": "memory", "disk": "disk", "file": "a saved state"}.get(s.get("restored_from"))
+        parts.append(f"{s['cached_tokens']:,} of {s.get('prompt_tokens', 0):,} prompt tokens cached"
+                     + (f" (restored from {where})" if where else ""))
     if s.get("finish_reason") in ("length", "context"):
         parts.append("hit the length limit" if s["finish_reason"] == "length" else "context full")
     if s.get("dropped"):

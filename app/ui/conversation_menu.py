@@ -46,6 +46,7 @@ class ConversationMenu(QToolButton):
         self.setToolTip("Export, import, save or restore state")
         self.setAutoRaise(True)
         self.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        self.setStyleSheet("QToolButton::menu-indicator { image: none; width: 0px; }")
         self.title = "conversation"
         self.ask_path: AskPath = lambda title, suggested, kind: ask_path_with_dialog(self, title, suggested, kind)
         menu = QMenu(self)

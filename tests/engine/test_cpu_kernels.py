@@ -233,6 +233,7 @@ def _usable_isas() -> list[str]:
     return [isa for isa, needs in ISA_REQUIREMENTS.items() if all(features[f] for f in needs)]
 
 
+@pytest.mark.slow
 def test_every_isa_and_the_numpy_fallback_pass_this_suite():
     """Rerun the fast tests of this file in a subprocess per ISA (scalar included) and with the extension off."""
     if os.environ.get(kernels.ISA_ENV):

@@ -1,0 +1,302 @@
+"""The Dashboard page: live charts of the engine and the machine, the loaded model's memory, recent answers.
+
+It renders what ``Telemetry`` collected and samples nothing itself; while it is hidden it asks for no
+detailed samples and draws nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (QComboBox, QFileDialog, QFrame, QGridLayout, QHBoxLayout, QHeaderView, QLabel,
+                               QPushButton, QScrollArea, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+
+from ..qt_compat import emit
+from ..generation_history import COLUMNS, GenerationRecord, export_csv
+from ..telemetry import THERMAL_LEVELS, EngineSample, MemoryBreakdown, SystemSample, Telemetry, format_bytes
+from .charts import ChartCard, Line, StackedBar, TimeChart, legend_html, nice_ceiling
+from .theme import NOTICE_COLORS
+
+WINDOWS_S = (60, 120, 300)
+HISTORY_ROWS = 50
+EXPORT_LIMIT = 100_000
+
+GenerationLoader = Callable[[int], list[GenerationRecord]]  # (most rows) -> newest first
+
+
+class MemoryView(QWidget):
+    """The loaded model's share of the process memory, and its KV cache: used, allocated, maximum."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.process_bar, self.kv_bar = StackedBar(), StackedBar()
+        self.process_text, self.kv_title, self.kv_text, self.warning = QLabel(), QLabel("KV cache"), QLabel(), QLabel()
+        self.kv_title.setObjectName("cardTitle")
+        for label in (self.process_text, self.kv_text, self.warning):
+            label.setTextFormat(Qt.TextFormat.RichText)
+            label.setWordWrap(True)
+        self.kv_text.setObjectName("cardLegend")
+        self.warning.setStyleSheet(f"color: {NOTICE_COLORS['warning']};")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 4, 0, 0)
+        layout.setSpacing(4)
+        for widget in (self.process_bar, self.process_text, self.kv_title, self.kv_bar, self.kv_text, self.warning):
+            layout.addWidget(widget)
+        layout.addStretch(1)
+
+    def show_breakdown(self, b: MemoryBreakdown | None, warnings: list[str]) -> None:
+        if b is None:
+            self.process_bar.set_parts([])
+            self.kv_bar.set_parts([])
+            self.process_text.setText("No model is loaded.")
+            self.kv_text.setText("")
+        else:
+            self.process_bar.set_parts([(b.weights_bytes, "weights", False), (b.kv_allocated_bytes, "kv", False),
+                                        (b.scratch_bytes, "scratch", False), (b.other_bytes, "other", False)])
+            self.process_text.setText(legend_html([("weights", f"weights {format_bytes(b.weights_bytes)}"),
+                                             ("kv", f"KV cache {format_bytes(b.kv_allocated_bytes)}"),
+                                             ("scratch", f"scratch {format_bytes(b.scratch_bytes)}"),
+                                             ("other", f"other {format_bytes(b.other_bytes)}")]))
+            used = min(b.kv_used_bytes, b.kv_allocated_bytes)
+            self.kv_bar.set_parts([(used, "kv", False), (b.kv_allocated_bytes - used, "kv", True)], b.kv_max_bytes)
+            self.kv_text.setText(
+                f"{b.kv_used_positions:,} of {b.n_ctx:,} positions used ({format_bytes(b.kv_used_bytes)}) · "
+                f"{format_bytes(b.kv_allocated_bytes)} allocated · {format_bytes(b.kv_max_bytes)} at the full context")
+        self.warning.setText("<br>".join(f"⚠ {w}" for w in warnings))
+        self.warning.setVisible(bool(warnings))
+
+
+class DashboardPage(QScrollArea):
+    """Charts, memory and recent answers; draws once a second while shown.
+
+    Signals:
+        export_finished(str): a readable line saying where the CSV was written, or why it was not.
+    """
+
+    export_finished = Signal(str)
+
+    def __init__(self, telemetry: Telemetry, load_generations: GenerationLoader, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.telemetry = telemetry
+        self.load_generations = load_generations
+        self.model_info: dict = {}
+        self.setObjectName("dashboard")
+        self.setWidgetResizable(True)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self._build()
+        telemetry.system_sampled.connect(self._on_system)
+        telemetry.engine_sampled.connect(self._on_engine)
+
+    # -- building ------------------------------------------------------------------------------------
+    def _build(self) -> None:
+        body = QWidget()
+        body.setObjectName("dashboardBody")
+        layout = QVBoxLayout(body)
+        layout.setContentsMargins(20, 14, 20, 16)
+        layout.setSpacing(10)
+        layout.addLayout(self._header())
+        grid = QGridLayout()
+        grid.setSpacing(10)
+        self.charts = self._make_charts()
+        self.cards = {name: ChartCard(title, chart) for name, (title, chart) in self.charts.items()}
+        self.memory_view = MemoryView()
+        self.cards["memory"] = ChartCard("Model memory", self.memory_view)
+        order = ("decode", "prefill", "cpu", "thermal", "process", "system", "limits", "memory")
+        for i, name in enumerate(order):
+            grid.addWidget(self.cards[name], i // 4, i % 4)
+        for column in range(4):
+            grid.setColumnStretch(column, 1)
+        self.cards["limits"].setToolTip("Solid: what the engine uses now (the app runs one answer at a time with "
+                                        "128-token prefill chunks). Dashed: what the thermal policy would allow.")
+        layout.addLayout(grid)
+        layout.addWidget(self._history_card())
+        self.setWidget(body)
+
+    def _header(self) -> QHBoxLayout:
+        title = QLabel("Live dashboard")
+        title.setObjectName("pageTitle")
+        self.subtitle = QLabel("No model loaded")
+        self.subtitle.setObjectName("cardLegend")
+        self.window_box = QComboBox()
+        for seconds in WINDOWS_S:
+            self.window_box.addItem(f"Last {seconds // 60} min" if seconds >= 60 else f"Last {seconds} s", seconds)
+        self.window_box.setCurrentIndex(WINDOWS_S.index(120))
+        self.window_box.currentIndexChanged.connect(lambda _: self.set_window(self.window_box.currentData()))
+        header = QHBoxLayout()
+        header.addWidget(title)
+        header.addSpacing(12)
+        header.addWidget(self.subtitle, 1, Qt.AlignmentFlag.AlignBottom)
+        header.addWidget(self.window_box)
+        return header
+
+    def _make_charts(self) -> dict[str, tuple[str, TimeChart]]:
+        cores = self.telemetry.sampler.cpu_count
+        return {
+            "decode": ("Decode speed", TimeChart([Line("decode_tps", "decode")], "tok/s", y_floor=10)),
+            "prefill": ("Prompt processing", TimeChart([Line("prefill_tps", "prefill", step=True, markers=True)],
+                                                       "tok/s", y_floor=100)),
+            "cpu": ("CPU", TimeChart([Line("cpu_system", "system"), Line("cpu_process", "hearth")],
+                                     f"% of {cores} cores", y_max=100)),
+            "thermal": ("Thermal state", TimeChart([Line("thermal", "thermal", step=True)], "",
+                                                   levels=[s.value for s in THERMAL_LEVELS])),
+            "process": ("Hearth memory", TimeChart(
+                [Line("rss", "hearth", 1e-6), Line("kv_allocated", "kv", 1e-6, step=True),
+                 Line("device_active_bytes", "device", 1e-6), Line("device_peak_bytes", "device", 1e-6, dashed=True),
+                 Line("device_cache_bytes", "other", 1e-6)], "MB", y_floor=100)),
+            "system": ("System memory", TimeChart([Line("system_used", "system", 1e-9),
+                                                   Line("system_available", "available", 1e-9)], "GB")),
+            "limits": ("Engine limits", TimeChart(
+                [Line("allowed_chunk", "chunk", step=True, dashed=True), Line("prefill_chunk", "chunk", step=True),
+                 Line("allowed_batch", "batch", step=True, dashed=True, right=True),
+                 Line("batch", "batch", step=True, right=True)],
+                "tokens", y_max=640, y_ticks=6, right_title="sequences", right_max=16)),
+        }
+
+    def _history_card(self) -> ChartCard:
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels([header for _, _, header in COLUMNS])
+        self.table.verticalHeader().hide()
+        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.table.setSelectionBehavior(QTableWidget.SelectionBehavior.SelectRows)
+        self.table.setAlternatingRowColors(True)
+        self.table.setShowGrid(False)
+        self.table.setMinimumHeight(110)
+        head = self.table.horizontalHeader()
+        head.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        head.setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
+        card = ChartCard("Recent answers", self.table)
+        self.export_status = QLabel()
+        self.export_status.setObjectName("cardLegend")
+        self.export_button = QPushButton("Export CSV…")
+        self.export_button.clicked.connect(self._ask_export)
+        card.header.addWidget(self.export_status)
+        card.header.addWidget(self.export_button)
+        card.legend.hide()
+        self.table.setToolTip("Per answer: prompt tokens in (and how many were reused from the prompt cache), tokens "
+                              "out, time to first token, prompt processing and decode speed")
+        return card
+
+    # -- state from outside --------------------------------------------------------------------------
+    def set_model(self, info: dict) -> None:
+        """The loaded model's info (name, backend, n_ctx), or {} when none is loaded."""
+        self.model_info = dict(info)
+        if info:
+            self.subtitle.setText(f"{info.get('name', 'Model')} · {info.get('backend') or 'unknown'} backend · "
+                                  f"context {info.get('n_ctx', 0):,} tokens")
+        else:
+            self.subtitle.setText("No model loaded")
+
+    def set_window(self, seconds: int) -> None:
+        for _, chart in self.charts.values():
+            chart.set_window(seconds)
+        if self.isVisible():
+            self.redraw()
+
+    def refresh_generations(self) -> None:
+        """Reload the recent answers (call after an answer finishes)."""
+        if self.isVisible():
+            self._fill_table(self.load_generations(HISTORY_ROWS))
+
+    # -- rendering -----------------------------------------------------------------------------------
+    def showEvent(self, event) -> None:  # noqa: N802
+        super().showEvent(event)
+        self.telemetry.watch("dashboard", True, detailed=True)  # samples at once, which redraws
+        self._fill_table(self.load_generations(HISTORY_ROWS))
+
+    def hideEvent(self, event) -> None:  # noqa: N802
+        self.telemetry.watch("dashboard", False)
+        super().hideEvent(event)
+
+    def _on_system(self, sample: SystemSample) -> None:
+        if self.isVisible():
+            self.redraw()
+
+    def _on_engine(self, sample: EngineSample) -> None:
+        if self.isVisible() and self.telemetry.system is not None:
+            self._show_values()
+
+    def redraw(self) -> None:
+        """Draw every chart and value from the telemetry collected so far."""
+        system = self.telemetry.system
+        if system is None:
+            return
+        self.charts["system"][1].set_y_max(nice_ceiling(system.total_bytes / 1e9))
+        for _, chart in self.charts.values():
+            chart.render(self.telemetry.history, system.time)
+        self._show_values()
+
+    def _show_values(self) -> None:
+        t, s, e = self.telemetry, self.telemetry.system, self.telemetry.engine
+        cards = self.cards
+        cards["decode"].set_legend([("decode", _decode_text(t.decode_tps(), e))])
+        cards["prefill"].set_legend([("prefill", _prefill_text(e))])
+        cards["cpu"].set_legend([("hearth", f"Hearth {s.process_cpu_percent:.0f}%"),
+                                 ("system", f"system {s.system_cpu_percent:.0f}%")])
+        cards["thermal"].set_legend([("thermal", _thermal_text(s))])
+        cards["thermal"].setToolTip(f"Thermal state from {s.thermal_source}")
+        cards["process"].set_legend(_process_items(s, e))
+        cards["system"].set_legend([("system", f"used {format_bytes(s.used_bytes)}"),
+                                    ("available", f"available {format_bytes(s.available_bytes)}")])
+        chunk = f"chunk {e.prefill_chunk or '–'} (≤ {s.allowed_prefill_chunk})"
+        cards["limits"].set_legend([("chunk", chunk), ("batch", f"batch {e.batch} (≤ {s.allowed_batch})")])
+        self.memory_view.show_breakdown(t.breakdown(), t.warnings())
+
+    def _fill_table(self, records: list[GenerationRecord]) -> None:
+        self.table.setRowCount(len(records))
+        for row, record in enumerate(records):
+            for column, text in enumerate(record.cells()):
+                item = QTableWidgetItem(text)
+                if column >= 3 and column != len(COLUMNS) - 1:
+                    item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+                self.table.setItem(row, column, item)
+
+    # -- export --------------------------------------------------------------------------------------
+    def _ask_export(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Export recent answers", "hearth-answers.csv", "CSV (*.csv)")
+        if path:
+            self.export_to(path)
+
+    def export_to(self, path: str) -> None:
+        """Write every recorded answer's stats to ``path`` as CSV."""
+        try:
+            rows = export_csv(self.load_generations(EXPORT_LIMIT), path)
+        except OSError as exc:
+            text = f"Could not write {path}: {exc.strerror or exc}"
+        else:
+            text = f"Saved {rows:,} answers to {path.replace(chr(92), '/').rsplit('/', 1)[-1]}"
+        self.export_status.setText(text)
+        emit(self.export_finished, text)
+
+
+def _decode_text(rate: float, e: EngineSample) -> str:
+    if e.phase == "decode":
+        return f"{rate:.1f} tok/s · {e.generated_tokens:,} tokens"
+    if e.phase == "prefill":
+        return "reading the prompt…"
+    return "idle" + (f" · last answer {(e.generated_tokens - 1) / e.decode_s:.1f} tok/s"
+                     if e.decode_s > 0 and e.generated_tokens > 1 else "")
+
+
+def _prefill_text(e: EngineSample) -> str:
+    if e.prefill_s <= 0:
+        return "reading the prompt…" if e.phase == "prefill" else "no prompt yet"
+    computed = e.prompt_tokens - e.cached_tokens
+    return f"{e.prefill_tps:,.0f} tok/s · {computed:,} tokens · {e.cached_tokens:,} cached"
+
+
+def _thermal_text(s: SystemSample) -> str:
+    if s.thermal.value == "unknown":
+        return "unknown (no usable sensor)"
+    return s.thermal.value
+
+
+def _process_items(s: SystemSample, e: EngineSample) -> list[tuple[str, str]]:
+    items = [("hearth", f"Hearth {format_bytes(s.rss_bytes)}")]
+    if e.kv is not None:
+        items.append(("kv", f"KV {format_bytes(e.kv.allocated_bytes)}"))
+    if e.device_active_bytes is not None:
+        items.append(("device", f"MLX active {format_bytes(e.device_active_bytes)} "
+                                f"(peak {format_bytes(e.device_peak_bytes or 0)})"))
+        items.append(("other", f"MLX cache {format_bytes(e.device_cache_bytes or 0)}"))
+    return items

@@ -108,6 +108,7 @@ def style_sheet(palette: QPalette) -> str:
     dark = is_dark(palette)
     c = {
         "rail": mix(window, text, 0.08), "side": mix(window, text, 0.04), "line": mix(window, text, 0.14),
+        "window": window, "card_line": mix(window, text, 0.1),
         "checked": mix(mix(window, text, 0.08), accent, 0.3), "selected": mix(window, accent, 0.25),
         "bubble": mix(window, accent, 0.18 if dark else 0.09), "muted": tone(palette, "muted"),
         "code": mix(base, text, 0.05), "code_line": mix(base, text, 0.15), "base": base, "accent": accent,
@@ -131,6 +132,10 @@ def style_sheet(palette: QPalette) -> str:
         #modelList::item {{ padding: 8px 6px; }}
         #userMessage {{ background: {n['bubble']}; border-radius: 10px; }}
         #stats, #meterLabel, #codeLanguage, #emptyState {{ color: {n['muted']}; }}
+        #dashboardBody {{ background: {n['window']}; }}
+        #chartCard {{ background: {n['base']}; border: 1px solid {n['card_line']}; border-radius: 8px; }}
+        #cardTitle {{ font-weight: 600; }}
+        #cardLegend, #stripItem {{ color: {n['muted']}; }}
         #messageError {{ color: {n['error']}; }}
         QTextBrowser#prose {{ background: transparent; }}
         #codeBlock {{ background: {n['code']}; border: 1px solid {n['code_line']}; border-radius: 6px; }}

@@ -179,8 +179,10 @@ class SystemSampler:
             self._thermal, self._thermal_at = self.provider.read(), now
         self.policy.update(now, self._thermal)
         limits, vm = self.policy.limits, psutil.virtual_memory()
-        return SystemSample(now, self.process.memory_info().rss, self.process.cpu_percent(None) / self.cpu_count,
-                            psutil.cpu_percent(None), int(vm.total), int(vm.available), self._thermal,
+        # psutil divides by the time since the previous call; right after it that is noise, so clamp
+        process_cpu = min(100.0, self.process.cpu_percent(None) / self.cpu_count)
+        return SystemSample(now, self.process.memory_info().rss, process_cpu,
+                            min(100.0, psutil.cpu_percent(None)), int(vm.total), int(vm.available), self._thermal,
                             self.provider.reason or self.provider.name, limits.prefill_chunk, limits.max_batch)
 
 

@@ -15,6 +15,9 @@ from .app_session import AppSession
 from .ui.theme import dark_palette
 
 PROMPT = "Hello! Who are you?"
+DASHBOARD_PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
+DASHBOARD_AFTER_S = 6  # of decoding (or half the tokens) before dashboard.png, so its charts show an answer
+DASHBOARD_MAX_TOKENS = 600
 TIMEOUT_S = 600
 
 
@@ -34,6 +37,7 @@ class SmokeTest(QObject):
         self.chunks = 0
         self.pages: dict[str, str] = {}  # screenshot name -> file
         self.sent_at = self.first_text_at = None
+        self.transcript: dict | None = None  # set once the first answer is captured; then the dashboard's turn
         self._deadline = QTimer(self, singleShot=True, interval=TIMEOUT_S * 1000)
         self._deadline.timeout.connect(lambda: self._fail(f"no answer within {TIMEOUT_S} s"))
 
@@ -75,6 +79,9 @@ class SmokeTest(QObject):
             self.pages["chat-streaming"] = self._grab("chat-streaming")
 
     def _on_finished(self, message_id: int, stats: dict) -> None:
+        if self.transcript is not None:
+            self._finish_dashboard(stats)
+            return
         if "error" in stats:
             self._fail(stats["error"])
             return
@@ -87,29 +94,58 @@ class SmokeTest(QObject):
             self._fail("the model answered with empty text")
             return
         pages = self.pages
-        for name in window.pages:
+        for name in (name for name in window.pages if name != "dashboard"):  # that one while an answer streams
             window.show_page(name)
             pages[name] = self._grab(name)
         window.show_page("chat")
         window.settings_button.setChecked(True)
         pages["chat-settings"] = self._grab("chat-settings")
         window.settings_button.setChecked(False)
-        app = QApplication.instance()
-        old_palette, old_style = app.palette(), app.style().name()
-        app.setStyle("Fusion")
-        app.setPalette(dark_palette())
-        pages["chat-dark"] = self._grab("chat-dark")
-        app.setPalette(old_palette)
-        app.setStyle(old_style)
-        transcript = {
+        pages["chat-dark"] = self._grab_dark("chat-dark")
+        self.transcript = {
             "prompt": PROMPT, "reply": reply, "stats": stats, "model": self.session.controller.model_info,
             "load_s": round(self.loaded_at - self.started_at, 3) if self.loaded_at else None,
             "ui_time_to_first_text_s": round(self.first_text_at - self.sent_at, 3) if self.first_text_at else None,
             "ui_text_updates": self.chunks, "screenshots": pages,
         }
-        (self.out / "transcript.json").write_text(json.dumps(transcript, indent=2, ensure_ascii=False))
+        c = self.session.controller
+        c.update_settings(dataclasses.replace(c.settings(), max_tokens=DASHBOARD_MAX_TOKENS))
+        window.show_page("dashboard")
+        self.session.telemetry.engine_sampled.connect(self._on_engine_sample)
+        c.send(DASHBOARD_PROMPT)
+
+    def _on_engine_sample(self, sample) -> None:
+        streamed = sample.phase == "decode" and (sample.decode_s >= DASHBOARD_AFTER_S
+                                                 or sample.generated_tokens >= DASHBOARD_MAX_TOKENS // 2)
+        if streamed and "dashboard" not in self.pages:
+            self._grab_dashboard()
+
+    def _grab_dashboard(self) -> None:
+        telemetry = self.session.telemetry
+        self.pages["dashboard"] = self._grab("dashboard")
+        self.pages["dashboard-dark"] = self._grab_dark("dashboard-dark")
+        self.transcript["dashboard"] = {"decode_tps": round(telemetry.decode_tps(), 2),
+                                        "system_samples": telemetry.samples_taken}
+        self.session.controller.stop()
+
+    def _finish_dashboard(self, stats: dict) -> None:
+        if "dashboard" not in self.pages:
+            self._fail(f"the dashboard's answer ended before its screenshot: {stats}")
+            return
+        (self.out / "transcript.json").write_text(json.dumps(self.transcript, indent=2, ensure_ascii=False))
         self.exit_code = 0
         QApplication.instance().quit()
+
+    def _grab_dark(self, name: str) -> str:
+        app = QApplication.instance()
+        old_palette, old_style = app.palette(), app.style().name()
+        app.setStyle("Fusion")
+        app.setPalette(dark_palette())
+        try:
+            return self._grab(name)
+        finally:
+            app.setPalette(old_palette)
+            app.setStyle(old_style)
 
     def _grab(self, name: str) -> str:
         app = QApplication.instance()

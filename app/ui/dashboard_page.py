@@ -12,8 +12,8 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QComboBox, QFileDialog, QFrame, QGridLayout, QHBoxLayout, QHeaderView, QLabel,
                                QPushButton, QScrollArea, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
-from ..qt_compat import emit
 from ..generation_history import COLUMNS, GenerationRecord, export_csv
+from ..qt_compat import emit
 from ..telemetry import THERMAL_LEVELS, EngineSample, MemoryBreakdown, SystemSample, Telemetry, format_bytes
 from .charts import ChartCard, Line, StackedBar, TimeChart, legend_html, nice_ceiling
 from .theme import NOTICE_COLORS
@@ -296,7 +296,7 @@ def _process_items(s: SystemSample, e: EngineSample) -> list[tuple[str, str]]:
     if e.kv is not None:
         items.append(("kv", f"KV {format_bytes(e.kv.allocated_bytes)}"))
     if e.device_active_bytes is not None:
-        items.append(("device", f"MLX active {format_bytes(e.device_active_bytes)} "
-                                f"(peak {format_bytes(e.device_peak_bytes or 0)})"))
+        peak = format_bytes(e.device_peak_bytes or 0)
+        items.append(("device", f"MLX active {format_bytes(e.device_active_bytes)} (peak {peak})"))
         items.append(("other", f"MLX cache {format_bytes(e.device_cache_bytes or 0)}"))
     return items

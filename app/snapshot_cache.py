@@ -70,9 +70,8 @@ class SnapshotCache:
         self._entries: collections.OrderedDict[tuple[int, str], CacheEntry] = collections.OrderedDict()  # oldest first
         self._lock = threading.RLock()
         self.dirs["disk"].mkdir(parents=True, exist_ok=True)
-        if self.dirs["memory"] is not None:
+        if self.dirs["memory"] is not None:  # made on first use, so a run that never parks leaves nothing there
             shutil.rmtree(self.dirs["memory"], ignore_errors=True)  # left by a run that did not close: stale
-            self.dirs["memory"].mkdir(parents=True, mode=0o700, exist_ok=True)
         self._load_disk()
 
     # -- queries -------------------------------------------------------------------------------------
@@ -110,6 +109,7 @@ class SnapshotCache:
             self.discard(conversation_id, model_sha256)
             path = self._path(tier, conversation_id, model_sha256)
             try:
+                path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
                 write(path)
             except OSError:
                 if tier == "disk":

@@ -121,6 +121,13 @@ class SnapshotCache:
             self._enforce_budgets()
             return self._entries.get((conversation_id, model_sha256), entry)
 
+    def persist(self, conversation_id: int, model_sha256: str) -> None:
+        """Move the entry to disk if it is in memory, so it survives the end of this run."""
+        with self._lock:
+            entry = self._entries.get((conversation_id, model_sha256))
+            if entry is not None and entry.tier == "memory":
+                self._demote(entry)
+
     def discard(self, conversation_id: int, model_sha256: str | None = None) -> None:
         """Forget (and delete) the conversation's snapshots, of one model or of all."""
         with self._lock:
@@ -210,8 +217,10 @@ class ConversationStates:
         self.model, self.owner, self.dirty, self._note = model, None, False, None
 
     def detach(self, tier: Tier = "memory") -> None:
-        """The model is about to close: save the live state first."""
-        self.park(tier)
+        """The model is about to close: save the live state first (for "disk", also when it is cached unchanged
+        in memory, so it outlives this run)."""
+        if self.park(tier) is None and tier == "disk" and self.cache and self.model and self.owner is not None:
+            self.cache.persist(self.owner, self.model.sha256)
         self.model, self.owner = None, None
 
     def switch(self, conversation_id: int | None) -> dict | None:

@@ -214,3 +214,37 @@ def test_a_snapshot_the_engine_refuses_is_deleted_and_the_answer_still_comes(qtb
     _, stats = answer(qtbot, host, builtin_model, 3, [{"role": "user", "content": "Hi"}], max_tokens=2)
     assert "restored_from" not in stats and stats["generated_tokens"] >= 1
     assert cache.lookup(3, sha) is None and list((tmp_path / "disk").glob("*.hearth")) == []
+
+
+class StubModel:
+    """Just enough of engine.model.Model for ConversationStates: writes and reads named snapshots."""
+
+    sha256 = A
+
+    def __init__(self):
+        self.live = None
+
+    def save_session(self, path, conversation=None):
+        path.write_text(self.live)
+
+    def load_session(self, path):
+        self.live = path.read_text()
+        return type("Session", (), {"tokens": [1] * len(self.live)})()
+
+
+def test_states_park_the_outgoing_conversation_and_restore_the_incoming_one(dirs):
+    from app.snapshot_cache import ConversationStates
+
+    disk, shm = dirs
+    states, model = ConversationStates(SnapshotCache(disk, memory_dir=shm, memory_budget=1 << 20)), StubModel()
+    states.attach(model)
+    assert states.switch(1) is None  # nothing cached yet
+    model.live = "state of 1"
+    states.changed(1)
+    assert states.switch(2) is None and model.live == "state of 1"  # 1 parked; 2 has no snapshot
+    model.live = "state of 2"
+    states.changed(2)
+    assert states.switch(1) == {"restored_from": "memory", "restored_tokens": 10} and model.live == "state of 1"
+    assert states.take_note() == {"restored_from": "memory", "restored_tokens": 10} and states.take_note() is None
+    states.detach(tier="disk")  # unchanged since restored, but only in memory: it goes to disk for the next run
+    assert {(e.conversation_id, e.tier) for e in states.cache.entries()} == {(1, "disk"), (2, "memory")}

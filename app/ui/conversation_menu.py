@@ -47,6 +47,9 @@ class ConversationMenu(QToolButton):
         self.setAutoRaise(True)
         self.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
         self.setStyleSheet("QToolButton::menu-indicator { image: none; width: 0px; }")
+        font = self.font()
+        font.setPointSizeF(font.pointSizeF() * 1.4)
+        self.setFont(font)
         self.title = "conversation"
         self.ask_path: AskPath = lambda title, suggested, kind: ask_path_with_dialog(self, title, suggested, kind)
         menu = QMenu(self)

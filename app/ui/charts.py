@@ -104,7 +104,11 @@ def legend_html(items: Sequence[tuple[str, str]]) -> str:
 
 
 class TimeChart(QChartView):
-    """Lines over the last ``window`` seconds; y from 0 to a fixed or data-grown maximum, or named levels."""
+    """Lines over the last ``window`` seconds; y from 0 to a fixed or data-grown maximum, or named levels.
+
+    Signals:
+        none of its own; it only draws.
+    """
 
     def __init__(self, lines: Sequence[Line], y_title: str, y_max: float | None = None, y_floor: float = 1.0,
                  levels: Sequence[str] = (), right_title: str = "", right_max: float | None = None,
@@ -244,7 +248,10 @@ class TimeChart(QChartView):
 class StackedBar(QWidget):
     """A horizontal bar of coloured parts: ``(value, colour key)``; ``track`` is the full length (the sum if 0).
 
-    A part with ``hatched`` colours is drawn lighter: allocated-but-unused KV cache, for instance.
+    A part marked light is drawn paler: allocated-but-unused KV cache, for instance.
+
+    Signals:
+        none.
     """
 
     def __init__(self, parent: QWidget | None = None):
@@ -287,7 +294,11 @@ class StackedBar(QWidget):
 
 
 class ChartCard(QFrame):
-    """A titled card: the title, a line of coloured values (the legend), and the chart or other content."""
+    """A titled card: the title, a line of coloured values (the legend), and the chart or other content.
+
+    Signals:
+        none.
+    """
 
     def __init__(self, title: str, content: QWidget, parent: QWidget | None = None):
         super().__init__(parent)

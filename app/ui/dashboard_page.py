@@ -26,7 +26,11 @@ GenerationLoader = Callable[[int], list[GenerationRecord]]  # (most rows) -> new
 
 
 class MemoryView(QWidget):
-    """The loaded model's share of the process memory, and its KV cache: used, allocated, maximum."""
+    """The loaded model's share of the process memory, and its KV cache: used, allocated, maximum.
+
+    Signals:
+        none.
+    """
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)

@@ -19,13 +19,16 @@ from engine.backends import BackendUnavailableError
 from engine.chat_template import TemplateError
 from engine.context import ContextOverflowError
 from engine.gguf_file import ModelFormatError
+from engine.sampling import NonFiniteLogitsError
 
 from .qt_compat import emit
 from .snapshot_cache import ConversationStates, SnapshotCache
 from .telemetry import EngineProbe
 
-# about the file, the prompt or the machine; anything else may have left the engine inconsistent
-EXPECTED_ERRORS = (ModelFormatError, BackendUnavailableError, ContextOverflowError, TemplateError, OSError)
+# about the file, the prompt or the machine; anything else may have left the engine inconsistent. A model that
+# computes NaN is a property of its file: a restart would load it and fail the same way.
+EXPECTED_ERRORS = (ModelFormatError, BackendUnavailableError, ContextOverflowError, TemplateError, OSError,
+                   NonFiniteLogitsError)
 
 COALESCE_S = 0.03  # emit streamed text at most this often, so the GUI repaints at ~30 Hz at most
 

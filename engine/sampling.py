@@ -14,6 +14,14 @@ _BIT_GENERATOR = "PCG64"
 _STATE_VERSION = 1
 
 
+class NonFiniteLogitsError(ValueError):
+    """The model's scores for the next token hold NaN or +inf (or are all -inf): no token can be chosen.
+
+    Only the model's own arithmetic produces such scores (damaged weights, or numbers that overflow in a
+    backend), so the message says so; the same input will fail the same way again.
+    """
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """How the next token is chosen. Defaults are llama.cpp's.
@@ -183,6 +191,9 @@ class Sampler:
         Returns:
             ``(token id, log-probability)``: under the final (filtered, tempered) distribution when sampling; for
             greedy decoding, the log-softmax of the model's unpenalised logits.
+
+        Raises:
+            NonFiniteLogitsError: ``logits`` hold NaN or +inf, or nothing finite is left to choose from.
         """
         logits = np.asarray(logits, dtype=np.float32)
         if logits.ndim != 1 or logits.size == 0:
@@ -267,4 +278,6 @@ def _top_k_ids(logits: np.ndarray, k: int) -> np.ndarray | None:
 
 def _check_finite(value: float) -> None:
     if not math.isfinite(value):
-        raise ValueError("no token can be sampled: the logits are all -inf or contain NaN or +inf")
+        raise NonFiniteLogitsError(
+            "the model computed NaN or infinite scores for the next token, so no token can be sampled; the model "
+            "file may be damaged, or its numbers overflow in this backend")

@@ -181,6 +181,9 @@ class EngineWorker(QObject):
             emit(self.load_failed, path, describe(exc))
             emit(self.error, request_id, f"Could not load the model: {describe(exc)}")
             return
+        if self._stopped_through >= request_id:  # stopped while the model loaded: Model.cancel could not reach it
+            emit(self.finished, request_id, {"finish_reason": "cancelled", "generated_tokens": 0})
+            return
         try:
             self._switch(conversation_id)
             self._stream(request_id, messages, options, conversation_id)

@@ -22,6 +22,9 @@ WINDOWS_S = (60, 120, 300)
 HISTORY_ROWS = 50
 EXPORT_LIMIT = 100_000
 
+CARD_ORDER = ("decode", "prefill", "cpu", "thermal", "process", "system", "limits", "memory")
+FOUR_COLUMNS_PX, TWO_COLUMNS_PX = 960, 480  # page widths from which the cards sit 4 or 2 to a row
+
 GenerationLoader = Callable[[int], list[GenerationRecord]]  # (most rows) -> newest first
 
 
@@ -100,20 +103,17 @@ class DashboardPage(QScrollArea):
         layout.setContentsMargins(20, 14, 20, 16)
         layout.setSpacing(10)
         layout.addLayout(self._header())
-        grid = QGridLayout()
-        grid.setSpacing(10)
+        self.grid = QGridLayout()
+        self.grid.setSpacing(10)
+        self.columns = 0
         self.charts = self._make_charts()
         self.cards = {name: ChartCard(title, chart) for name, (title, chart) in self.charts.items()}
         self.memory_view = MemoryView()
         self.cards["memory"] = ChartCard("Model memory", self.memory_view)
-        order = ("decode", "prefill", "cpu", "thermal", "process", "system", "limits", "memory")
-        for i, name in enumerate(order):
-            grid.addWidget(self.cards[name], i // 4, i % 4)
-        for column in range(4):
-            grid.setColumnStretch(column, 1)
+        self._arrange(4)
         self.cards["limits"].setToolTip("Solid: what the engine uses now (the app runs one answer at a time with "
                                         "128-token prefill chunks). Dashed: what the thermal policy would allow.")
-        layout.addLayout(grid)
+        layout.addLayout(self.grid)
         layout.addWidget(self._history_card())
         self.setWidget(body)
 
@@ -181,6 +181,23 @@ class DashboardPage(QScrollArea):
                               "out, time to first token, prompt processing and decode speed")
         return card
 
+    def _arrange(self, columns: int) -> None:
+        """Lay the cards out in ``columns`` columns (4 on a wide window, 2 or 1 on a narrow one)."""
+        if columns == self.columns:
+            return
+        self.columns = columns
+        for name in CARD_ORDER:
+            self.grid.removeWidget(self.cards[name])
+        for i, name in enumerate(CARD_ORDER):
+            self.grid.addWidget(self.cards[name], i // columns, i % columns)
+        for column in range(4):
+            self.grid.setColumnStretch(column, 1 if column < columns else 0)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802
+        width = self.viewport().width()
+        self._arrange(4 if width >= FOUR_COLUMNS_PX else 2 if width >= TWO_COLUMNS_PX else 1)
+        super().resizeEvent(event)
+
     # -- state from outside --------------------------------------------------------------------------
     def set_model(self, info: dict) -> None:
         """The loaded model's info (name, backend, n_ctx), or {} when none is loaded."""
@@ -245,6 +262,7 @@ class DashboardPage(QScrollArea):
         chunk = f"chunk {e.prefill_chunk or '–'} (≤ {s.allowed_prefill_chunk})"
         cards["limits"].set_legend([("chunk", chunk), ("batch", f"batch {e.batch} (≤ {s.allowed_batch})")])
         self.memory_view.show_breakdown(t.breakdown(), t.warnings())
+        cards["memory"].set_legend([("hearth", f"Hearth {format_bytes(s.rss_bytes)} resident, made of")])
 
     def _fill_table(self, records: list[GenerationRecord]) -> None:
         self.table.setRowCount(len(records))

@@ -154,3 +154,16 @@ def test_the_status_strip_names_the_model_and_opens_the_dashboard(qtbot, make_se
     assert "thermal" in strip.thermal.text()
     qtbot.mouseClick(strip, Qt.MouseButton.LeftButton)
     assert window.stack.currentWidget() is window.dashboard and window.nav_buttons["dashboard"].isChecked()
+
+
+def test_a_narrow_window_keeps_the_status_message_and_reflows_the_cards(qtbot, make_session):
+    session = make_session(engine_factory=FakeFactory(FakeModel()))
+    wait_for_model(qtbot, session, timeout=20000)
+    window, strip = session.window, session.window.status_strip
+    window.show_page("dashboard")
+    qtbot.waitUntil(lambda: strip.memory.text() != "", timeout=10000)
+    window.resize(1400, 800)
+    qtbot.waitUntil(lambda: strip.model.isVisible() and window.dashboard.columns == 4, timeout=5000)
+    window.resize(720, 480)
+    qtbot.waitUntil(lambda: not strip.model.isVisible() and window.dashboard.columns == 2, timeout=5000)
+    assert strip.speed.isVisible() and strip.width() <= window.width() - 280

@@ -131,11 +131,13 @@ class StopMatcher:
 def stream_generate(backend: Backend, cache: KVCache, prompt_ids: Sequence[int], cached_tokens: int,
                     sample: Callable[[np.ndarray, Sequence[int]], tuple[int, float]], decoder,
                     eog_ids: frozenset[int], max_tokens: int, stop: Sequence[str] = (),
-                    chunk_size: int = 512, cancel: threading.Event | None = None) -> Iterator[GenerationEvent]:
+                    chunk_size: int = 512, cancel: threading.Event | None = None,
+                    step: Callable[..., Iterator[tuple[int, float]]] = generate_step) -> Iterator[GenerationEvent]:
     """Yield a GenerationEvent per token, with text, timings and, on the last one, the finish reason.
 
     ``cache`` must already hold ``prompt_ids[:cached_tokens]``; the rest is prefilled here. ``decoder`` is an
-    incremental detokenizer (``add(id) -> str``, ``flush() -> str``).
+    incremental detokenizer (``add(id) -> str``, ``flush() -> str``). ``step`` is the token generator, called like
+    ``generate_step`` (speculative decoding passes its own).
     """
     if max_tokens <= 0:
         return
@@ -143,7 +145,7 @@ def stream_generate(backend: Backend, cache: KVCache, prompt_ids: Sequence[int],
     history = list(prompt_ids)
     start = time.perf_counter()
     first_at = None
-    steps = generate_step(backend, cache, list(prompt_ids[cached_tokens:]), sample, history, chunk_size, cancel)
+    steps = step(backend, cache, list(prompt_ids[cached_tokens:]), sample, history, chunk_size, cancel)
     try:
         for index, (token, logprob) in enumerate(steps):
             now = time.perf_counter()

@@ -9,6 +9,7 @@ import os
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,12 +17,15 @@ from .backends import create_backend
 from .chat_template import ChatTemplate
 from .config import ModelConfig
 from .context import fit_messages
-from .generate import GenerationEvent, prefill, stream_generate
+from .generate import GenerationEvent, generate_step, prefill, stream_generate
 from .gguf_file import GGUFFile, read_gguf
 from .memory_estimate import kv_cache_bytes
 from .sampling import SamplingParams, make_sampler
 from .session import Session, SessionError, load_session, save_session
 from .tokenizer import IncrementalDecoder, Tokenizer
+
+if TYPE_CHECKING:
+    from .speculative import Speculator
 
 DEFAULT_N_CTX = 4096
 CHAT_PREFILL_CHUNK = 128  # small enough that Stop acts within a fraction of a second
@@ -155,12 +159,13 @@ class Model:
 
     def generate_ids(self, ids: list[int], params: SamplingParams, max_tokens: int, stop: Sequence[str] = (),
                      prefill_chunk: int = 512, sampler_state: dict | None = None,
-                     skip_special: bool = False) -> Iterator[GenerationEvent]:
+                     skip_special: bool = False, speculation: Speculator | None = None) -> Iterator[GenerationEvent]:
         """Like ``generate`` with a token prompt and ready-made sampling parameters.
 
         ``sampler_state`` (from a snapshot) continues a seeded sampler exactly where it stopped.
         ``skip_special`` leaves control tokens out of the event text (chat display) instead of writing them
-        as llama.cpp's detokenizer does.
+        as llama.cpp's detokenizer does. ``speculation`` (engine.speculative) verifies several drafted tokens per
+        target pass; greedy output is unchanged and sampled output keeps the target's distribution.
         """
         self._cancel.clear()
         cached = self._reuse_prefix(ids)
@@ -168,10 +173,11 @@ class Model:
         self._sampler = make_sampler(params)
         if sampler_state is not None:
             self._sampler.set_state(sampler_state)
+        step = generate_step if speculation is None else functools.partial(speculation.generate_step, params=params)
         try:
             for event in stream_generate(self.backend, self._cache, ids, cached, self._sampler,
                                          IncrementalDecoder(self.tokenizer, skip_special), self.tokenizer.eog_ids, max_tokens,
-                                         stop, prefill_chunk, self._cancel):
+                                         stop, prefill_chunk, self._cancel, step):
                 self._history.append(event.id)
                 yield event
         finally:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 DEFAULT_N_CTX = 4096
 CHAT_PREFILL_CHUNK = 128  # small enough that Stop acts within a fraction of a second
-KV_ELEMENT_BYTES = 4  # float32 keys and values, as the NumPy and CPU caches store them
+KV_ELEMENT_BYTES = 4  # assumed when a backend's caches allocate nothing up front (float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,15 +86,20 @@ class Model:
 
     @property
     def kv_cache_usage(self) -> KVCacheUsage:
-        """The live sequence's KV cache use; read it on the thread that generates (the model is not thread-safe).
-
-        Sizes assume float32 elements (KV_ELEMENT_BYTES); a backend storing float16 holds half of ``max_bytes``.
-        """
-        cache = self._cache
+        """The live sequence's KV cache use; read it on the thread that generates (the model is not thread-safe)."""
+        cache, element = self._cache, self._kv_element_bytes
         return KVCacheUsage(used_positions=cache.n_past if cache is not None else 0, max_positions=self.n_ctx,
                             allocated_bytes=cache.nbytes if cache is not None else 0,
-                            bytes_per_position=kv_cache_bytes(self.config, 1, KV_ELEMENT_BYTES),
-                            max_bytes=kv_cache_bytes(self.config, self.n_ctx, KV_ELEMENT_BYTES))
+                            bytes_per_position=kv_cache_bytes(self.config, 1, element),
+                            max_bytes=kv_cache_bytes(self.config, self.n_ctx, element))
+
+    @functools.cached_property
+    def _kv_element_bytes(self) -> int:
+        """Bytes per cached key/value element (2 for float16, 4 for float32), measured on a one-position cache
+        from the backend; KV_ELEMENT_BYTES when such a cache allocates nothing up front."""
+        probe = self.backend.new_cache(1)
+        per_position, elements = probe.nbytes, kv_cache_bytes(self.config, 1, 1)
+        return per_position // elements if per_position >= elements else KV_ELEMENT_BYTES
 
     # -- text ----------------------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:

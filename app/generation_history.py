@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TextIO
+
+from engine.atomic_write import atomic_write
 
 from .store import ConversationStore, Message
 
@@ -84,6 +87,13 @@ def write_csv(records: Iterable[GenerationRecord], out: TextIO) -> int:
 
 
 def export_csv(records: Iterable[GenerationRecord], path: str | Path) -> int:
-    """Write ``records`` to the CSV file ``path``; returns the rows written."""
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        return write_csv(records, f)
+    """Write ``records`` to the CSV file ``path``; returns the rows written.
+
+    Written through ``atomic_write``: a crash or a kill half-way leaves the previous file as it was.
+    """
+    with atomic_write(path) as raw:
+        text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
+        rows = write_csv(records, text)
+        text.flush()
+        text.detach()  # atomic_write still has to fsync and close the file
+    return rows

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 Tier = Literal["memory", "disk"]
 SUFFIX = ".hearth"
 NAME = re.compile(r"c(\d+)-([0-9a-f]{64})\.hearth")
+PARTIAL = re.compile(r"\.c\d+-[0-9a-f]{64}\.hearth\..+\.tmp")  # atomic_write's temp file, left by a kill mid-write
 DEFAULT_DISK_BUDGET = 4 << 30
 MAX_MEMORY_BUDGET = 512 << 20
 
@@ -156,6 +157,9 @@ class SnapshotCache:
         return self.dirs[tier] / f"c{int(conversation_id)}-{model_sha256}{SUFFIX}"
 
     def _load_disk(self) -> None:
+        for path in self.dirs["disk"].glob(".*.tmp"):  # one app per data dir: no write of ours is under way
+            if PARTIAL.fullmatch(path.name):
+                path.unlink(missing_ok=True)
         found = []
         for path in self.dirs["disk"].glob(f"*{SUFFIX}"):
             m = NAME.fullmatch(path.name)

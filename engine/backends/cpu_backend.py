@@ -1,19 +1,28 @@
-"""The CPU backend: the reference decoder with its matrix products run by C kernels on the packed GGUF blocks.
+"""The CPU backend: the fused C decoder (engine/backends/cpu/decoder.py) on the packed GGUF blocks.
 
 Weights are never dequantized or copied: each matrix is a view into the memory-mapped file, so load time is
-near zero and resident memory is about the file size.
+near zero and resident memory is about the file size. Every forward call runs all layers in C with the GIL
+released; the NumPy reference decoder this class inherits stays available as ``reference_forward`` (the
+same math with the same C matrix products, in NumPy), which the tests hold the C decoder to.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import weakref
+from collections.abc import Sequence
 
 import numpy as np
 
-from ..gguf_file import ModelFormatError
-from .base import MemoryStats
+from ..config import ModelConfig
+from ..gguf_file import GGUFFile, ModelFormatError
+from ..kv_cache import NumpyKVCache
+from .base import KVCache, MemoryStats
 from .cpu import kernels
+from .cpu.decoder import CpuDecoder, CpuKVCache
 from .numpy_backend import NumpyBackend
+
+DEFAULT_KV_DTYPE = np.float16  # as llama.cpp: half the attention's memory traffic; export_state gives float32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,10 +38,24 @@ class PackedMatrix:
 
 
 class CpuBackend(NumpyBackend):
-    """C-kernel matrix products on packed blocks; everything else as the NumPy reference decoder."""
+    """The C decoder: one call per prompt chunk or decode step, for one sequence or a batch of them.
+
+    Args:
+        gguf: the open model file (its memory map backs every weight).
+        config: the model's hyper-parameters.
+        kv_dtype: element type of the KV caches this backend makes (float16 or float32).
+    """
 
     name = "cpu"
 
+    def __init__(self, gguf: GGUFFile, config: ModelConfig, kv_dtype=DEFAULT_KV_DTYPE):
+        super().__init__(gguf, config)
+        self.kv_dtype = np.dtype(kv_dtype)
+        self.decoder = CpuDecoder(config, self.layers, (self.token_embd, int(self.token_embd_type)), self.output,
+                                  self.output_norm, self.inv_freq)
+        self._caches: weakref.WeakSet[CpuKVCache] = weakref.WeakSet()
+
+    # -- weights: packed views, and the products the reference path uses ------------------------------
     def load_matrix(self, name: str) -> PackedMatrix:
         qtype = int(self.gguf.tensor(name).qtype)
         if qtype not in kernels.SUPPORTED_TYPES:
@@ -44,12 +67,59 @@ class CpuBackend(NumpyBackend):
         return kernels.matmul(w.blocks, w.qtype, np.ascontiguousarray(x, dtype=np.float32))
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
-        if tokens.size and (tokens.min() < 0 or tokens.max() >= self.config.n_vocab):
-            raise ValueError(f"token id out of range 0..{self.config.n_vocab - 1}")
+        self._token_ids(tokens)
         rows = kernels.get_rows(self.token_embd, int(self.token_embd_type), tokens)
         if self.config.embed_scale != 1.0:
             rows *= np.float32(self.config.embed_scale)
         return rows
 
+    # -- the decoder ---------------------------------------------------------------------------------
+    def new_cache(self, n_ctx: int) -> CpuKVCache:
+        cache = CpuKVCache(self.config, n_ctx, self.kv_dtype)
+        self._caches.add(cache)
+        return cache
+
+    def forward(self, tokens: Sequence[int], cache: KVCache, all_logits: bool = False) -> np.ndarray:
+        ids = self._token_ids(tokens)
+        if ids.size == 0:
+            raise ValueError("forward needs at least one token")
+        cache = self._own(cache)
+        cache.reserve(ids.size)
+        return self.decoder.forward(ids, cache, all_logits)
+
+    def forward_batch(self, tokens: Sequence[int], caches: Sequence[KVCache]) -> np.ndarray:
+        """One decode step for B sequences in one C call: the weights are read once for all B rows."""
+        ids = self._token_ids(tokens)
+        if ids.size == 0 or ids.size != len(caches):
+            raise ValueError(f"forward_batch needs one token per cache, got {ids.size} tokens for {len(caches)} caches")
+        if len({id(c) for c in caches}) != len(caches):
+            raise ValueError("forward_batch got the same cache twice")
+        owned = [self._own(c) for c in caches]
+        for cache in owned:
+            cache.reserve(1)
+        return self.decoder.forward_batch(ids, owned)
+
+    def reference_forward(self, tokens: Sequence[int], cache: NumpyKVCache, all_logits: bool = False) -> np.ndarray:
+        """The NumPy reference decoder with this backend's C products, on a ``NumpyKVCache`` (for tests)."""
+        return NumpyBackend.forward(self, tokens, cache, all_logits)
+
+    def _token_ids(self, tokens) -> np.ndarray:
+        """int32 ids, checked against the vocabulary before the narrowing."""
+        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.config.n_vocab):
+            raise ValueError(f"token id out of range 0..{self.config.n_vocab - 1}")
+        return ids.astype(np.int32)
+
+    @staticmethod
+    def _own(cache: KVCache) -> CpuKVCache:
+        if not isinstance(cache, CpuKVCache):
+            raise TypeError(f"the CPU backend runs on caches from its new_cache, got {type(cache).__name__}")
+        return cache
+
     def memory(self) -> MemoryStats:
-        return MemoryStats(weights_bytes=self.gguf.file_size, kv_cache_bytes=0)
+        return MemoryStats(weights_bytes=self.gguf.file_size, kv_cache_bytes=sum(c.nbytes for c in self._caches),
+                           scratch_bytes=self.decoder.scratch_bytes)
+
+    def close(self) -> None:
+        super().close()
+        self.decoder.close()

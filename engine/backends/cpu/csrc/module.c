@@ -6,10 +6,12 @@
 #include <numpy/arrayobject.h>
 #include <pthread.h>
 
+#include "decoder_module.h"
 #include "matmul.h"
 #include "pool.h"
 
-static pthread_mutex_t COMPUTE = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t hk_compute = PTHREAD_MUTEX_INITIALIZER; /* shared with the decoder's functions */
+#define COMPUTE hk_compute
 
 /* The packed weights: a 2-D uint8 array whose rows are whole blocks of qtype, bytes contiguous in a row. */
 static const hk_type *check_weights(PyObject *obj, int qtype, int *rows, int *cols) {
@@ -228,5 +230,7 @@ PyMODINIT_FUNC PyInit__kernels(void) {
         PyErr_SetString(PyExc_ImportError, "no usable CPU kernel ISA");
         return NULL;
     }
-    return PyModule_Create(&MODULE);
+    PyObject *module = PyModule_Create(&MODULE);
+    if (module && hk_decoder_add_functions(module) != 0) Py_CLEAR(module);
+    return module;
 }

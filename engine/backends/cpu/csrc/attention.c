@@ -1,0 +1,220 @@
+/* Attention over the KV caches in online-softmax blocks.
+
+   Every row takes the same path to its result whether it is a decode step or one row of a prefill chunk:
+   its keys are cut into chunks at multiples of HK_ATT_CHUNK and blocks at multiples of the block size; each
+   chunk's softmax state (max m, sum l, unnormalized output O) is built block by block, and the chunk states
+   are merged in key order. A decode row runs its chunks as parallel tasks and merges afterwards; prefill rows
+   run chunk after chunk in one task. Same operations in the same order: a speculative verify pass then gives
+   each row bit for bit the logits of a decode step. */
+#include "attention.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "pool.h"
+
+#define ROWS_PER_TASK 16     /* prefill rows per task, all heads of one kv head: they share each key block */
+#define KV_BUF_FLOATS 16384  /* a converted float16 key block and value block (64 KiB on the stack) */
+#define DECODE_SLOT(dv) ((size_t)(dv) + 2)  /* m, l, O[dv] */
+#define PREFILL_SLOT(dv) ((size_t)(dv) + 4) /* m, l, O[dv] of the chunk, then M, L of the row */
+
+/* Keys per block: a power of two (so chunks are whole blocks) whose K and V blocks fit KV_BUF_FLOATS. */
+static int block_keys(const hk_config *c) {
+    int bk = 64;
+    while (bk > 1 && bk * (c->head_dim + c->v_head_dim) > KV_BUF_FLOATS) bk /= 2;
+    return bk;
+}
+
+static int lowest_key(int pos, int window) { return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0; }
+static int imax(int a, int b) { return a > b ? a : b; }
+static int imin(int a, int b) { return a < b ? a : b; }
+
+void hk_attention_sizes(const hk_model *m, const hk_seq *seqs, int n_seqs, size_t *partial_floats, int *max_tasks) {
+    const hk_config *c = &m->c;
+    size_t floats = 0;
+    int tasks = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        if (seqs[s].n_rows == 1) {
+            int chunks = seqs[s].n_past / HK_ATT_CHUNK + 1;
+            floats += (size_t)c->n_heads * chunks * DECODE_SLOT(c->v_head_dim);
+            tasks += c->n_kv_heads * chunks;
+        } else {
+            floats += (size_t)seqs[s].n_rows * c->n_heads * PREFILL_SLOT(c->v_head_dim);
+            tasks += c->n_kv_heads * ((seqs[s].n_rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK);
+        }
+    }
+    *partial_floats = floats;
+    *max_tasks = tasks;
+}
+
+void hk_attention_layout(const hk_model *m, const hk_seq *seqs, int n_seqs, size_t *row_slot) {
+    const hk_config *c = &m->c;
+    size_t off = 0;
+    for (int s = 0, row = 0; s < n_seqs; s++) {
+        for (int i = 0; i < seqs[s].n_rows; i++, row++) {
+            row_slot[row] = off;
+            if (seqs[s].n_rows == 1)
+                off += (size_t)c->n_heads * (seqs[s].n_past / HK_ATT_CHUNK + 1) * DECODE_SLOT(c->v_head_dim);
+            else
+                off += (size_t)c->n_heads * PREFILL_SLOT(c->v_head_dim);
+        }
+    }
+}
+
+/* Keys (which 0) or values (1) [j0, j1) of kv head kvh, as float32: the cache itself, or converted into buf. */
+static const float *kv_block(const hk_att *a, const hk_seq *s, int kvh, int which, int j0, int j1, float *buf) {
+    const hk_config *c = &a->m->c;
+    int dim = which ? c->v_head_dim : c->head_dim;
+    size_t off = (((size_t)a->layer * c->n_kv_heads + kvh) * s->capacity + j0) * dim;
+    const void *base = which ? s->v : s->k;
+    if (!s->kv_f16) return (const float *)base + off;
+    a->vo->f16_to_f32((const uint16_t *)base + off, buf, (j1 - j0) * dim);
+    return buf;
+}
+
+/* Fold n keys into one row's online-softmax state (m, l, O). */
+static void update(const hk_vecops *vo, const float *q, const float *k, const float *v, int n, int d, int dv, float *s,
+                   float *m, float *l, float *o) {
+    vo->scores(q, k, d, n, s);
+    float mb = vo->max(s, n);
+    if (mb > *m) {
+        if (*l > 0.0f) {
+            float shrink = expf(*m - mb);
+            *l *= shrink;
+            vo->scale(o, dv, shrink);
+        }
+        *m = mb;
+    }
+    *l += vo->exp_sum(s, n, *m);
+    vo->pv(s, v, dv, n, o);
+}
+
+/* Merge a chunk's state (mc, lc, oc) into a row's running state (M, L, O). */
+static void merge(const hk_vecops *vo, float *M, float *L, float *o, float mc, float lc, const float *oc, int dv) {
+    if (*M == -INFINITY) {
+        *M = mc;
+        *L = lc;
+        memcpy(o, oc, sizeof(float) * dv);
+        return;
+    }
+    float mn = mc > *M ? mc : *M, a = expf(*M - mn), b = expf(mc - mn);
+    *L = *L * a + lc * b;
+    vo->axpby(o, a, oc, b, dv);
+    *M = mn;
+}
+
+static void decode_task(const hk_att *a, const hk_att_task *t) {
+    const hk_config *c = &a->m->c;
+    const hk_seq *s = &a->seqs[t->seq];
+    const int d = c->head_dim, dv = c->v_head_dim, group = c->n_heads / c->n_kv_heads, bk = block_keys(c);
+    const int r = t->row0, p = a->row_pos[r], nch = p / HK_ATT_CHUNK + 1;
+    const int start = imax(lowest_key(p, a->window), t->chunk * HK_ATT_CHUNK), end = imin(p + 1, (t->chunk + 1) * HK_ATT_CHUNK);
+    float kbuf[KV_BUF_FLOATS], scores[64];
+    float *vbuf = kbuf + bk * d;
+    for (int h = t->kvh * group; h < (t->kvh + 1) * group; h++) {
+        float *st = a->partial + a->row_slot[r] + ((size_t)h * nch + t->chunk) * DECODE_SLOT(dv);
+        st[0] = -INFINITY;
+        st[1] = 0.0f;
+        memset(st + 2, 0, sizeof(float) * dv);
+    }
+    for (int j0 = start / bk * bk; j0 < end; j0 += bk) {
+        int ka = imax(j0, start), kb = imin(j0 + bk, end);
+        const float *K = kv_block(a, s, t->kvh, 0, ka, kb, kbuf), *V = kv_block(a, s, t->kvh, 1, ka, kb, vbuf);
+        for (int h = t->kvh * group; h < (t->kvh + 1) * group; h++) {
+            float *st = a->partial + a->row_slot[r] + ((size_t)h * nch + t->chunk) * DECODE_SLOT(dv);
+            update(a->vo, a->q + ((size_t)r * c->n_heads + h) * d, K, V, kb - ka, d, dv, scores, st, st + 1, st + 2);
+        }
+    }
+}
+
+static void prefill_task(const hk_att *a, const hk_att_task *t) {
+    const hk_config *c = &a->m->c;
+    const hk_seq *s = &a->seqs[t->seq];
+    const int d = c->head_dim, dv = c->v_head_dim, group = c->n_heads / c->n_kv_heads, bk = block_keys(c);
+    const int h0 = t->kvh * group, h1 = h0 + group;
+    const int lo_first = lowest_key(a->row_pos[t->row0], a->window), p_last = a->row_pos[t->row1 - 1];
+    float kbuf[KV_BUF_FLOATS], scores[64];
+    float *vbuf = kbuf + bk * d;
+#define SLOT(r, h) (a->partial + a->row_slot[r] + (size_t)(h) * PREFILL_SLOT(dv))
+#define OUT(r, h) (a->att + ((size_t)(r) * c->n_heads + (h)) * dv)
+    for (int r = t->row0; r < t->row1; r++)
+        for (int h = h0; h < h1; h++) {
+            SLOT(r, h)[dv + 2] = -INFINITY;
+            SLOT(r, h)[dv + 3] = 0.0f;
+        }
+    for (int ch = lo_first / HK_ATT_CHUNK; ch <= p_last / HK_ATT_CHUNK; ch++) {
+        const int cs = imax(lo_first, ch * HK_ATT_CHUNK), ce = imin(p_last + 1, (ch + 1) * HK_ATT_CHUNK);
+        for (int r = t->row0; r < t->row1; r++)
+            for (int h = h0; h < h1; h++) {
+                float *st = SLOT(r, h);
+                st[0] = -INFINITY;
+                st[1] = 0.0f;
+                memset(st + 2, 0, sizeof(float) * dv);
+            }
+        for (int j0 = cs / bk * bk; j0 < ce; j0 += bk) {
+            int ka = imax(j0, cs), kb = imin(j0 + bk, ce);
+            const float *K = kv_block(a, s, t->kvh, 0, ka, kb, kbuf), *V = kv_block(a, s, t->kvh, 1, ka, kb, vbuf);
+            for (int r = t->row0; r < t->row1; r++) {
+                int p = a->row_pos[r], ra = imax(j0, lowest_key(p, a->window)), rb = imin(j0 + bk, p + 1);
+                if (ra >= rb) continue;
+                for (int h = h0; h < h1; h++) {
+                    float *st = SLOT(r, h);
+                    update(a->vo, a->q + ((size_t)r * c->n_heads + h) * d, K + (size_t)(ra - ka) * d,
+                           V + (size_t)(ra - ka) * dv, rb - ra, d, dv, scores, st, st + 1, st + 2);
+                }
+            }
+        }
+        for (int r = t->row0; r < t->row1; r++)
+            for (int h = h0; h < h1; h++) {
+                float *st = SLOT(r, h);
+                if (st[0] != -INFINITY) merge(a->vo, st + dv + 2, st + dv + 3, OUT(r, h), st[0], st[1], st + 2, dv);
+            }
+    }
+    for (int r = t->row0; r < t->row1; r++)
+        for (int h = h0; h < h1; h++) a->vo->scale(OUT(r, h), dv, 1.0f / SLOT(r, h)[dv + 3]);
+#undef SLOT
+#undef OUT
+}
+
+static void task_fn(void *ctx, int i) {
+    const hk_att *a = ctx;
+    if (a->tasks[i].chunk >= 0)
+        decode_task(a, &a->tasks[i]);
+    else
+        prefill_task(a, &a->tasks[i]);
+}
+
+void hk_attention_run(hk_att *a) {
+    const hk_config *c = &a->m->c;
+    int n = 0;
+    for (int s = 0, row = 0; s < a->n_seqs; row += a->seqs[s].n_rows, s++) {
+        const hk_seq *seq = &a->seqs[s];
+        if (seq->n_rows == 1) {
+            int p = a->row_pos[row];
+            for (int kvh = 0; kvh < c->n_kv_heads; kvh++)
+                for (int ch = lowest_key(p, a->window) / HK_ATT_CHUNK; ch <= p / HK_ATT_CHUNK; ch++)
+                    a->tasks[n++] = (hk_att_task){s, kvh, row, row + 1, ch};
+        } else { /* the last rows see the most keys: hand them out first */
+            for (int b = (seq->n_rows - 1) / ROWS_PER_TASK; b >= 0; b--)
+                for (int kvh = 0; kvh < c->n_kv_heads; kvh++)
+                    a->tasks[n++] = (hk_att_task){s, kvh, row + b * ROWS_PER_TASK,
+                                                  row + imin(seq->n_rows, (b + 1) * ROWS_PER_TASK), -1};
+        }
+    }
+    a->n_tasks = n;
+    hk_pool_run(task_fn, a, n);
+}
+
+void hk_attention_merge_row(const hk_att *a, int r) {
+    const hk_config *c = &a->m->c;
+    if (a->seqs[a->row_seq[r]].n_rows != 1) return;
+    const int dv = c->v_head_dim, p = a->row_pos[r], nch = p / HK_ATT_CHUNK + 1;
+    for (int h = 0; h < c->n_heads; h++) {
+        float M = -INFINITY, L = 0.0f, *o = a->att + ((size_t)r * c->n_heads + h) * dv;
+        for (int ch = lowest_key(p, a->window) / HK_ATT_CHUNK; ch < nch; ch++) {
+            const float *st = a->partial + a->row_slot[r] + ((size_t)h * nch + ch) * DECODE_SLOT(dv);
+            merge(a->vo, &M, &L, o, st[0], st[1], st + 2, dv);
+        }
+        a->vo->scale(o, dv, 1.0f / L);
+    }
+}

@@ -1,0 +1,492 @@
+/* The fused decoder: every layer of a forward call in C, on the packed weights, with the thread pool.
+
+   A call's rows go through the layers together. Per layer: row work (norms, biases, RoPE, residuals,
+   activation quantization; split over the pool when there are many rows) alternates with four products
+   (q/k/v in one job, the output projection, gate/up with the activation, down) and the attention job.
+   The products read the activations quantized once per row, whatever number of matrices share them. */
+#include "decoder.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.h"
+#include "matmul.h"
+#include "pool.h"
+#include "vecops.h"
+
+#define PARALLEL_ROWS 8        /* row work for fewer rows runs on the calling thread */
+#define TASK_MIN_BYTES 16384   /* as matmul.c: a decode task smaller than this costs more to hand out than it saves */
+#define TILE_CHUNK_BYTES 24576 /* as matmul.c: prefill weight rows that stay in L1 across the token tiles */
+#define N_KINDS 3              /* hk_act_kind values */
+
+/* The kernel table matmul.c runs on (it keeps the pointer private; the name says which). */
+static const hk_isa *active_isa(void) {
+    const char *name = hk_isa_name();
+#ifdef HK_X86
+    const hk_isa *x86[] = {&hk_isa_avx2, &hk_isa_avxvnni, &hk_isa_avx512};
+    for (int i = 0; i < 3; i++)
+        if (strcmp(name, x86[i]->name) == 0) return x86[i];
+#endif
+#ifdef __aarch64__
+    if (strcmp(name, hk_isa_neon.name) == 0) return &hk_isa_neon;
+    if (strcmp(name, hk_isa_dotprod.name) == 0) return &hk_isa_dotprod;
+#endif
+    return &hk_isa_scalar;
+}
+
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+static int imin(int a, int b) { return a < b ? a : b; }
+static int imax(int a, int b) { return a > b ? a : b; }
+
+/* Bytes of one row's quantized activations of cols elements (as matmul.c lays them out). */
+static size_t act_bytes(int kind, int cols) {
+    if (kind == HK_ACT_Q8_32) return align64(cols) + 2 * align64(sizeof(float) * (cols / HK_QK));
+    if (kind == HK_ACT_Q8_K) return align64(cols) + align64(sizeof(float) * (cols / HK_QK_K)) + align64(2 * (cols / 16));
+    return 0;
+}
+
+/* -- one call's working state: views into the arena, shapes in comments */
+
+typedef struct {
+    hk_model *m;
+    const hk_config *c;
+    const hk_isa *isa;
+    const hk_vecops *vo;
+    const hk_seq *seqs;
+    const int32_t *tokens;
+    int n, n_seqs, layer, n_out;
+    float *x;               /* (R, n_embd) residual stream */
+    float *h;               /* (R, n_embd) normed input of a product */
+    float *q, *k, *v;       /* (R, n_heads * head_dim), (R, n_kv_heads * head_dim), (R, n_kv_heads * v_head_dim) */
+    float *att;             /* (R, n_heads * v_head_dim) */
+    float *o;               /* (R, n_embd) output of wo and down */
+    float *g, *u;           /* (R, n_ff) gate (then the activation product) and up */
+    float *rope_cos, *rope_sin; /* (R, n_rope_sets, rope_dim / 2) */
+    uint8_t *act_mem[N_KINDS];  /* per kind: (R, act_bytes(kind, widest input)) */
+    hk_act *acts[N_KINDS];      /* per kind: (R,) */
+    size_t act_stride[N_KINDS];
+    int *row_seq, *row_pos, *out_rows; /* (R,) */
+    size_t *row_slot;                  /* (R,) attention partial offsets */
+    hk_att att_job;
+} fwd;
+
+static int widest_input(const hk_config *c) { return imax(imax(c->n_embd, c->n_heads * c->v_head_dim), c->n_ff); }
+
+/* Lay the views out from base (or only count the bytes when f is NULL). */
+static size_t layout(const hk_config *c, uint8_t *base, fwd *f) {
+    size_t off = 0, R = (size_t)c->max_rows;
+#define TAKE(field, type, count)                                        \
+    do {                                                                \
+        if (f) f->field = (type *)(void *)(base + off);                 \
+        off += align64(sizeof(type) * (size_t)(count));                 \
+    } while (0)
+    TAKE(x, float, R * c->n_embd);
+    TAKE(h, float, R * c->n_embd);
+    TAKE(q, float, R * c->n_heads * c->head_dim);
+    TAKE(k, float, R * c->n_kv_heads * c->head_dim);
+    TAKE(v, float, R * c->n_kv_heads * c->v_head_dim);
+    TAKE(att, float, R * c->n_heads * c->v_head_dim);
+    TAKE(o, float, R * c->n_embd);
+    TAKE(g, float, R * c->n_ff);
+    TAKE(u, float, R * c->n_ff);
+    TAKE(rope_cos, float, R * imax(1, c->rope_dim / 2) * 2); /* at most two RoPE bases */
+    TAKE(rope_sin, float, R * imax(1, c->rope_dim / 2) * 2);
+    for (int kind = 0; kind < N_KINDS; kind++) {
+        size_t stride = act_bytes(kind, widest_input(c));
+        if (f) f->act_stride[kind] = stride;
+        TAKE(act_mem[kind], uint8_t, R * stride);
+        TAKE(acts[kind], hk_act, R);
+    }
+    TAKE(row_seq, int, R);
+    TAKE(row_pos, int, R);
+    TAKE(out_rows, int, R);
+    TAKE(row_slot, size_t, R);
+#undef TAKE
+    return off;
+}
+
+int hk_model_init(hk_model *m) {
+    memset(&m->arena, 0, sizeof m->arena);
+    if (m->n_rope_sets > 2 || m->c.head_dim + m->c.v_head_dim > 16384 || m->c.max_rows < 1) return -3;
+    size_t size = layout(&m->c, NULL, NULL);
+    if (posix_memalign(&m->arena.mem, 64, size) != 0) return -1;
+    m->arena.size = size;
+    return 0;
+}
+
+void hk_model_free(hk_model *m) {
+    free(m->arena.mem);
+    free(m->arena.att_mem);
+    memset(&m->arena, 0, sizeof m->arena);
+}
+
+/* Room for one call's attention tasks and partial states; grows with the context, never shrinks. */
+static int reserve_attention(hk_model *m, size_t partial_floats, int max_tasks) {
+    size_t tasks_bytes = align64(sizeof(hk_att_task) * (size_t)max_tasks), need = tasks_bytes + sizeof(float) * partial_floats;
+    if (need > m->arena.att_size) {
+        void *p = NULL;
+        size_t grown = need + need / 4;
+        if (posix_memalign(&p, 64, grown) != 0) return -1;
+        free(m->arena.att_mem);
+        m->arena.att_mem = p;
+        m->arena.att_size = grown;
+    }
+    m->arena.att_tasks_bytes = tasks_bytes;
+    return 0;
+}
+
+/* -- activations: quantized once per row for every kind the next products take */
+
+static unsigned kinds_of(const hk_matrix *a, const hk_matrix *b, const hk_matrix *c) {
+    unsigned mask = 0;
+    const hk_matrix *ms[3] = {a, b, c};
+    for (int i = 0; i < 3; i++)
+        if (ms[i]) mask |= 1u << hk_type_info(ms[i]->type)->act;
+    return mask;
+}
+
+static void prepare_acts(const fwd *f, const float *x, int cols, unsigned kinds, int r) {
+    for (int kind = 0; kind < N_KINDS; kind++) {
+        if (!(kinds & (1u << kind))) continue;
+        hk_act *a = &f->acts[kind][r];
+        memset(a, 0, sizeof *a);
+        a->f = x;
+        if (kind == HK_ACT_F32) continue;
+        uint8_t *mem = f->act_mem[kind] + (size_t)r * f->act_stride[kind];
+        int8_t *qs = (int8_t *)mem;
+        float *d = (float *)(void *)(mem + align64(cols));
+        if (kind == HK_ACT_Q8_32) {
+            float *ds = (float *)(void *)((uint8_t *)d + align64(sizeof(float) * (cols / HK_QK)));
+            (f->isa->quant32 ? f->isa->quant32 : hk_scalar_quant32)(x, cols, qs, d, ds);
+            a->ds = ds;
+        } else {
+            int16_t *bs = (int16_t *)(void *)((uint8_t *)d + align64(sizeof(float) * (cols / HK_QK_K)));
+            (f->isa->quantK ? f->isa->quantK : hk_scalar_quantK)(x, cols, qs, d, bs);
+            a->bsums = bs;
+        }
+        a->qs = qs;
+        a->d = d;
+    }
+}
+
+/* -- products: up to three matrices of one input in one pool job */
+
+typedef struct {
+    const hk_matrix *w;
+    float *out; /* (n, w->rows) */
+    const hk_act *acts;
+    hk_dot_fn dot;
+    int nb, tile, chunk, n_chunks;
+} mm_part;
+
+typedef struct {
+    mm_part part[3];
+    int n_parts, n;
+    int glu, gelu; /* glu: part 0 (gate) becomes act(gate) * part 1 (up), chunk by chunk */
+    const hk_vecops *vo;
+} mm_job;
+
+static int chunk_rows(int rows, int n, size_t row_bytes) {
+    size_t rb = row_bytes ? row_bytes : 1;
+    if (n == 1) {
+        int c = rows / (hk_pool_threads() * 8), min_rows = (int)((TASK_MIN_BYTES + rb - 1) / rb);
+        return c > min_rows ? c : min_rows;
+    }
+    size_t c = TILE_CHUNK_BYTES / rb;
+    return (int)(c < 4 ? 4 : c > 64 ? 64 : c);
+}
+
+static void part_init(const fwd *f, mm_part *p, const hk_matrix *w, float *out, int n) {
+    const hk_type *ti = hk_type_info(w->type);
+    p->w = w;
+    p->out = out;
+    p->acts = f->acts[ti->act];
+    p->dot = f->isa->dot[w->type] ? f->isa->dot[w->type] : hk_isa_scalar.dot[w->type];
+    p->tile = f->isa->dot[w->type] && f->isa->tile[w->type] ? f->isa->tile[w->type] : HK_TILE;
+    p->nb = w->cols / ti->block;
+    p->chunk = chunk_rows(w->rows, n, (size_t)p->nb * ti->type_size);
+    p->n_chunks = (w->rows + p->chunk - 1) / p->chunk;
+}
+
+static void part_rows(const mm_part *p, int r0, int r1, int n) {
+    const hk_matrix *w = p->w;
+    for (int t0 = 0; t0 < n; t0 += p->tile) {
+        int nt = imin(p->tile, n - t0);
+        for (int r = r0; r < r1; r++)
+            p->dot(p->nb, w->data + (ptrdiff_t)r * w->stride, p->acts + t0, nt, p->out + (size_t)t0 * w->rows + r, w->rows);
+    }
+}
+
+static void mm_task(void *ctx, int t) {
+    const mm_job *j = ctx;
+    if (j->glu) {
+        const mm_part *gate = &j->part[0], *up = &j->part[1];
+        int r0 = t * gate->chunk, r1 = imin(gate->w->rows, r0 + gate->chunk);
+        part_rows(gate, r0, r1, j->n);
+        part_rows(up, r0, r1, j->n);
+        for (int i = 0; i < j->n; i++)
+            j->vo->glu(gate->out + (size_t)i * gate->w->rows + r0, up->out + (size_t)i * up->w->rows + r0, r1 - r0, j->gelu);
+        return;
+    }
+    for (int i = 0; i < j->n_parts; i++) {
+        const mm_part *p = &j->part[i];
+        if (t < p->n_chunks) {
+            part_rows(p, t * p->chunk, imin(p->w->rows, (t + 1) * p->chunk), j->n);
+            return;
+        }
+        t -= p->n_chunks;
+    }
+}
+
+/* out_i (n, w_i->rows) = input @ w_i.T for the given matrices, whose activations prepare_acts made. */
+static void product(const fwd *f, int n, const hk_matrix *w0, float *o0, const hk_matrix *w1, float *o1, const hk_matrix *w2, float *o2) {
+    mm_job j = {.n = n, .vo = f->vo};
+    const hk_matrix *ws[3] = {w0, w1, w2};
+    float *os[3] = {o0, o1, o2};
+    int tasks = 0;
+    for (int i = 0; i < 3 && ws[i]; i++, j.n_parts++) {
+        part_init(f, &j.part[i], ws[i], os[i], n);
+        tasks += j.part[i].n_chunks;
+    }
+    hk_pool_run(mm_task, &j, tasks);
+}
+
+/* g = act(gate . h) * (up . h), (n, n_ff) */
+static void product_glu(const fwd *f, int n, const hk_layer *L) {
+    mm_job j = {.n = n, .vo = f->vo, .glu = 1, .gelu = f->c->gelu, .n_parts = 2};
+    part_init(f, &j.part[0], &L->gate, f->g, n);
+    part_init(f, &j.part[1], &L->up, f->u, n);
+    j.part[1].chunk = j.part[0].chunk;
+    hk_pool_run(mm_task, &j, j.part[0].n_chunks);
+}
+
+/* -- row work */
+
+typedef void (*row_fn)(const fwd *f, int r);
+
+typedef struct {
+    const fwd *f;
+    row_fn fn;
+    int n, per_task;
+} row_job;
+
+static void row_task(void *ctx, int t) {
+    const row_job *j = ctx;
+    for (int r = t * j->per_task, end = imin(j->n, r + j->per_task); r < end; r++) j->fn(j->f, r);
+}
+
+static void run_rows(const fwd *f, int n, row_fn fn) {
+    if (n < PARALLEL_ROWS) {
+        for (int r = 0; r < n; r++) fn(f, r);
+        return;
+    }
+    row_job j = {f, fn, n, imax(1, n / (hk_pool_threads() * 4))};
+    hk_pool_run(row_task, &j, (n + j.per_task - 1) / j.per_task);
+}
+
+/* y = x / rms(x) * w, in the reference's order of float32 operations */
+static void rms_norm(const fwd *f, const float *x, const float *w, float *y, int n) {
+    float mean = f->vo->sum_sq(x, n) / (float)n;
+    f->vo->scale_mul(y, x, 1.0f / sqrtf(mean + f->c->rms_eps), w, n);
+}
+
+static void add_into(float *x, const float *y, int n) {
+    for (int i = 0; i < n; i++) x[i] += y[i];
+}
+
+static void row_rope_tables(const fwd *f, int r) {
+    const int half = f->c->rope_dim / 2;
+    for (int s = 0; s < f->m->n_rope_sets; s++)
+        for (int i = 0; i < half; i++) {
+            double angle = (double)f->row_pos[r] * f->m->inv_freq[(size_t)s * half + i];
+            f->rope_cos[((size_t)r * 2 + s) * half + i] = (float)cos(angle);
+            f->rope_sin[((size_t)r * 2 + s) * half + i] = (float)sin(angle);
+        }
+}
+
+static void row_embed(const fwd *f, int r) {
+    const hk_matrix *e = &f->m->embd;
+    float *x = f->x + (size_t)r * f->c->n_embd;
+    hk_dequantize_row(e->type, e->data + (ptrdiff_t)f->tokens[r] * e->stride, f->c->n_embd, x);
+    if (f->c->embed_scale != 1.0f) f->vo->scale(x, f->c->n_embd, f->c->embed_scale);
+}
+
+static void row_attn_in(const fwd *f, int r) {
+    const hk_layer *L = &f->m->layers[f->layer];
+    const int n_embd = f->c->n_embd;
+    float *h = f->h + (size_t)r * n_embd;
+    rms_norm(f, f->x + (size_t)r * n_embd, L->attn_norm, h, n_embd);
+    prepare_acts(f, h, n_embd, kinds_of(&L->wq, &L->wk, &L->wv), r);
+}
+
+/* Rotate x (head_dim) by the angles whose cos and sin are given (rope_dim / 2 of each). */
+static void rope(float *x, const float *cs, const float *sn, int half, int neox) {
+    if (neox) {
+        for (int i = 0; i < half; i++) {
+            float x1 = x[i], x2 = x[i + half];
+            x[i] = x1 * cs[i] - x2 * sn[i];
+            x[i + half] = x2 * cs[i] + x1 * sn[i];
+        }
+    } else {
+        for (int i = 0; i < half; i++) {
+            float x1 = x[2 * i], x2 = x[2 * i + 1];
+            x[2 * i] = x1 * cs[i] - x2 * sn[i];
+            x[2 * i + 1] = x2 * cs[i] + x1 * sn[i];
+        }
+    }
+}
+
+/* Biases, q/k norms, RoPE and the attention scale; then this row's keys and values go into its cache. */
+static void row_qkv_post(const fwd *f, int r) {
+    const hk_config *c = f->c;
+    const hk_layer *L = &f->m->layers[f->layer];
+    const int nq = c->n_heads * c->head_dim, nk = c->n_kv_heads * c->head_dim, nv = c->n_kv_heads * c->v_head_dim;
+    const int half = c->rope_dim / 2, d = c->head_dim;
+    float *q = f->q + (size_t)r * nq, *k = f->k + (size_t)r * nk, *v = f->v + (size_t)r * nv;
+    if (L->bq) {
+        add_into(q, L->bq, nq);
+        add_into(k, L->bk, nk);
+        add_into(v, L->bv, nv);
+    }
+    const float *cs = f->rope_cos + ((size_t)r * 2 + L->rope_set) * half, *sn = f->rope_sin + ((size_t)r * 2 + L->rope_set) * half;
+    for (int h = 0; h < c->n_heads; h++) {
+        if (L->q_norm) rms_norm(f, q + h * d, L->q_norm, q + h * d, d);
+        rope(q + h * d, cs, sn, half, c->rope_neox);
+    }
+    f->vo->scale(q, nq, c->attn_scale);
+    const hk_seq *s = &f->seqs[f->row_seq[r]];
+    for (int h = 0; h < c->n_kv_heads; h++) {
+        if (L->k_norm) rms_norm(f, k + h * d, L->k_norm, k + h * d, d);
+        rope(k + h * d, cs, sn, half, c->rope_neox);
+        size_t at = ((size_t)f->layer * c->n_kv_heads + h) * s->capacity + f->row_pos[r];
+        const float *vh = v + (size_t)h * c->v_head_dim;
+        if (s->kv_f16) {
+            f->vo->f32_to_f16(k + h * d, (uint16_t *)s->k + at * d, d);
+            f->vo->f32_to_f16(vh, (uint16_t *)s->v + at * c->v_head_dim, c->v_head_dim);
+        } else {
+            memcpy((float *)s->k + at * d, k + h * d, sizeof(float) * d);
+            memcpy((float *)s->v + at * c->v_head_dim, vh, sizeof(float) * c->v_head_dim);
+        }
+    }
+}
+
+static void row_attn_out(const fwd *f, int r) {
+    const int width = f->c->n_heads * f->c->v_head_dim;
+    hk_attention_merge_row(&f->att_job, r);
+    const hk_layer *L = &f->m->layers[f->layer];
+    prepare_acts(f, f->att + (size_t)r * width, width, kinds_of(&L->wo, NULL, NULL), r);
+}
+
+static void row_ffn_in(const fwd *f, int r) {
+    const hk_layer *L = &f->m->layers[f->layer];
+    const int n_embd = f->c->n_embd;
+    float *x = f->x + (size_t)r * n_embd, *o = f->o + (size_t)r * n_embd, *h = f->h + (size_t)r * n_embd;
+    if (L->post_attn_norm) rms_norm(f, o, L->post_attn_norm, o, n_embd);
+    add_into(x, o, n_embd);
+    rms_norm(f, x, L->ffn_norm, h, n_embd);
+    prepare_acts(f, h, n_embd, kinds_of(&L->gate, &L->up, NULL), r);
+}
+
+static void row_down_in(const fwd *f, int r) {
+    const hk_layer *L = &f->m->layers[f->layer];
+    prepare_acts(f, f->g + (size_t)r * f->c->n_ff, f->c->n_ff, kinds_of(&L->down, NULL, NULL), r);
+}
+
+static void row_ffn_out(const fwd *f, int r) {
+    const hk_layer *L = &f->m->layers[f->layer];
+    const int n_embd = f->c->n_embd;
+    float *x = f->x + (size_t)r * n_embd, *o = f->o + (size_t)r * n_embd;
+    if (L->post_ffn_norm) rms_norm(f, o, L->post_ffn_norm, o, n_embd);
+    add_into(x, o, n_embd);
+}
+
+/* Output row i (of the rows that want logits): final norm of its hidden state, quantized for the output. */
+static void row_output_in(const fwd *f, int i) {
+    const int n_embd = f->c->n_embd;
+    float *h = f->h + (size_t)i * n_embd;
+    rms_norm(f, f->x + (size_t)f->out_rows[i] * n_embd, f->m->output_norm, h, n_embd);
+    prepare_acts(f, h, n_embd, kinds_of(&f->m->output, NULL, NULL), i);
+}
+
+/* -- the forward call */
+
+static void run_layer(fwd *f, int l) {
+    const hk_layer *L = &f->m->layers[l];
+    f->layer = l;
+    run_rows(f, f->n, row_attn_in);
+    product(f, f->n, &L->wq, f->q, &L->wk, f->k, &L->wv, f->v);
+    run_rows(f, f->n, row_qkv_post);
+    f->att_job.layer = l;
+    f->att_job.window = L->window;
+    hk_attention_run(&f->att_job);
+    run_rows(f, f->n, row_attn_out);
+    product(f, f->n, &L->wo, f->o, NULL, NULL, NULL, NULL);
+    run_rows(f, f->n, row_ffn_in);
+    product_glu(f, f->n, L);
+    run_rows(f, f->n, row_down_in);
+    product(f, f->n, &L->down, f->o, NULL, NULL, NULL, NULL);
+    run_rows(f, f->n, row_ffn_out);
+}
+
+static int check_call(const hk_model *m, const int32_t *tokens, const hk_seq *seqs, int n_seqs, int *n_rows) {
+    int n = 0;
+    if (n_seqs < 1) return -3;
+    for (int s = 0; s < n_seqs; s++) {
+        const hk_seq *q = &seqs[s];
+        if (q->n_rows < 1 || q->n_past < 0 || q->n_past > q->capacity - q->n_rows || n > m->c.max_rows - q->n_rows) return -3;
+        n += q->n_rows;
+    }
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->c.n_vocab) return -2;
+    *n_rows = n;
+    return 0;
+}
+
+int hk_model_forward(hk_model *m, const int32_t *tokens, const hk_seq *seqs, int n_seqs, float *logits, int logits_mode) {
+    fwd F;
+    memset(&F, 0, sizeof F);
+    fwd *f = &F;
+    int n, rc = check_call(m, tokens, seqs, n_seqs, &n);
+    if (rc != 0) return rc;
+    size_t partial_floats;
+    int max_tasks;
+    hk_attention_sizes(m, seqs, n_seqs, &partial_floats, &max_tasks);
+    if (reserve_attention(m, partial_floats, max_tasks) != 0) return -1;
+    layout(&m->c, m->arena.mem, f);
+    f->m = m;
+    f->c = &m->c;
+    f->isa = active_isa();
+    f->vo = hk_vecops_active();
+    f->seqs = seqs;
+    f->n_seqs = n_seqs;
+    f->tokens = tokens;
+    f->n = n;
+    for (int s = 0, r = 0; s < n_seqs; s++)
+        for (int i = 0; i < seqs[s].n_rows; i++, r++) {
+            f->row_seq[r] = s;
+            f->row_pos[r] = seqs[s].n_past + i;
+        }
+    hk_attention_layout(m, seqs, n_seqs, f->row_slot);
+    f->att_job = (hk_att){.m = m, .vo = f->vo, .seqs = seqs, .n_seqs = n_seqs, .row_seq = f->row_seq, .row_pos = f->row_pos,
+                          .q = f->q, .att = f->att, .row_slot = f->row_slot,
+                          .tasks = (hk_att_task *)m->arena.att_mem,
+                          .partial = (float *)(void *)((uint8_t *)m->arena.att_mem + m->arena.att_tasks_bytes)};
+    run_rows(f, n, row_rope_tables);
+    run_rows(f, n, row_embed);
+    for (int l = 0; l < m->c.n_layers; l++) run_layer(f, l);
+    if (logits_mode == HK_LOGITS_NONE) return 0;
+    if (logits_mode == HK_LOGITS_ALL) {
+        for (int i = 0; i < n; i++) f->out_rows[i] = i;
+        f->n_out = n;
+    } else {
+        for (int s = 0, r = 0; s < n_seqs; s++) {
+            r += seqs[s].n_rows;
+            f->out_rows[s] = r - 1;
+        }
+        f->n_out = n_seqs;
+    }
+    run_rows(f, f->n_out, row_output_in);
+    product(f, f->n_out, &m->output, logits, NULL, NULL, NULL, NULL);
+    return 0;
+}

@@ -1,0 +1,76 @@
+/* The fused decoder: a model handle built once from the packed GGUF weights, and one forward call per chunk
+   of tokens (prefill) or per decode step of one or several sequences, all layers in C. */
+#ifndef HK_DECODER_H
+#define HK_DECODER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hk.h"
+
+/* A weight matrix as GGUF stores it: rows of packed blocks, stride bytes apart (a view into the mmap). */
+typedef struct {
+    const uint8_t *data;
+    ptrdiff_t stride;
+    int type, rows, cols;
+} hk_matrix;
+
+typedef struct {
+    hk_matrix wq, wk, wv, wo, gate, up, down;
+    const float *attn_norm, *ffn_norm;             /* (n_embd,) */
+    const float *bq, *bk, *bv;                     /* NULL, or (n_heads * head_dim,) / (n_kv_heads * head_dim,) */
+    const float *q_norm, *k_norm;                  /* NULL, or (head_dim,) */
+    const float *post_attn_norm, *post_ffn_norm;   /* NULL, or (n_embd,) */
+    int rope_set;                                  /* row of hk_model.inv_freq this layer rotates with */
+    int window;                                    /* 0, or keys with q_pos - k_pos < window only */
+} hk_layer;
+
+typedef struct {
+    int n_layers, n_embd, n_ff, n_heads, n_kv_heads, head_dim, v_head_dim, n_vocab;
+    int rope_dim, rope_neox, gelu, max_rows;
+    float rms_eps, embed_scale, attn_scale;
+} hk_config;
+
+/* Scratch reused by every call: float32 activations of up to max_rows rows (the views: decoder.c, layout),
+   and the attention's tasks and partial states, which grow with the context (never shrunk). */
+typedef struct {
+    void *mem;
+    size_t size;
+    void *att_mem; /* tasks, then partial states from att_tasks_bytes on */
+    size_t att_size, att_tasks_bytes;
+} hk_arena;
+
+typedef struct {
+    hk_config c;
+    hk_layer *layers;
+    hk_matrix embd, output;
+    const float *output_norm;
+    int n_rope_sets;
+    const double *inv_freq; /* (n_rope_sets, rope_dim / 2) */
+    hk_arena arena;
+} hk_model;
+
+/* One sequence of a call: its KV cache (every layer's (n_kv_heads, capacity, head_dim) block, layer after
+   layer, float32 or float16) and the rows of this call that append to it. */
+typedef struct {
+    void *k, *v;   /* (n_layers, n_kv_heads, capacity, head_dim) and (..., v_head_dim) */
+    int capacity;  /* positions per layer and head */
+    int n_past;    /* positions filled before this call */
+    int n_rows;    /* rows of this call, at positions n_past .. n_past + n_rows - 1 */
+    int kv_f16;    /* 1: float16 elements, 0: float32 */
+} hk_seq;
+
+enum { HK_LOGITS_NONE = 0, HK_LOGITS_LAST = 1, HK_LOGITS_ALL = 2 };
+
+/* Allocate the scratch arena for c->max_rows rows. The layers, matrices and inv_freq stay owned by the
+   caller and must outlive the model. Returns 0, or -1 when out of memory. */
+int hk_model_init(hk_model *m);
+void hk_model_free(hk_model *m);
+
+/* Run the decoder on n = sum of seqs[i].n_rows <= max_rows tokens (the rows of seqs[0] first), writing their
+   keys and values into the caches (which must have room). logits: HK_LOGITS_LAST writes (n_seqs, n_vocab),
+   the last row of each sequence; HK_LOGITS_ALL (n, n_vocab). Not re-entrant (one pool, one arena).
+   Returns 0, -1 out of memory, -2 a token id out of range, -3 bad sequence sizes. */
+int hk_model_forward(hk_model *m, const int32_t *tokens, const hk_seq *seqs, int n_seqs, float *logits, int logits_mode);
+
+#endif

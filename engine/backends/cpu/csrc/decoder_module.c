@@ -1,0 +1,281 @@
+/* Python bindings of the fused decoder (decoder_new, decoder_forward, decoder_scratch_bytes), added to the
+   engine.backends.cpu._kernels module; engine/backends/cpu/decoder.py is their only caller. Every array is
+   checked here, and the handle keeps a reference to each one it points into. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include <stdlib.h>
+
+#include "decoder.h"
+#include "decoder_module.h"
+
+#define CAPSULE_NAME "hearth.cpu_decoder"
+#define STACK_SEQS 64
+
+typedef struct {
+    hk_model m;
+    PyObject *keep; /* list: the arrays the model points into */
+} handle;
+
+static void handle_free(handle *h) {
+    if (!h) return;
+    hk_model_free(&h->m);
+    free(h->m.layers);
+    Py_XDECREF(h->keep);
+    free(h);
+}
+
+static void capsule_destructor(PyObject *capsule) { handle_free(PyCapsule_GetPointer(capsule, CAPSULE_NAME)); }
+
+static int keep(handle *h, PyObject *obj) { return PyList_Append(h->keep, obj); }
+
+/* (array, qtype): packed rows of a (rows, cols) matrix. */
+static int take_matrix(handle *h, PyObject *spec, int rows, int cols, hk_matrix *out, const char *what) {
+    PyObject *arr;
+    int qtype;
+    if (!PyArg_ParseTuple(spec, "Oi", &arr, &qtype)) return -1;
+    const hk_type *ti = hk_type_info(qtype);
+    if (!ti) {
+        PyErr_Format(PyExc_ValueError, "%s: GGML type %d is not supported by the CPU kernels", what, qtype);
+        return -1;
+    }
+    PyArrayObject *a = (PyArrayObject *)arr;
+    if (!PyArray_Check(arr) || PyArray_TYPE(a) != NPY_UINT8 || PyArray_NDIM(a) != 2 || PyArray_STRIDE(a, 1) != 1 ||
+        cols % ti->block != 0 || PyArray_DIM(a, 0) != rows || PyArray_DIM(a, 1) != (npy_intp)cols / ti->block * ti->type_size) {
+        PyErr_Format(PyExc_ValueError, "%s must be a uint8 array of %d rows of %d packed %s elements", what, rows, cols, ti->name);
+        return -1;
+    }
+    *out = (hk_matrix){(const uint8_t *)PyArray_DATA(a), PyArray_STRIDE(a, 0), qtype, rows, cols};
+    return keep(h, arr);
+}
+
+/* A float32 vector of n (or None when optional). */
+static int take_vector(handle *h, PyObject *obj, int n, int optional, const float **out, const char *what) {
+    if (obj == Py_None && optional) {
+        *out = NULL;
+        return 0;
+    }
+    PyArrayObject *a = (PyArrayObject *)obj;
+    if (!PyArray_Check(obj) || PyArray_TYPE(a) != NPY_FLOAT32 || PyArray_NDIM(a) != 1 || PyArray_DIM(a, 0) != n ||
+        !PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a)) {
+        PyErr_Format(PyExc_ValueError, "%s must be a contiguous float32 array of %d", what, n);
+        return -1;
+    }
+    *out = (const float *)PyArray_DATA(a);
+    return keep(h, obj);
+}
+
+static int take_layer(handle *h, PyObject *spec, int il, hk_layer *L) {
+    const hk_config *c = &h->m.c;
+    PyObject *o[18];
+    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 18) {
+        PyErr_Format(PyExc_ValueError, "layer %d: expected an 18-tuple", il);
+        return -1;
+    }
+    for (int i = 0; i < 18; i++) o[i] = PyTuple_GET_ITEM(spec, i);
+    int nq = c->n_heads * c->head_dim, nk = c->n_kv_heads * c->head_dim, nv = c->n_kv_heads * c->v_head_dim;
+    int na = c->n_heads * c->v_head_dim;
+    if (take_matrix(h, o[0], nq, c->n_embd, &L->wq, "wq") || take_matrix(h, o[1], nk, c->n_embd, &L->wk, "wk") ||
+        take_matrix(h, o[2], nv, c->n_embd, &L->wv, "wv") || take_matrix(h, o[3], c->n_embd, na, &L->wo, "wo") ||
+        take_matrix(h, o[4], c->n_ff, c->n_embd, &L->gate, "gate") || take_matrix(h, o[5], c->n_ff, c->n_embd, &L->up, "up") ||
+        take_matrix(h, o[6], c->n_embd, c->n_ff, &L->down, "down") ||
+        take_vector(h, o[7], c->n_embd, 0, &L->attn_norm, "attn_norm") || take_vector(h, o[8], c->n_embd, 0, &L->ffn_norm, "ffn_norm") ||
+        take_vector(h, o[9], nq, 1, &L->bq, "bq") || take_vector(h, o[10], nk, 1, &L->bk, "bk") || take_vector(h, o[11], nv, 1, &L->bv, "bv") ||
+        take_vector(h, o[12], c->head_dim, 1, &L->q_norm, "q_norm") || take_vector(h, o[13], c->head_dim, 1, &L->k_norm, "k_norm") ||
+        take_vector(h, o[14], c->n_embd, 1, &L->post_attn_norm, "post_attn_norm") ||
+        take_vector(h, o[15], c->n_embd, 1, &L->post_ffn_norm, "post_ffn_norm"))
+        return -1;
+    L->rope_set = (int)PyLong_AsLong(o[16]);
+    L->window = (int)PyLong_AsLong(o[17]);
+    if (PyErr_Occurred()) return -1;
+    if ((L->bq == NULL) != (L->bk == NULL) || (L->bq == NULL) != (L->bv == NULL) || (L->q_norm == NULL) != (L->k_norm == NULL) ||
+        L->rope_set < 0 || L->rope_set >= h->m.n_rope_sets || L->window < 0) {
+        PyErr_Format(PyExc_ValueError, "layer %d: inconsistent biases, norms, RoPE set or window", il);
+        return -1;
+    }
+    return 0;
+}
+
+static int take_config(hk_config *c, PyObject *ints, PyObject *floats) {
+    if (!PyArg_ParseTuple(ints, "iiiiiiiiiiii", &c->n_layers, &c->n_embd, &c->n_ff, &c->n_heads, &c->n_kv_heads, &c->head_dim,
+                          &c->v_head_dim, &c->n_vocab, &c->rope_dim, &c->rope_neox, &c->gelu, &c->max_rows) ||
+        !PyArg_ParseTuple(floats, "fff", &c->rms_eps, &c->embed_scale, &c->attn_scale))
+        return -1;
+    if (c->n_layers < 1 || c->n_embd < 1 || c->n_ff < 1 || c->n_heads < 1 || c->n_kv_heads < 1 || c->n_heads % c->n_kv_heads ||
+        c->head_dim < 1 || c->v_head_dim < 1 || c->head_dim + c->v_head_dim > 16384 || c->n_vocab < 1 || c->rope_dim < 0 ||
+        c->rope_dim % 2 || c->rope_dim > c->head_dim || c->max_rows < 1 || c->max_rows > 65536) {
+        PyErr_SetString(PyExc_ValueError, "decoder configuration out of range");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *py_decoder_new(PyObject *self, PyObject *args) {
+    PyObject *ints, *floats, *embd, *output, *output_norm, *inv_freq, *layers;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!OOO:decoder_new", &PyTuple_Type, &ints, &PyTuple_Type, &floats, &PyTuple_Type, &embd,
+                          &PyTuple_Type, &output, &output_norm, &inv_freq, &layers))
+        return NULL;
+    handle *h = calloc(1, sizeof *h);
+    if (!h) return PyErr_NoMemory();
+    hk_model *m = &h->m;
+    if (!(h->keep = PyList_New(0)) || take_config(&m->c, ints, floats) != 0) goto fail;
+    PyArrayObject *fr = (PyArrayObject *)inv_freq;
+    if (!PyArray_Check(inv_freq) || PyArray_TYPE(fr) != NPY_FLOAT64 || PyArray_NDIM(fr) != 2 || !PyArray_IS_C_CONTIGUOUS(fr) ||
+        PyArray_DIM(fr, 0) < 1 || PyArray_DIM(fr, 0) > 2 || PyArray_DIM(fr, 1) != m->c.rope_dim / 2) {
+        PyErr_SetString(PyExc_ValueError, "inv_freq must be a contiguous float64 array (1 or 2, rope_dim / 2)");
+        goto fail;
+    }
+    m->n_rope_sets = (int)PyArray_DIM(fr, 0);
+    m->inv_freq = (const double *)PyArray_DATA(fr);
+    if (keep(h, inv_freq) || take_matrix(h, embd, m->c.n_vocab, m->c.n_embd, &m->embd, "token_embd") ||
+        take_matrix(h, output, m->c.n_vocab, m->c.n_embd, &m->output, "output") ||
+        take_vector(h, output_norm, m->c.n_embd, 0, &m->output_norm, "output_norm"))
+        goto fail;
+    if (!PySequence_Check(layers) || PySequence_Size(layers) != m->c.n_layers) {
+        PyErr_Format(PyExc_ValueError, "expected %d layers", m->c.n_layers);
+        goto fail;
+    }
+    if (!(m->layers = calloc(m->c.n_layers, sizeof(hk_layer)))) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (int il = 0; il < m->c.n_layers; il++) {
+        PyObject *spec = PySequence_GetItem(layers, il);
+        int rc = spec ? take_layer(h, spec, il, &m->layers[il]) : -1;
+        Py_XDECREF(spec);
+        if (rc != 0) goto fail;
+    }
+    if (hk_model_init(m) != 0) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    PyObject *capsule = PyCapsule_New(h, CAPSULE_NAME, capsule_destructor);
+    if (!capsule) goto fail;
+    return capsule;
+fail:
+    handle_free(h);
+    return NULL;
+}
+
+/* A cache's keys or values: (n_layers, n_kv_heads, capacity, dim) float32 or float16, writeable, C order. */
+static int take_cache(const hk_config *c, PyObject *obj, int dim, int *capacity, int *f16) {
+    PyArrayObject *a = (PyArrayObject *)obj;
+    if (!PyArray_Check(obj) || (PyArray_TYPE(a) != NPY_FLOAT32 && PyArray_TYPE(a) != NPY_FLOAT16) || PyArray_NDIM(a) != 4 ||
+        !PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a) || !PyArray_ISWRITEABLE(a) || PyArray_DIM(a, 0) != c->n_layers ||
+        PyArray_DIM(a, 1) != c->n_kv_heads || PyArray_DIM(a, 3) != dim || PyArray_DIM(a, 2) > INT_MAX ||
+        (*capacity >= 0 && (PyArray_DIM(a, 2) != *capacity || (PyArray_TYPE(a) == NPY_FLOAT16) != *f16))) {
+        PyErr_SetString(PyExc_ValueError, "a KV cache array has the wrong type or shape for this model");
+        return -1;
+    }
+    *capacity = (int)PyArray_DIM(a, 2);
+    *f16 = PyArray_TYPE(a) == NPY_FLOAT16;
+    return 0;
+}
+
+static int take_seqs(const hk_config *c, PyObject *caches, hk_seq *seqs, Py_ssize_t n_seqs) {
+    for (Py_ssize_t s = 0; s < n_seqs; s++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(caches, s), *k, *v;
+        hk_seq *q = &seqs[s];
+        if (!PyArg_ParseTuple(item, "OOii", &k, &v, &q->n_past, &q->n_rows)) return -1;
+        q->capacity = -1;
+        if (take_cache(c, k, c->head_dim, &q->capacity, &q->kv_f16) || take_cache(c, v, c->v_head_dim, &q->capacity, &q->kv_f16))
+            return -1;
+        q->k = PyArray_DATA((PyArrayObject *)k);
+        q->v = PyArray_DATA((PyArrayObject *)v);
+    }
+    return 0;
+}
+
+static PyObject *py_decoder_forward(PyObject *self, PyObject *args) {
+    PyObject *capsule, *tokobj, *caches_obj, *logobj;
+    int mode;
+    if (!PyArg_ParseTuple(args, "OOOOi:decoder_forward", &capsule, &tokobj, &caches_obj, &logobj, &mode)) return NULL;
+    handle *h = PyCapsule_GetPointer(capsule, CAPSULE_NAME);
+    if (!h) return NULL;
+    const hk_config *c = &h->m.c;
+    PyArrayObject *tokens = (PyArrayObject *)tokobj;
+    if (!PyArray_Check(tokobj) || PyArray_TYPE(tokens) != NPY_INT32 || PyArray_NDIM(tokens) != 1 || !PyArray_IS_C_CONTIGUOUS(tokens)) {
+        PyErr_SetString(PyExc_ValueError, "tokens must be a contiguous int32 array");
+        return NULL;
+    }
+    PyObject *caches = PySequence_Fast(caches_obj, "caches must be a sequence of (keys, values, n_past, n_rows)");
+    if (!caches) return NULL;
+    Py_ssize_t n_seqs = PySequence_Fast_GET_SIZE(caches), n = PyArray_DIM(tokens, 0);
+    hk_seq stack[STACK_SEQS], *seqs = n_seqs <= STACK_SEQS ? stack : malloc(sizeof(hk_seq) * (size_t)n_seqs);
+    PyObject *result = NULL;
+    if (!seqs) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (n_seqs < 1 || n_seqs > INT_MAX || take_seqs(c, caches, seqs, n_seqs) != 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "decoder_forward needs at least one cache");
+        goto done;
+    }
+    Py_ssize_t rows = 0;
+    for (Py_ssize_t s = 0; s < n_seqs; s++) rows += seqs[s].n_rows;
+    if (rows != n) {
+        PyErr_Format(PyExc_ValueError, "the caches take %zd rows, got %zd tokens", rows, n);
+        goto done;
+    }
+    float *logits = NULL;
+    if (mode != HK_LOGITS_NONE) {
+        PyArrayObject *lg = (PyArrayObject *)logobj;
+        npy_intp want = mode == HK_LOGITS_ALL ? n : n_seqs;
+        if (mode != HK_LOGITS_LAST && mode != HK_LOGITS_ALL) {
+            PyErr_SetString(PyExc_ValueError, "unknown logits mode");
+            goto done;
+        }
+        if (!PyArray_Check(logobj) || PyArray_TYPE(lg) != NPY_FLOAT32 || PyArray_NDIM(lg) != 2 || !PyArray_IS_C_CONTIGUOUS(lg) ||
+            !PyArray_ISWRITEABLE(lg) || PyArray_DIM(lg, 0) != want || PyArray_DIM(lg, 1) != c->n_vocab) {
+            PyErr_Format(PyExc_ValueError, "logits must be a writeable contiguous float32 array (%zd, %d)", (Py_ssize_t)want, c->n_vocab);
+            goto done;
+        }
+        logits = (float *)PyArray_DATA(lg);
+    }
+    const int32_t *tok = (const int32_t *)PyArray_DATA(tokens);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&hk_compute);
+    rc = hk_model_forward(&h->m, tok, seqs, (int)n_seqs, logits, mode);
+    pthread_mutex_unlock(&hk_compute);
+    Py_END_ALLOW_THREADS
+    if (rc == -1)
+        PyErr_NoMemory();
+    else if (rc == -2)
+        PyErr_Format(PyExc_ValueError, "token id out of range 0..%d", c->n_vocab - 1);
+    else if (rc != 0)
+        PyErr_Format(PyExc_ValueError, "a sequence has no rows, no room in its cache, or the call has more than %d rows", c->max_rows);
+    else
+        result = Py_NewRef(Py_None);
+done:
+    if (seqs != stack) free(seqs);
+    Py_DECREF(caches);
+    return result;
+}
+
+static PyObject *py_decoder_scratch_bytes(PyObject *self, PyObject *capsule) {
+    handle *h = PyCapsule_GetPointer(capsule, CAPSULE_NAME);
+    if (!h) return NULL;
+    size_t bytes;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&hk_compute); /* a running forward may grow the attention scratch */
+    bytes = h->m.arena.size + h->m.arena.att_size;
+    pthread_mutex_unlock(&hk_compute);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromSize_t(bytes);
+}
+
+static PyMethodDef METHODS[] = {
+    {"decoder_new", py_decoder_new, METH_VARARGS,
+     "decoder_new(ints, floats, embd, output, output_norm, inv_freq, layers) -> handle"},
+    {"decoder_forward", py_decoder_forward, METH_VARARGS, "decoder_forward(handle, tokens, caches, logits, mode)"},
+    {"decoder_scratch_bytes", py_decoder_scratch_bytes, METH_O, "decoder_scratch_bytes(handle) -> int"},
+    {NULL, NULL, 0, NULL},
+};
+
+int hk_decoder_add_functions(PyObject *module) {
+    if (_import_array() < 0) return -1; /* this file's own copy of NumPy's C API table */
+    return PyModule_AddFunctions(module, METHODS);
+}

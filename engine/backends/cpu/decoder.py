@@ -1,0 +1,180 @@
+"""The fused C decoder's Python side: the model handle built once from the packed weights, and its KV cache.
+
+One C call runs every layer for a chunk of prompt tokens, or for one decode step of one or several sequences,
+with the GIL released. The handle points into the memory-mapped GGUF (nothing is copied) and keeps those
+arrays alive; its scratch arena is allocated once for ``MAX_ROWS`` rows and reused by every call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ...config import ModelConfig
+from ...gguf_file import ModelFormatError
+from ...kv_cache import GROWTH_STEP
+from ..base import KVCache, KVState
+from . import kernels
+
+MAX_ROWS = 256  # rows per C call: prompt chunks and decode batches are cut to this (it sizes the scratch arena)
+KV_DTYPES = (np.float16, np.float32)
+_LOGITS_NONE, _LOGITS_LAST, _LOGITS_ALL = 0, 1, 2  # decoder.h HK_LOGITS_*
+_LAYER_VECTORS = ("attn_norm", "ffn_norm", "bq", "bk", "bv", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")
+_ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
+
+
+class CpuKVCache(KVCache):
+    """Keys and values of one sequence in two arrays the C decoder writes into, grown in steps up to n_ctx."""
+
+    def __init__(self, config: ModelConfig, n_ctx: int, dtype=np.float16):
+        if n_ctx <= 0:
+            raise ValueError(f"n_ctx must be positive, got {n_ctx}")
+        if np.dtype(dtype) not in [np.dtype(t) for t in KV_DTYPES]:
+            raise ValueError(f"KV cache dtype must be float16 or float32, got {np.dtype(dtype)}")
+        self.config, self.n_ctx, self.dtype = config, n_ctx, np.dtype(dtype)
+        self._n_past = 0
+        self.capacity = 0
+        self.k = np.zeros((config.n_layers, config.n_kv_heads, 0, config.head_dim), self.dtype)  # (n_layers, n_kv_heads, capacity, head_dim)
+        self.v = np.zeros((config.n_layers, config.n_kv_heads, 0, config.v_head_dim), self.dtype)  # (..., v_head_dim)
+        self._grow_to(min(GROWTH_STEP, n_ctx))
+
+    @property
+    def n_past(self) -> int:
+        return self._n_past
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def _grow_to(self, capacity: int) -> None:
+        cfg, filled = self.config, self._n_past
+        k = np.zeros((cfg.n_layers, cfg.n_kv_heads, capacity, cfg.head_dim), self.dtype)
+        v = np.zeros((cfg.n_layers, cfg.n_kv_heads, capacity, cfg.v_head_dim), self.dtype)
+        k[:, :, :filled] = self.k[:, :, :filled]
+        v[:, :, :filled] = self.v[:, :, :filled]
+        self.k, self.v, self.capacity = k, v, capacity
+
+    def reserve(self, n_new: int) -> None:
+        """Make room for ``n_new`` more positions; raises ValueError past ``n_ctx``."""
+        needed = self._n_past + n_new
+        if needed > self.n_ctx:
+            raise ValueError(f"the context is full: {needed} positions needed, n_ctx is {self.n_ctx}")
+        if needed > self.capacity:
+            steps = -(-needed // GROWTH_STEP)
+            self._grow_to(min(self.n_ctx, steps * GROWTH_STEP))
+
+    def advance(self, n: int) -> None:
+        self._n_past += n
+
+    def truncate(self, n_past: int) -> None:
+        if not 0 <= n_past <= self._n_past:
+            raise ValueError(f"cannot truncate a cache of {self._n_past} positions to {n_past}")
+        self._n_past = n_past
+
+    def export_state(self) -> KVState:
+        n = self._n_past
+        return KVState(keys=[layer[:, :n].astype(np.float32) for layer in self.k],
+                       values=[layer[:, :n].astype(np.float32) for layer in self.v], n_past=n)
+
+    def import_state(self, state: KVState) -> None:
+        cfg = self.config
+        if len(state.keys) != cfg.n_layers or len(state.values) != cfg.n_layers:
+            raise ValueError(f"the state has {len(state.keys)} layers, the model {cfg.n_layers}")
+        for k, v in zip(state.keys, state.values):
+            if k.shape != (cfg.n_kv_heads, state.n_past, cfg.head_dim) or v.shape != (cfg.n_kv_heads, state.n_past, cfg.v_head_dim):
+                raise ValueError(f"KV shapes {k.shape}/{v.shape} do not fit this model")
+        self._n_past = 0
+        self.reserve(state.n_past)
+        for layer in range(cfg.n_layers):
+            self.k[layer, :, :state.n_past] = state.keys[layer]
+            self.v[layer, :, :state.n_past] = state.values[layer]
+        self._n_past = state.n_past
+
+    def c_view(self, n_rows: int) -> tuple[np.ndarray, np.ndarray, int, int]:
+        """What the C decoder takes for appending ``n_rows`` positions (room must be reserved)."""
+        return self.k, self.v, self._n_past, n_rows
+
+
+class CpuDecoder:
+    """The C model handle: every layer's packed matrices, norms and biases, RoPE frequencies and windows.
+
+    Args:
+        config: the model's hyper-parameters.
+        layers: per layer, an object with the fields of ``numpy_backend.Layer`` whose matrices have
+            ``blocks`` (uint8 rows, a view into the mmap) and ``qtype``, and whose vectors are float32.
+        token_embd: (embd uint8 rows, qtype); output: the output matrix (same form as the layer matrices).
+        output_norm: (n_embd,) float32.
+        inv_freq: RoPE inverse frequencies (rope_dim // 2,) float64 by base.
+    """
+
+    def __init__(self, config: ModelConfig, layers: Sequence[Any], token_embd: tuple[np.ndarray, int], output: Any,
+                 output_norm: np.ndarray, inv_freq: dict[float, np.ndarray]):
+        if config.activation not in _ACTIVATIONS:
+            raise ModelFormatError(f"the CPU decoder has no activation {config.activation!r}")
+        c = config
+        bases = sorted({c.layer_rope_base(i) for i in range(c.n_layers)})
+        if len(bases) > 2:
+            raise ModelFormatError("the CPU decoder takes at most two RoPE bases")
+        freqs = np.ascontiguousarray(np.stack([inv_freq[b] for b in bases]), dtype=np.float64)  # (n_sets, rope_dim // 2)
+        ints = (c.n_layers, c.n_embd, c.n_ff, c.n_heads, c.n_kv_heads, c.head_dim, c.v_head_dim, c.n_vocab, c.rope_dim,
+                int(c.rope_neox), _ACTIVATIONS[c.activation], MAX_ROWS)
+        floats = (c.rms_eps, c.embed_scale, c.attn_scale)
+        specs = [self._layer_spec(c, i, layer, bases.index(c.layer_rope_base(i))) for i, layer in enumerate(layers)]
+        self.config = config
+        self._ext = _extension()
+        self._handle = self._ext.decoder_new(ints, floats, (token_embd[0], int(token_embd[1])),
+                                           (output.blocks, int(output.qtype)), _f32(output_norm), freqs, specs)
+
+    @staticmethod
+    def _layer_spec(c: ModelConfig, i: int, layer: Any, rope_set: int) -> tuple:
+        matrices = tuple((m.blocks, int(m.qtype)) for m in (layer.wq, layer.wk, layer.wv, layer.wo, layer.w_gate,
+                                                            layer.w_up, layer.w_down))
+        vectors = tuple(_f32(getattr(layer, name)) for name in _LAYER_VECTORS)
+        return (*matrices, *vectors, rope_set, c.sliding_window if c.is_sliding(i) else 0)
+
+    @property
+    def scratch_bytes(self) -> int:
+        return self._ext.decoder_scratch_bytes(self._handle)
+
+    def forward(self, tokens: np.ndarray, cache: CpuKVCache, all_logits: bool) -> np.ndarray:
+        """Append ``tokens`` (int32, room reserved) to ``cache``; logits (n, n_vocab) or (n_vocab,)."""
+        n = tokens.size
+        logits = np.empty((n if all_logits else 1, self.config.n_vocab), np.float32)  # (rows, n_vocab)
+        for start in range(0, n, MAX_ROWS):
+            chunk = tokens[start:start + MAX_ROWS]
+            last = start + chunk.size == n
+            if all_logits:
+                out, mode = logits[start:start + chunk.size], _LOGITS_ALL
+            else:
+                out, mode = (logits, _LOGITS_LAST) if last else (None, _LOGITS_NONE)
+            self._ext.decoder_forward(self._handle, chunk, (cache.c_view(chunk.size),), out, mode)
+            cache.advance(chunk.size)
+        return logits if all_logits else logits[0]
+
+    def forward_batch(self, tokens: np.ndarray, caches: Sequence[CpuKVCache]) -> np.ndarray:
+        """One decode step for each cache (room reserved): token ``i`` goes to ``caches[i]``; logits (B, n_vocab)."""
+        logits = np.empty((tokens.size, self.config.n_vocab), np.float32)  # (B, n_vocab)
+        for start in range(0, tokens.size, MAX_ROWS):
+            group = caches[start:start + MAX_ROWS]
+            self._ext.decoder_forward(self._handle, tokens[start:start + len(group)], [c.c_view(1) for c in group],
+                                    logits[start:start + len(group)], _LOGITS_LAST)
+            for cache in group:
+                cache.advance(1)
+        return logits
+
+    def close(self) -> None:
+        self._handle = None
+
+
+def _extension():
+    """The C extension, as kernels.py loaded and configured it (ISA, threads)."""
+    if not kernels.AVAILABLE:
+        raise RuntimeError(f"the CPU kernels extension is not loaded (not built, or {kernels.ISA_ENV}=numpy)")
+    from . import _kernels
+    return _kernels
+
+
+def _f32(vector: np.ndarray | None) -> np.ndarray | None:
+    return None if vector is None else np.ascontiguousarray(vector, dtype=np.float32)

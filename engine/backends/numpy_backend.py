@@ -191,20 +191,7 @@ class NumpyBackend(Backend):
 
     def _attention_block(self, i: int, layer: Layer, x: np.ndarray, positions: np.ndarray, cache) -> np.ndarray:
         c = self.config
-        n = x.shape[0]
-        h = np.ascontiguousarray(rms_norm(x, layer.attn_norm, c.rms_eps), dtype=np.float32)
-        q, k, v = self.matmul(h, layer.wq), self.matmul(h, layer.wk), self.matmul(h, layer.wv)
-        if layer.bq is not None:
-            q, k, v = q + layer.bq, k + layer.bk, v + layer.bv
-        q = q.reshape(n, c.n_heads, c.head_dim)
-        k = k.reshape(n, c.n_kv_heads, c.head_dim)
-        v = v.reshape(n, c.n_kv_heads, c.v_head_dim)
-        if layer.q_norm is not None:
-            q = rms_norm(q, layer.q_norm, c.rms_eps)
-            k = rms_norm(k, layer.k_norm, c.rms_eps)
-        inv_freq = self.inv_freq[c.layer_rope_base(i)]
-        q = apply_rope(q, positions, inv_freq, c.rope_neox)
-        k = apply_rope(k, positions, inv_freq, c.rope_neox)
+        q, k, v = self._project_qkv(i, layer, x, positions)
         cache.store(i, k.transpose(1, 0, 2), v.transpose(1, 0, 2))
         window = c.sliding_window if c.is_sliding(i) else 0
         out = self._attend(q, cache.keys[i], cache.values[i], positions, window)

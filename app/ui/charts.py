@@ -33,7 +33,7 @@ COLORS = {
     "thermal": "#e15759",
     "chunk": "#2bb0c8",
     "batch": "#d9559a",
-    "device": "#c65f1d",
+    "device": "#6f63d9",  # MLX device memory
 }
 
 

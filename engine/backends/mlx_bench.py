@@ -1,7 +1,7 @@
 """``python -m engine bench --backend mlx``: our MLX backend against mlx-lm's model code on the same weights.
 
-Both run in this process, interleaved (ours, peer, ours, peer, ...), on the same prompt of random token ids
-and greedy decoding, and the medians are reported. Ours is timed through the path the engine uses
+Both run in this process, interleaved (the order rotates from one repeat to the next), on the same prompt of
+random token ids with greedy decoding, and the medians are reported. Ours is timed through the path the engine uses
 (``forward`` returning NumPy logits, argmax on the host); the peer through ``mlx_lm.generate.generate_step``.
 Prefill time is time to the first token; decode speed counts the tokens after it.
 """
@@ -51,9 +51,10 @@ def run_mlx_bench(model_path: str | os.PathLike, prompt_tokens: int = 512, gen_t
         peer = build_peer(backend)
         runners["peer."] = lambda: _run_peer(peer, prompt, gen_tokens)
     runs: dict[str, list[tuple[float, float]]] = {key: [] for key in runners}
-    for _ in range(repeats):
-        for key, run in runners.items():
-            runs[key].append(run())
+    order = list(runners)
+    for repeat in range(repeats):
+        for key in order[repeat % len(order):] + order[:repeat % len(order)]:  # rotate: no engine always goes first
+            runs[key].append(runners[key]())
             mx.clear_cache()
     for key, results in runs.items():
         report[f"{key}prefill_tps"] = round(statistics.median(r[0] for r in results), 2)

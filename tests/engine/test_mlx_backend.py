@@ -32,25 +32,29 @@ TINY_TOLERANCE = 2e-4  # float32 against float32 on the same (exactly repacked) 
 WINDOW = 8  # the tiny Gemma 3's sliding window, so its rings wrap after a few hundred tokens
 
 
-def write_tiny_gemma3(path: Path, n_layers: int = 6, n_embd: int = 64, n_heads: int = 4, n_kv_heads: int = 2,
-                      head_dim: int = 32, n_ff: int = 96, n_vocab: int = 300, seed: int = 0) -> Path:
-    """A random-weight Gemma 3 (layers 0-4 sliding, 5 global) with norms, post-norms and q/k norms; no tokenizer."""
+def write_tiny_model(path: Path, arch: str = "gemma3", n_layers: int = 6, n_embd: int = 64, n_heads: int = 4,
+                     n_kv_heads: int = 2, head_dim: int = 32, n_ff: int = 96, n_vocab: int = 300, seed: int = 0) -> Path:
+    """A random-weight model without tokenizer, with stronger weights than the tiny llama so positions matter.
+
+    "gemma3": layers 0-4 slide over WINDOW positions, layer 5 is global; q/k norms and post-norms.
+    "llama": a Llama 3.1-style model with a ``rope_freqs`` tensor scaling the RoPE frequencies.
+    """
     rng = np.random.default_rng(seed)
-    w = GGUFWriter(path, "gemma3")
+    w = GGUFWriter(path, arch)
     for key, value in {"context_length": 4096, "embedding_length": n_embd, "block_count": n_layers,
                        "feed_forward_length": n_ff, "attention.head_count": n_heads,
                        "attention.head_count_kv": n_kv_heads, "attention.key_length": head_dim,
                        "attention.value_length": head_dim, "attention.sliding_window": WINDOW}.items():
-        w.add_uint32(f"gemma3.{key}", value)
-    w.add_float32("gemma3.attention.layer_norm_rms_epsilon", 1e-6)
-    w.add_float32("gemma3.rope.freq_base", 1e6)
+        w.add_uint32(f"{arch}.{key}", value)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+    w.add_float32(f"{arch}.rope.freq_base", 1e6 if arch == "gemma3" else 5e5)
 
     def matrix(name, rows, cols, qtype=Q.Q8_0):
         values = 0.05 * rng.standard_normal((rows, cols)).astype(np.float32)
         w.add_tensor(name, quantize(values, qtype), raw_dtype=qtype)
 
-    def vector(name, n):
-        w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))
+    def vector(name, n, mean=1.0):
+        w.add_tensor(name, (mean + 0.1 * rng.standard_normal(n)).astype(np.float32))
 
     matrix("token_embd.weight", n_vocab, n_embd)
     for i in range(n_layers):
@@ -61,10 +65,15 @@ def write_tiny_gemma3(path: Path, n_layers: int = 6, n_embd: int = 64, n_heads: 
         matrix(f"blk.{i}.ffn_gate.weight", n_ff, n_embd, Q.Q4_1)
         matrix(f"blk.{i}.ffn_up.weight", n_ff, n_embd)
         matrix(f"blk.{i}.ffn_down.weight", n_embd, n_ff, Q.Q5_0)
-        for name, n in (("attn_norm", n_embd), ("ffn_norm", n_embd), ("post_attention_norm", n_embd),
-                        ("post_ffw_norm", n_embd), ("attn_q_norm", head_dim), ("attn_k_norm", head_dim)):
+        norms = [("attn_norm", n_embd), ("ffn_norm", n_embd)]
+        if arch == "gemma3":
+            norms += [("post_attention_norm", n_embd), ("post_ffw_norm", n_embd), ("attn_q_norm", head_dim),
+                      ("attn_k_norm", head_dim)]
+        for name, n in norms:
             vector(f"blk.{i}.{name}.weight", n)
     vector("output_norm.weight", n_embd)
+    if arch == "llama":
+        vector("rope_freqs.weight", head_dim // 2, mean=4.0)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -85,7 +94,12 @@ def tiny_llama(tiny_model_path):
 
 @pytest.fixture(scope="module")
 def tiny_gemma(tmp_path_factory):
-    return load_pair(write_tiny_gemma3(tmp_path_factory.mktemp("gemma") / "tiny-gemma3.gguf"))
+    return load_pair(write_tiny_model(tmp_path_factory.mktemp("gemma") / "tiny-gemma3.gguf"))
+
+
+@pytest.fixture(scope="module")
+def tiny_llama3(tmp_path_factory):
+    return load_pair(write_tiny_model(tmp_path_factory.mktemp("llama3") / "tiny-llama3.gguf", arch="llama"))
 
 
 def token_ids(n: int, n_vocab: int, seed: int = 0) -> list[int]:
@@ -93,9 +107,10 @@ def token_ids(n: int, n_vocab: int, seed: int = 0) -> list[int]:
 
 
 # -- agreement with the NumPy reference ----------------------------------------------------------------------
-@pytest.mark.parametrize("model", ["tiny_llama", "tiny_gemma"])
+@pytest.mark.parametrize("model", ["tiny_llama", "tiny_gemma", "tiny_llama3"])
 def test_prefill_logits_match_numpy_reference(model, request):
     ours, ref = request.getfixturevalue(model)
+    assert ours.config.has_rope_freqs == (model == "tiny_llama3")
     ids = token_ids(40, ours.config.n_vocab)
     got = ours.forward(ids, ours.new_cache(64), all_logits=True)
     want = ref.forward(ids, ref.new_cache(64), all_logits=True)
@@ -378,3 +393,30 @@ def test_resident_memory_after_load_is_at_most_1_2_times_the_gguf(name):
     assert m["estimate"] == m["weights"], m  # the won't-fit check before loading uses the estimate
     assert m["active"] <= 1.2 * m["file"], m
     assert m["rss_growth"] <= 1.2 * m["file"], m
+
+
+# -- the benchmark peer ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("model, tolerance", [("tiny_llama", 1e-4), ("tiny_gemma", 1e-2)])
+def test_peer_built_from_our_arrays_computes_the_same_logits(model, tolerance, request):
+    """mlx-lm's model code on our weights agrees with us, so the benchmark compares like with like.
+
+    mlx-lm dequantizes a quantized embedding (the tiny Gemma's is Q8_0) to float16 rows; we keep float32.
+    """
+    from engine.backends.mlx.peer import build_peer
+    from mlx_lm.models.cache import make_prompt_cache
+
+    ours, _ = request.getfixturevalue(model)
+    peer = build_peer(ours)
+    ids = token_ids(24, ours.config.n_vocab, seed=12)
+    got = np.array(peer(mx.array(ids)[None], cache=make_prompt_cache(peer))[0])
+    np.testing.assert_allclose(got, ours.forward(ids, ours.new_cache(32), all_logits=True), atol=tolerance, rtol=0)
+
+
+def test_bench_reports_both_engines(tiny_model_path):
+    from engine.backends.mlx_bench import run_mlx_bench
+
+    report = run_mlx_bench(tiny_model_path, prompt_tokens=16, gen_tokens=4, compare=True, repeats=1)
+    for key in ("prefill_tps", "decode_tps", "pipelined.decode_tps", "peer.prefill_tps", "peer.decode_tps",
+                "ratio.prefill", "ratio.decode", "load_s", "peak_rss_mb", "mlx_active_mb"):
+        assert report[key] > 0, key
+    assert report["ratio.decode"] == pytest.approx(report["decode_tps"] / report["peer.decode_tps"], rel=0.01)

@@ -4,7 +4,7 @@ A full-attention layer keeps every position, in a buffer grown ``GROWTH_STEP`` p
 ``n_ctx``. A sliding-window layer (Gemma 3) only ever looks back ``window - 1`` positions, so it keeps a ring
 of ``window - 1 + MAX_CHUNK`` slots: position ``p`` lives in slot ``p % slots``. The extra ``MAX_CHUNK``
 slots hold a whole forward chunk next to the window it attends to, and let ``truncate`` roll back up to
-``MAX_CHUNK + 1`` positions for free; a deeper rollback replays the kept prefix through the model (the cache
+``MAX_CHUNK`` positions for free; a deeper rollback replays the kept prefix through the model (the cache
 remembers its token ids for that), which costs one prefill.
 """
 

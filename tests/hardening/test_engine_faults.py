@@ -21,6 +21,7 @@ from engine.gguf_file import ModelFormatError  # noqa: E402
 from engine.sampling import NonFiniteLogitsError, SamplingParams  # noqa: E402
 from tests.engine.gguf_builders import DEFAULT_TYPES, TINY_VOCAB_SIZE, tiny_vocab, write_tiny_llama  # noqa: E402
 
+REPO = Path(__file__).resolve().parents[2]
 GREEDY = SamplingParams(temperature=0.0)
 OPTIONS = {"temperature": 0.0, "max_tokens": 8}  # the worker turns these into GREEDY and 8 new tokens
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -165,6 +166,33 @@ def test_a_nan_model_is_reported_and_the_worker_answers_the_next_request(qtbot, 
     assert "".join(got["text"]) == fresh_chat_text(sharp_model_path, MESSAGES)
     # a property of the model file, not a worker left in doubt: no restart, and no "unexpected error" notice
     assert host.restarts == 0 and got["restarted"] == [] and len(got["errors"]) == 1
+
+
+def test_a_hostile_chat_template_is_not_run_the_user_is_told_and_the_chat_works(qtbot, make_host, tmp_path):
+    """The template tries to reach Python internals: it is refused at load, the window says why, ChatML is used."""
+    from app.chat_controller import ChatController
+    from app.store import ConversationStore
+
+    path = write_tiny_llama(tmp_path / "hostile.gguf", metadata={
+        "tokenizer.chat_template": "{{ cycler.__init__.__globals__.os.system('touch pwned') }}"})
+    store = ConversationStore(tmp_path / "conversations.db")
+    controller = ChatController(store, make_host(), default_model=str(path))
+    notices, answers = [], []
+    controller.notice.connect(lambda kind, text: notices.append((kind, text)))
+    controller.reply_finished.connect(lambda message_id, stats: answers.append(store.message(message_id)))
+    try:
+        with qtbot.waitSignal(controller.model_changed, timeout=60_000):
+            controller.start()
+        with qtbot.waitSignal(controller.reply_finished, timeout=60_000):
+            controller.send("hello")
+    finally:
+        controller.stop_and_forget()
+        store.close()
+    ((kind, text),) = [(kind, text) for kind, text in notices if "chat template" in text]
+    assert kind == "info" and text.startswith("The model's chat template could not be used (")
+    assert text.endswith("; using the built-in ChatML format.")
+    assert answers[0].state == "complete" and answers[0].stats["generated_tokens"] > 0
+    assert not (REPO / "pwned").exists() and not Path("pwned").exists()
 
 
 def test_a_request_sent_while_the_worker_crashes_is_answered_not_lost(qtbot, make_host, sharp_model_path):

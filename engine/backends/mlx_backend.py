@@ -1,8 +1,9 @@
 """The MLX backend: one decoder for every architecture, read from ModelConfig, on MLX (Metal on a Mac, CPU elsewhere).
 
 Weights stay quantized: GGUF blocks are repacked into MLX affine quantization at load (mlx/repack.py) and
-multiplied with ``mx.quantized_matmul``. Norms, RoPE and attention use ``mx.fast`` kernels. Activations and
-the KV cache are float32 (see weights.COMPUTE_DTYPE).
+multiplied with ``mx.quantized_matmul``. Norms, RoPE and attention use ``mx.fast`` kernels. The residual
+stream is float32; matrix products, attention and the KV cache run in ``matmul_dtype`` (float16 on the GPU,
+float32 on the CPU: see weights.default_matmul_dtype).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from ..model_tensors import layer_tensor_names, output_tensor_name
 from . import platform_mlx
 from .base import Backend, KVCache, MemoryStats
 from .mlx.kv_cache import MAX_CHUNK, MlxKVCache
-from .mlx.weights import Matrix, TensorReader, load_matrix, load_vector, mlx_weight_bytes
+from .mlx.weights import (RESIDUAL_DTYPE, Matrix, TensorReader, default_matmul_dtype, load_matrix, load_vector,
+                          mlx_weight_bytes)
 
 GELU_COEF = 0.7978845608028654  # sqrt(2 / pi)
 
@@ -49,18 +51,22 @@ class LayerWeights:
 
 
 MATRIX_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+# vectors applied to matrix-product outputs, so held in the matmul dtype; the others act on the residual stream
+MATMUL_SIDE_VECTORS = ("bq", "bk", "bv", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")
 
 
 @partial(mx.compile, shapeless=True)
 def silu_gated(gate: mx.array, up: mx.array) -> mx.array:
-    """silu(gate) * up as one fused kernel."""
-    return gate * mx.sigmoid(gate) * up
+    """silu(gate) * up as one fused kernel, computed in float32 (gate³ and products overflow float16)."""
+    g, u = gate.astype(mx.float32), up.astype(mx.float32)
+    return (g * mx.sigmoid(g) * u).astype(gate.dtype)
 
 
 @partial(mx.compile, shapeless=True)
 def gelu_tanh_gated(gate: mx.array, up: mx.array) -> mx.array:
-    """gelu_tanh(gate) * up as one fused kernel."""
-    return 0.5 * gate * (1.0 + mx.tanh(GELU_COEF * (gate + 0.044715 * gate * gate * gate))) * up
+    """gelu_tanh(gate) * up as one fused kernel, computed in float32."""
+    g, u = gate.astype(mx.float32), up.astype(mx.float32)
+    return (0.5 * g * (1.0 + mx.tanh(GELU_COEF * (g + 0.044715 * g * g * g))) * u).astype(gate.dtype)
 
 
 GATED_ACTIVATIONS = {"silu": silu_gated, "gelu_tanh": gelu_tanh_gated}
@@ -71,14 +77,19 @@ class MlxBackend(Backend):
 
     name = "mlx"
 
-    def __init__(self, gguf: GGUFFile, config: ModelConfig):
+    def __init__(self, gguf: GGUFFile, config: ModelConfig, matmul_dtype: mx.Dtype | None = None):
         """Load and repack the weights.
+
+        Args:
+            matmul_dtype: the dtype of matrix-product inputs, attention and the KV cache; by default float16
+                on the GPU and float32 on the CPU.
 
         Raises:
             ModelDoesNotFitError: the weights would not fit in what the device can keep resident.
             ModelFormatError: a tensor has a type or shape this backend cannot use.
         """
         self.config = config
+        self.dtype = matmul_dtype or default_matmul_dtype()
         weight_bytes = mlx_weight_bytes(gguf)
         platform_mlx.check_fits(weight_bytes, gguf.path.name)
         reader = TensorReader(gguf)
@@ -104,7 +115,7 @@ class MlxBackend(Backend):
             elif field in MATRIX_FIELDS:
                 fields[field] = load_matrix(reader, name)
             else:
-                fields[field] = load_vector(reader, name)
+                fields[field] = load_vector(reader, name, self.dtype if field in MATMUL_SIDE_VECTORS else RESIDUAL_DTYPE)
         return LayerWeights(**fields)
 
     def _rope_freqs(self, reader: TensorReader) -> mx.array | None:
@@ -118,7 +129,7 @@ class MlxBackend(Backend):
 
     # -- the contract ------------------------------------------------------------------------------------
     def new_cache(self, n_ctx: int) -> MlxKVCache:
-        cache = MlxKVCache(self.config, n_ctx, self._replay)
+        cache = MlxKVCache(self.config, n_ctx, self._replay, self.dtype)
         self._caches.add(cache)
         return cache
 
@@ -227,7 +238,11 @@ class MlxBackend(Backend):
 
     def logits(self, hidden: mx.array) -> mx.array:
         """Final norm and output projection: (n, n_embd) -> (n, n_vocab) float32."""
-        return self.output.matmul(mx.fast.rms_norm(hidden, self.output_norm, self.config.rms_eps))
+        return self.output.matmul(self._norm(hidden, self.output_norm)).astype(RESIDUAL_DTYPE)
+
+    def _norm(self, x: mx.array, weight: mx.array) -> mx.array:
+        """RMS norm of the residual stream, as a matrix-product input."""
+        return mx.fast.rms_norm(x, weight, self.config.rms_eps).astype(self.dtype)
 
     def _forward_chunk(self, ids: mx.array, cache: MlxKVCache) -> mx.array:
         """The decoder over ``ids`` (L,) at positions ``cache.n_past ...`` (room reserved); hidden (1, L, n_embd)."""
@@ -243,7 +258,7 @@ class MlxBackend(Backend):
         """Normed, biased, rotated queries (B, n_heads, L, head_dim), keys and values (B, n_kv_heads, L, dim)."""
         c = self.config
         b, n, _ = x.shape
-        h = mx.fast.rms_norm(x, layer.attn_norm, c.rms_eps)
+        h = self._norm(x, layer.attn_norm)
         q, k, v = layer.wq.matmul(h), layer.wk.matmul(h), layer.wv.matmul(h)
         if layer.bq is not None:
             q, k, v = q + layer.bq, k + layer.bk, v + layer.bv
@@ -291,7 +306,7 @@ class MlxBackend(Backend):
         return out
 
     def _ffn(self, layer: LayerWeights, x: mx.array) -> mx.array:
-        h = mx.fast.rms_norm(x, layer.ffn_norm, self.config.rms_eps)
+        h = self._norm(x, layer.ffn_norm)
         out = layer.w_down.matmul(self.gated_activation(layer.w_gate.matmul(h), layer.w_up.matmul(h)))
         if layer.post_ffn_norm is not None:
             out = mx.fast.rms_norm(out, layer.post_ffn_norm, self.config.rms_eps)

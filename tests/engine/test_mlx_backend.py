@@ -129,6 +129,21 @@ def test_linear_rope_scaling_and_untied_dense_output_match_numpy(tmp_path):
                                ref.forward(ids, ref.new_cache(32), all_logits=True), atol=TINY_TOLERANCE, rtol=0)
 
 
+@pytest.mark.parametrize("arch", ["gemma3", "llama"])
+def test_float16_products_the_gpu_uses_match_numpy(arch, tmp_path):
+    """On the GPU, products, attention and the KV cache run in float16 (checked here on the CPU device)."""
+    gguf = read_gguf(write_tiny_model(tmp_path / f"{arch}.gguf", arch=arch))
+    config = ModelConfig.from_gguf(gguf)
+    ours, ref = MlxBackend(gguf, config, matmul_dtype=mx.float16), NumpyBackend(gguf, config)
+    ids = token_ids(40, config.n_vocab, seed=13)
+    cache, ref_cache = ours.new_cache(48), ref.new_cache(48)
+    got = np.concatenate([ours.forward(ids, cache, all_logits=True), ours.forward([4], cache)[None]])
+    want = np.concatenate([ref.forward(ids, ref_cache, all_logits=True), ref.forward([4], ref_cache)[None]])
+    assert got.dtype == np.float32 and cache.layers[0].keys.dtype == mx.float16
+    np.testing.assert_allclose(got, want, atol=0.05, rtol=0)  # float16 rounding of activations (logits ~2)
+    assert cache.export_state().keys[0].dtype == np.float32
+
+
 def test_sliding_window_ring_matches_numpy_over_a_long_sequence(tiny_gemma):
     """Past the ring's size, the rotated slots and their mask give the same logits as a full cache."""
     ours, ref = tiny_gemma

@@ -18,7 +18,6 @@ import numpy as np
 
 from ...config import ModelConfig
 from ..base import KVCache, KVState
-from .weights import COMPUTE_DTYPE
 
 GROWTH_STEP = 256  # positions added per growth
 MAX_CHUNK = 512  # most tokens one forward step appends (the backend splits longer inputs)
@@ -103,10 +102,11 @@ class MlxKVCache(KVCache):
     ``replay(cache, tokens)`` is the backend's prefill without logits; a deep ``truncate`` uses it.
     """
 
-    def __init__(self, config: ModelConfig, n_ctx: int, replay: Callable[[MlxKVCache, Sequence[int]], None]):
+    def __init__(self, config: ModelConfig, n_ctx: int, replay: Callable[[MlxKVCache, Sequence[int]], None],
+                 dtype: mx.Dtype = mx.float32):
         if n_ctx <= 0:
             raise ValueError(f"n_ctx must be positive, got {n_ctx}")
-        self.config, self.n_ctx, self._replay = config, n_ctx, replay
+        self.config, self.n_ctx, self._replay, self.dtype = config, n_ctx, replay, dtype
         self._n_past = 0
         self.tokens: list[int] | None = []  # ids of positions 0 .. n_past-1; None when imported without them
         self.layers = [self._new_layer(i) for i in range(config.n_layers)]
@@ -117,8 +117,8 @@ class MlxKVCache(KVCache):
         return LayerKV(
             max_slots=sliding_slots(c, self.n_ctx) if sliding else self.n_ctx,
             window=c.sliding_window if sliding else 0,
-            keys=mx.zeros((1, c.n_kv_heads, 0, c.head_dim), COMPUTE_DTYPE),
-            values=mx.zeros((1, c.n_kv_heads, 0, c.v_head_dim), COMPUTE_DTYPE),
+            keys=mx.zeros((1, c.n_kv_heads, 0, c.head_dim), self.dtype),
+            values=mx.zeros((1, c.n_kv_heads, 0, c.v_head_dim), self.dtype),
         )
 
     @property
@@ -176,7 +176,7 @@ class MlxKVCache(KVCache):
         n = self._n_past
         keys, values = [], []
         for layer in self.layers:
-            k, v = np.array(layer.keys[0]), np.array(layer.values[0])  # (n_kv_heads, slots, dim)
+            k, v = np.array(layer.keys[0], np.float32), np.array(layer.values[0], np.float32)  # (n_kv_heads, slots, dim)
             keys.append(_in_position_order(k, layer, n))
             values.append(_in_position_order(v, layer, n))
         return KVState(keys=keys, values=values, n_past=n)
@@ -195,8 +195,8 @@ class MlxKVCache(KVCache):
             first = max(0, state.n_past - layer.max_slots)  # a ring keeps only its last max_slots positions
             for start in range(first, state.n_past, MAX_CHUNK):
                 stop = min(state.n_past, start + MAX_CHUNK)
-                layer.store(mx.array(k[None, :, start:stop], COMPUTE_DTYPE),
-                            mx.array(v[None, :, start:stop], COMPUTE_DTYPE), start)
+                layer.store(mx.array(k[None, :, start:stop], self.dtype),
+                            mx.array(v[None, :, start:stop], self.dtype), start)
             if layer.window:
                 layer.valid_from = max(layer.valid_from, _after_last_gap(k))
             mx.eval(layer.keys, layer.values)

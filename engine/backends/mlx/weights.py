@@ -20,7 +20,17 @@ from ...gguf_file import GGUFFile, ModelFormatError
 from .repack import DENSE_ITEMSIZE, GROUP, REPACKS, repack_rows
 
 CHUNK_BYTES = 1 << 20  # raw bytes repacked at a time: keeps the NumPy temporaries to a few MB
-COMPUTE_DTYPE = mx.float32  # activations, norms and KV cache: exact enough for llama.cpp parity, and fast on CPU
+RESIDUAL_DTYPE = mx.float32  # the residual stream, embeddings, the main norms and the logits
+
+
+def default_matmul_dtype() -> mx.Dtype:
+    """What matrix products take and attention runs in: float16 on the GPU, float32 on the CPU.
+
+    MLX casts a quantized matrix's scales and biases to the input's dtype on every product, so inputs in
+    the scales' own float16 spare the GPU two conversions per product; MLX's CPU kernels are an order of
+    magnitude slower in float16, so on the CPU the conversion is the cheaper side.
+    """
+    return mx.float16 if mx.default_device().type == mx.gpu else mx.float32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,10 +64,10 @@ class DenseMatrix:
     weight: mx.array  # (rows, cols)
 
     def matmul(self, x: mx.array) -> mx.array:
-        return x @ self.weight.astype(x.dtype).T
+        return (x @ self.weight.T).astype(x.dtype)
 
     def rows(self, ids: mx.array) -> mx.array:
-        return self.weight[ids].astype(COMPUTE_DTYPE)
+        return self.weight[ids].astype(RESIDUAL_DTYPE)
 
     @property
     def nbytes(self) -> int:
@@ -104,7 +114,7 @@ def mlx_weight_bytes(gguf: GGUFFile) -> int:
     for info in gguf.tensors.values():
         n = info.n_elements
         if len(info.shape) == 1:
-            total += 4 * n  # vectors are widened to float32
+            total += 4 * n  # vectors: float32 (float16 for those applied to float16 activations: an upper bound)
         elif info.qtype in DENSE_ITEMSIZE:
             total += DENSE_ITEMSIZE[info.qtype] * n
         elif info.qtype in REPACKS:
@@ -153,10 +163,10 @@ def _dense(reader: TensorReader, name: str, qtype: GGMLQuantizationType) -> mx.a
     return mx.array(raw.view(np.uint16)).view(mx.bfloat16)
 
 
-def load_vector(reader: TensorReader, name: str) -> mx.array:
-    """A 1-D tensor (norm weight, bias, RoPE factors) as float32, (n,)."""
+def load_vector(reader: TensorReader, name: str, dtype: mx.Dtype = RESIDUAL_DTYPE) -> mx.array:
+    """A 1-D tensor (norm weight, bias, RoPE factors), (n,), in ``dtype``."""
     info = reader.gguf.tensor(name)
     raw = reader.read_rows(name, 0, int(np.prod(info.shape[1:])))
     if info.qtype == GGMLQuantizationType.F32:
-        return mx.array(raw.view(np.float32).reshape(-1))
-    return mx.array(dequantize(raw, info.qtype).astype(np.float32).reshape(-1))
+        return mx.array(raw.view(np.float32).reshape(-1), dtype)
+    return mx.array(dequantize(raw, info.qtype).astype(np.float32).reshape(-1), dtype)

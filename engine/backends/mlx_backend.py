@@ -115,7 +115,8 @@ class MlxBackend(Backend):
             elif field in MATRIX_FIELDS:
                 fields[field] = load_matrix(reader, name)
             else:
-                fields[field] = load_vector(reader, name, self.dtype if field in MATMUL_SIDE_VECTORS else RESIDUAL_DTYPE)
+                dtype = self.dtype if field in MATMUL_SIDE_VECTORS else RESIDUAL_DTYPE
+                fields[field] = load_vector(reader, name, dtype)
         return LayerWeights(**fields)
 
     def _rope_freqs(self, reader: TensorReader) -> mx.array | None:

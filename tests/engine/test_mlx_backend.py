@@ -33,7 +33,8 @@ WINDOW = 8  # the tiny Gemma 3's sliding window, so its rings wrap after a few h
 
 
 def write_tiny_model(path: Path, arch: str = "gemma3", n_layers: int = 6, n_embd: int = 64, n_heads: int = 4,
-                     n_kv_heads: int = 2, head_dim: int = 32, n_ff: int = 96, n_vocab: int = 300, seed: int = 0) -> Path:
+                     n_kv_heads: int = 2, head_dim: int = 32, n_ff: int = 96, n_vocab: int = 300,
+                     seed: int = 0) -> Path:
     """A random-weight model without tokenizer, with stronger weights than the tiny llama so positions matter.
 
     "gemma3": layers 0-4 slide over WINDOW positions, layer 5 is global; q/k norms and post-norms.

@@ -176,7 +176,8 @@ class MlxKVCache(KVCache):
         n = self._n_past
         keys, values = [], []
         for layer in self.layers:
-            k, v = np.array(layer.keys[0], np.float32), np.array(layer.values[0], np.float32)  # (n_kv_heads, slots, dim)
+            k = np.array(layer.keys[0], np.float32)  # (n_kv_heads, slots, head_dim)
+            v = np.array(layer.values[0], np.float32)
             keys.append(_in_position_order(k, layer, n))
             values.append(_in_position_order(v, layer, n))
         return KVState(keys=keys, values=values, n_past=n)

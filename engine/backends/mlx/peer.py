@@ -1,10 +1,10 @@
 """The benchmark peer: mlx-lm's own model code for the same architecture, holding this backend's weight arrays.
 
 The peer gets the very same quantized arrays (no copy), mapped to mlx-lm's parameter names, so a benchmark
-compares the decoders, not the weights. One deviation: mlx-lm computes in the dtype its embedding lookup
-returns (float16, the scales' dtype), so the peer's embedding lookup is cast to float32, making its
-activations float32 like this backend's (float16 activations are an order of magnitude slower on MLX's CPU
-device, which would flatter us). Needs the optional ``mlx-lm`` package.
+compares the decoders, not the weights. mlx-lm computes in the dtype its embedding lookup returns (float16,
+the scales' dtype), which is what this backend's products use on the GPU; on the CPU, where this backend
+computes in float32, the peer's embedding lookup is cast to float32 too (float16 is an order of magnitude
+slower on MLX's CPU device, which would flatter us). Needs the optional ``mlx-lm`` package.
 """
 
 from __future__ import annotations
@@ -84,7 +84,8 @@ def build_peer(backend) -> nn.Module:
     bits = {name.rsplit(".", 1)[0]: _bits(backend, name) for name in weights if name.endswith(".scales")}
     nn.quantize(model, class_predicate=lambda path, _: path in bits and {"group_size": GROUP, "bits": bits[path]})
     model.load_weights(list(weights.items()), strict=True)
-    model.model.embed_tokens = _Float32Embedding(model.model.embed_tokens)
+    if backend.dtype == mx.float32:
+        model.model.embed_tokens = _Float32Embedding(model.model.embed_tokens)
     model.eval()
     return model
 

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import threading
 from pathlib import Path
 
-import platformdirs
 
+from ..paths import data_dir
 from .downloads import DownloadError, DownloadManager, DownloadProgress
 from .hub import HubClient, HubError, load_curated
 from .library import LibraryError, ModelLibrary
@@ -24,8 +23,8 @@ FAILURES = (LibraryError, DownloadError, HubError)
 
 
 def default_data_dir() -> Path:
-    """``HEARTH_DATA_DIR``, else the platform's per-user data folder for Hearth."""
-    return Path(os.environ.get("HEARTH_DATA_DIR") or platformdirs.user_data_dir("hearth", appauthor=False))
+    """The app's data folder: ``HEARTH_DATA_DIR``, else the platform's per-user data folder for Hearth."""
+    return data_dir()
 
 
 def build_parser() -> argparse.ArgumentParser:

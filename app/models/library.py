@@ -17,7 +17,6 @@ Names are unique paths such as ``bartowski/Llama-3.2-1B-Instruct-GGUF/Llama-3.2-
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import os
 import re
 import shutil
@@ -27,6 +26,7 @@ from typing import Literal
 
 from engine.config import SUPPORTED_ARCHITECTURES
 
+from ..paths import builtin_model_files
 from .json_files import read_json, write_json
 from .metadata_cache import MetadataCache, ModelFileInfo, read_model_info
 
@@ -116,13 +116,8 @@ class ModelLibrary:
         raise LibraryError(f"there is no model named {name!r} in the library (see 'hearth models list')")
 
     def _builtin(self) -> list[_Found]:
-        try:
-            dist = importlib.metadata.distribution(self.builtin_distribution)
-        except importlib.metadata.PackageNotFoundError:
-            return []
-        files = [f for f in dist.files or [] if f.name.lower().endswith(".gguf")]
-        return [_Found(f"builtin/{f.name}", Path(dist.locate_file(f)), "builtin",
-                       origin=f"the {self.builtin_distribution} package") for f in files]
+        return [_Found(f"builtin/{path.name}", path, "builtin", origin=f"the {self.builtin_distribution} package")
+                for path in builtin_model_files(self.builtin_distribution)]
 
     def _downloaded(self) -> list[_Found]:
         found = []

@@ -160,26 +160,32 @@ class MlxBackend(Backend):
         return np.array(self.logits(x[:, 0]))
 
     def decode_pipelined(self, tokens: Sequence[int], cache: MlxKVCache,
-                         sample: Callable[[mx.array], mx.array]) -> Iterator[int]:
-        """Prefill ``tokens``, then yield one sampled token id per step until the cache is full.
+                         sample: Callable[[mx.array], mx.array]) -> Iterator[tuple[int, float]]:
+        """Prefill ``tokens``, then yield ``(token, logprob)`` per step until the cache is full.
 
         ``sample`` maps logits (n_vocab,) to a token id on the device, so step k + 1 is built and queued
         (``mx.async_eval``) before token k is read back: the host and the device overlap. Each yielded token
-        is already fed back into ``cache`` when the caller sees it.
+        is already being fed back into ``cache`` when the caller sees it (``cache.n_past`` counts it).
         """
         for hidden in self._chunks(self._checked(tokens), cache):
             pass
-        token = sample(self.logits(hidden[0, -1:])[0])
-        mx.async_eval(token)
+        step = self._sampled(self.logits(hidden[0, -1:])[0], sample)
         while cache.n_past < cache.n_ctx:
             cache.reserve(1)
-            next_token = sample(self.logits(self._forward_chunk(token.reshape(1), cache)[0])[0])
-            mx.async_eval(next_token)
-            fed = token.item()
-            cache.record([fed])
-            yield fed
-            token = next_token
-        yield token.item()
+            following = self._sampled(self.logits(self._forward_chunk(step[0].reshape(1), cache)[0])[0], sample)
+            token = step[0].item()
+            cache.record([token])
+            yield token, step[1].item()
+            step = following
+        yield step[0].item(), step[1].item()
+
+    @staticmethod
+    def _sampled(logits: mx.array, sample: Callable[[mx.array], mx.array]) -> tuple[mx.array, mx.array]:
+        """The sampled token and its log-probability, queued for evaluation."""
+        token = sample(logits)
+        logprob = logits[token] - mx.logsumexp(logits)
+        mx.async_eval(token, logprob)
+        return token, logprob
 
     def memory(self) -> MemoryStats:
         return MemoryStats(

@@ -304,15 +304,17 @@ def test_decode_pipelined_yields_the_greedy_tokens(tiny_llama):
     ours, _ = tiny_llama
     prompt = token_ids(12, ours.config.n_vocab, seed=10)
     cache = ours.new_cache(40)
-    expected, logits = [], ours.forward(prompt, cache)
+    expected, logprobs, logits = [], [], ours.forward(prompt, cache)
     for _ in range(8):
         expected.append(int(np.argmax(logits)))
+        logprobs.append(-float(np.log(np.exp(logits - logits.max()).sum())))  # log-softmax at the argmax
         logits = ours.forward([expected[-1]], cache)
     pipelined_cache = ours.new_cache(40)
     steps = ours.decode_pipelined(prompt, pipelined_cache, lambda x: mx.argmax(x, axis=-1))
     got = [next(steps) for _ in range(8)]
     steps.close()
-    assert got == expected
+    assert [token for token, _ in got] == expected
+    np.testing.assert_allclose([logprob for _, logprob in got], logprobs, atol=1e-4)
     assert pipelined_cache.tokens[:20] == prompt + expected
 
 

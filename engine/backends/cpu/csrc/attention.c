@@ -11,8 +11,6 @@
 #include <math.h>
 #include <string.h>
 
-#include "pool.h"
-
 #define ROWS_PER_TASK 16     /* prefill rows per task, all heads of one kv head: they share each key block */
 #define KV_BUF_FLOATS 16384  /* a converted float16 key block and value block (64 KiB on the stack) */
 #define DECODE_SLOT(dv) ((size_t)(dv) + 2)  /* m, l, O[dv] */
@@ -176,33 +174,30 @@ static void prefill_task(const hk_att *a, const hk_att_task *t) {
 #undef OUT
 }
 
-static void task_fn(void *ctx, int i) {
-    const hk_att *a = ctx;
+void hk_attention_task(const hk_att *a, int i) {
     if (a->tasks[i].chunk >= 0)
         decode_task(a, &a->tasks[i]);
     else
         prefill_task(a, &a->tasks[i]);
 }
 
-void hk_attention_run(hk_att *a) {
-    const hk_config *c = &a->m->c;
+int hk_attention_plan(const hk_model *m, const hk_seq *seqs, int n_seqs, const int *row_pos, int window, hk_att_task *tasks) {
+    const hk_config *c = &m->c;
     int n = 0;
-    for (int s = 0, row = 0; s < a->n_seqs; row += a->seqs[s].n_rows, s++) {
-        const hk_seq *seq = &a->seqs[s];
+    for (int s = 0, row = 0; s < n_seqs; row += seqs[s].n_rows, s++) {
+        const hk_seq *seq = &seqs[s];
         if (seq->n_rows == 1) {
-            int p = a->row_pos[row];
+            int p = row_pos[row];
             for (int kvh = 0; kvh < c->n_kv_heads; kvh++)
-                for (int ch = lowest_key(p, a->window) / HK_ATT_CHUNK; ch <= p / HK_ATT_CHUNK; ch++)
-                    a->tasks[n++] = (hk_att_task){s, kvh, row, row + 1, ch};
+                for (int ch = lowest_key(p, window) / HK_ATT_CHUNK; ch <= p / HK_ATT_CHUNK; ch++)
+                    tasks[n++] = (hk_att_task){s, kvh, row, row + 1, ch};
         } else { /* the last rows see the most keys: hand them out first */
             for (int b = (seq->n_rows - 1) / ROWS_PER_TASK; b >= 0; b--)
                 for (int kvh = 0; kvh < c->n_kv_heads; kvh++)
-                    a->tasks[n++] = (hk_att_task){s, kvh, row + b * ROWS_PER_TASK,
-                                                  row + imin(seq->n_rows, (b + 1) * ROWS_PER_TASK), -1};
+                    tasks[n++] = (hk_att_task){s, kvh, row + b * ROWS_PER_TASK, row + imin(seq->n_rows, (b + 1) * ROWS_PER_TASK), -1};
         }
     }
-    a->n_tasks = n;
-    hk_pool_run(task_fn, a, n);
+    return n;
 }
 
 void hk_attention_merge_row(const hk_att *a, int r) {

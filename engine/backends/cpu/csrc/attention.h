@@ -16,27 +16,28 @@ typedef struct {
     int seq, kvh, row0, row1, chunk;
 } hk_att_task;
 
+/* One layer's attention: what a task reads and writes. */
 typedef struct {
     const hk_model *m;
     const hk_vecops *vo;
     int layer, window;
     const hk_seq *seqs;
-    int n_seqs;
     const int *row_seq, *row_pos; /* (n,) sequence and position of every row */
     const float *q;               /* (n, n_heads, head_dim): rotated and scaled by attn_scale */
     float *att;                   /* (n, n_heads, v_head_dim): the output */
     float *partial;               /* per row from row_slot[row]: the (m, l, ...) states of its heads */
     const size_t *row_slot;       /* (n,) */
-    hk_att_task *tasks; /* room for the count hk_attention_sizes gave */
-    int n_tasks;
+    const hk_att_task *tasks;     /* from hk_attention_plan with this window */
 } hk_att;
 
 /* Floats of partial state and task count the rows of this call need at most (whatever the window). */
 void hk_attention_sizes(const hk_model *m, const hk_seq *seqs, int n_seqs, size_t *partial_floats, int *max_tasks);
 /* Fill row_slot (the partial layout) for the call's rows; done once per call. */
 void hk_attention_layout(const hk_model *m, const hk_seq *seqs, int n_seqs, size_t *row_slot);
-/* Plan and run one layer's attention on the pool; decode rows still need hk_attention_merge_row. */
-void hk_attention_run(hk_att *a);
+/* The tasks of a layer with this window (0: none) for the call's rows; returns their count. */
+int hk_attention_plan(const hk_model *m, const hk_seq *seqs, int n_seqs, const int *row_pos, int window, hk_att_task *tasks);
+/* Run task i; tasks of one plan are independent. Decode rows then need hk_attention_merge_row. */
+void hk_attention_task(const hk_att *a, int i);
 /* A decode row: merge its key chunks' partials into att (every head). No-op for a prefill row. */
 void hk_attention_merge_row(const hk_att *a, int row);
 

@@ -1,12 +1,19 @@
 /* The fused decoder: every layer of a forward call in C, on the packed weights, with the thread pool.
 
-   A call's rows go through the layers together. Per layer: row work (norms, biases, RoPE, residuals,
-   activation quantization; split over the pool when there are many rows) alternates with four products
-   (q/k/v in one job, the output projection, gate/up with the activation, down) and the attention job.
-   The products read the activations quantized once per row, whatever number of matrices share them. */
+   A call's rows go through the layers together, as a sequence of phases: per layer, row work (norms, biases,
+   RoPE, residuals, activation quantization) alternates with four products (q/k/v in one phase, the output
+   projection, gate/up with the activation, down) and the attention. The products read the activations
+   quantized once per row, whatever number of matrices share them.
+
+   The whole call is one job of the thread pool. Every thread walks the phases in order, claims units of
+   work (row ranges, row chunks of the matrices, attention tasks) from each phase's counter, and waits for
+   the phase's last unit before the next: a thread the OS has not scheduled yet is never waited for; it
+   joins whatever phase is running when it arrives (on a loaded machine the caller may do it all). */
 #include "decoder.h"
 
 #include <math.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,7 +22,8 @@
 #include "pool.h"
 #include "vecops.h"
 
-#define PARALLEL_ROWS 8        /* row work for fewer rows runs on the calling thread */
+#define PARALLEL_ROWS 8        /* row work for fewer rows is one unit */
+#define YIELD_EVERY 64         /* polls of a phase counter between two sched_yield calls (as pool.c) */
 #define TASK_MIN_BYTES 16384   /* as matmul.c: a decode task smaller than this costs more to hand out than it saves */
 #define TILE_CHUNK_BYTES 24576 /* as matmul.c: prefill weight rows that stay in L1 across the token tiles */
 #define N_KINDS 3              /* hk_act_kind values */
@@ -55,23 +63,35 @@ typedef struct {
     const hk_vecops *vo;
     const hk_seq *seqs;
     const int32_t *tokens;
-    int n, n_seqs, layer, n_out;
+    int n, n_seqs, n_out;
     float *x;               /* (R, n_embd) residual stream */
     float *h;               /* (R, n_embd) normed input of a product */
     float *q, *k, *v;       /* (R, n_heads * head_dim), (R, n_kv_heads * head_dim), (R, n_kv_heads * v_head_dim) */
-    float *att;             /* (R, n_heads * v_head_dim) */
+    float *att_out;         /* (R, n_heads * v_head_dim) */
     float *o;               /* (R, n_embd) output of wo and down */
     float *g, *u;           /* (R, n_ff) gate (then the activation product) and up */
     float *rope_cos, *rope_sin; /* (R, n_rope_sets, rope_dim / 2) */
+    float *logits;          /* (n_out, n_vocab): the caller's */
     uint8_t *act_mem[N_KINDS];  /* per kind: (R, act_bytes(kind, widest input)) */
     hk_act *acts[N_KINDS];      /* per kind: (R,) */
     size_t act_stride[N_KINDS];
     int *row_seq, *row_pos, *out_rows; /* (R,) */
     size_t *row_slot;                  /* (R,) attention partial offsets */
-    hk_att att_job;
+    hk_att att;                        /* the attention's inputs; layer, window and tasks set per phase */
+    hk_att_task *att_tasks[2];         /* the plans for window 0 and for the sliding window */
+    int n_att_tasks[2], sliding_window;
+    int n_phases, rows_per_unit;
+    int *phase_units;                  /* (n_phases,) */
+    atomic_int *phase_sync;            /* (n_phases, 2): units claimed, units done */
 } fwd;
 
 static int widest_input(const hk_config *c) { return imax(imax(c->n_embd, c->n_heads * c->v_head_dim), c->n_ff); }
+
+enum { PH_EMBED, PH_ATTN_IN, PH_QKV, PH_QKV_POST, PH_ATTEND, PH_ATTN_OUT, PH_WO, PH_FFN_IN, PH_GLU, PH_DOWN_IN, PH_DOWN,
+       PH_FFN_OUT, PH_OUT_IN, PH_OUTPUT };
+#define LAYER_PHASES (PH_FFN_OUT - PH_ATTN_IN + 1)
+
+static int max_phases(const hk_config *c) { return 1 + LAYER_PHASES * c->n_layers + 2; }
 
 /* Lay the views out from base (or only count the bytes when f is NULL). */
 static size_t layout(const hk_config *c, uint8_t *base, fwd *f) {
@@ -86,7 +106,7 @@ static size_t layout(const hk_config *c, uint8_t *base, fwd *f) {
     TAKE(q, float, R * c->n_heads * c->head_dim);
     TAKE(k, float, R * c->n_kv_heads * c->head_dim);
     TAKE(v, float, R * c->n_kv_heads * c->v_head_dim);
-    TAKE(att, float, R * c->n_heads * c->v_head_dim);
+    TAKE(att_out, float, R * c->n_heads * c->v_head_dim);
     TAKE(o, float, R * c->n_embd);
     TAKE(g, float, R * c->n_ff);
     TAKE(u, float, R * c->n_ff);
@@ -102,6 +122,8 @@ static size_t layout(const hk_config *c, uint8_t *base, fwd *f) {
     TAKE(row_pos, int, R);
     TAKE(out_rows, int, R);
     TAKE(row_slot, size_t, R);
+    TAKE(phase_units, int, max_phases(c));
+    TAKE(phase_sync, atomic_int, 2 * (size_t)max_phases(c));
 #undef TAKE
     return off;
 }
@@ -109,6 +131,10 @@ static size_t layout(const hk_config *c, uint8_t *base, fwd *f) {
 int hk_model_init(hk_model *m) {
     memset(&m->arena, 0, sizeof m->arena);
     if (m->n_rope_sets > 2 || m->c.head_dim + m->c.v_head_dim > 16384 || m->c.max_rows < 1) return -3;
+    for (int l = 0, window = 0; l < m->c.n_layers; l++) { /* two plans: global and one sliding window */
+        if (m->layers[l].window && window && m->layers[l].window != window) return -3;
+        if (m->layers[l].window) window = m->layers[l].window;
+    }
     size_t size = layout(&m->c, NULL, NULL);
     if (posix_memalign(&m->arena.mem, 64, size) != 0) return -1;
     m->arena.size = size;
@@ -121,9 +147,9 @@ void hk_model_free(hk_model *m) {
     memset(&m->arena, 0, sizeof m->arena);
 }
 
-/* Room for one call's attention tasks and partial states; grows with the context, never shrinks. */
+/* Room for one call's attention plans (two) and partial states; grows with the context, never shrinks. */
 static int reserve_attention(hk_model *m, size_t partial_floats, int max_tasks) {
-    size_t tasks_bytes = align64(sizeof(hk_att_task) * (size_t)max_tasks), need = tasks_bytes + sizeof(float) * partial_floats;
+    size_t tasks_bytes = 2 * align64(sizeof(hk_att_task) * (size_t)max_tasks), need = tasks_bytes + sizeof(float) * partial_floats;
     if (need > m->arena.att_size) {
         void *p = NULL;
         size_t grown = need + need / 4;
@@ -170,7 +196,7 @@ static void prepare_acts(const fwd *f, const float *x, int cols, unsigned kinds,
     }
 }
 
-/* -- products: up to three matrices of one input in one pool job */
+/* -- products: up to three matrices of one input, in row chunks */
 
 typedef struct {
     const hk_matrix *w;
@@ -182,7 +208,7 @@ typedef struct {
 
 typedef struct {
     mm_part part[3];
-    int n_parts, n;
+    int n_parts, n, n_chunks;
     int glu, gelu; /* glu: part 0 (gate) becomes act(gate) * part 1 (up), chunk by chunk */
     const hk_vecops *vo;
 } mm_job;
@@ -209,6 +235,31 @@ static void part_init(const fwd *f, mm_part *p, const hk_matrix *w, float *out, 
     p->n_chunks = (w->rows + p->chunk - 1) / p->chunk;
 }
 
+/* The product phase's job: (out_i (n, w_i->rows) = input @ w_i.T) from activations prepare_acts made. */
+static void product_job(const fwd *f, int kind, int layer, mm_job *j) {
+    const hk_layer *L = &f->m->layers[layer < f->c->n_layers ? layer : 0];
+    const hk_matrix *ws[3] = {NULL, NULL, NULL};
+    float *os[3] = {NULL, NULL, NULL};
+    memset(j, 0, sizeof *j);
+    j->n = f->n;
+    j->vo = f->vo;
+    switch (kind) {
+    case PH_QKV: ws[0] = &L->wq, os[0] = f->q, ws[1] = &L->wk, os[1] = f->k, ws[2] = &L->wv, os[2] = f->v; break;
+    case PH_WO: ws[0] = &L->wo, os[0] = f->o; break;
+    case PH_GLU: ws[0] = &L->gate, os[0] = f->g, ws[1] = &L->up, os[1] = f->u, j->glu = 1, j->gelu = f->c->gelu; break;
+    case PH_DOWN: ws[0] = &L->down, os[0] = f->o; break;
+    default: ws[0] = &f->m->output, os[0] = f->logits, j->n = f->n_out; break; /* PH_OUTPUT */
+    }
+    for (int i = 0; i < 3 && ws[i]; i++, j->n_parts++) {
+        part_init(f, &j->part[i], ws[i], os[i], j->n);
+        j->n_chunks += j->part[i].n_chunks;
+    }
+    if (j->glu) { /* gate and up share the row chunks, so a chunk's activation has both */
+        j->part[1].chunk = j->part[0].chunk;
+        j->n_chunks = j->part[0].n_chunks;
+    }
+}
+
 static void part_rows(const mm_part *p, int r0, int r1, int n) {
     const hk_matrix *w = p->w;
     for (int t0 = 0; t0 < n; t0 += p->tile) {
@@ -218,8 +269,7 @@ static void part_rows(const mm_part *p, int r0, int r1, int n) {
     }
 }
 
-static void mm_task(void *ctx, int t) {
-    const mm_job *j = ctx;
+static void product_unit(const mm_job *j, int t) {
     if (j->glu) {
         const mm_part *gate = &j->part[0], *up = &j->part[1];
         int r0 = t * gate->chunk, r1 = imin(gate->w->rows, r0 + gate->chunk);
@@ -239,51 +289,7 @@ static void mm_task(void *ctx, int t) {
     }
 }
 
-/* out_i (n, w_i->rows) = input @ w_i.T for the given matrices, whose activations prepare_acts made. */
-static void product(const fwd *f, int n, const hk_matrix *w0, float *o0, const hk_matrix *w1, float *o1, const hk_matrix *w2, float *o2) {
-    mm_job j = {.n = n, .vo = f->vo};
-    const hk_matrix *ws[3] = {w0, w1, w2};
-    float *os[3] = {o0, o1, o2};
-    int tasks = 0;
-    for (int i = 0; i < 3 && ws[i]; i++, j.n_parts++) {
-        part_init(f, &j.part[i], ws[i], os[i], n);
-        tasks += j.part[i].n_chunks;
-    }
-    hk_pool_run(mm_task, &j, tasks);
-}
-
-/* g = act(gate . h) * (up . h), (n, n_ff) */
-static void product_glu(const fwd *f, int n, const hk_layer *L) {
-    mm_job j = {.n = n, .vo = f->vo, .glu = 1, .gelu = f->c->gelu, .n_parts = 2};
-    part_init(f, &j.part[0], &L->gate, f->g, n);
-    part_init(f, &j.part[1], &L->up, f->u, n);
-    j.part[1].chunk = j.part[0].chunk;
-    hk_pool_run(mm_task, &j, j.part[0].n_chunks);
-}
-
-/* -- row work */
-
-typedef void (*row_fn)(const fwd *f, int r);
-
-typedef struct {
-    const fwd *f;
-    row_fn fn;
-    int n, per_task;
-} row_job;
-
-static void row_task(void *ctx, int t) {
-    const row_job *j = ctx;
-    for (int r = t * j->per_task, end = imin(j->n, r + j->per_task); r < end; r++) j->fn(j->f, r);
-}
-
-static void run_rows(const fwd *f, int n, row_fn fn) {
-    if (n < PARALLEL_ROWS) {
-        for (int r = 0; r < n; r++) fn(f, r);
-        return;
-    }
-    row_job j = {f, fn, n, imax(1, n / (hk_pool_threads() * 4))};
-    hk_pool_run(row_task, &j, (n + j.per_task - 1) / j.per_task);
-}
+/* -- row work: one row of one layer */
 
 /* y = x / rms(x) * w, in the reference's order of float32 operations */
 static void rms_norm(const fwd *f, const float *x, const float *w, float *y, int n) {
@@ -295,8 +301,13 @@ static void add_into(float *x, const float *y, int n) {
     for (int i = 0; i < n; i++) x[i] += y[i];
 }
 
-static void row_rope_tables(const fwd *f, int r) {
+/* The row's token embedding, and the cos and sin of its position for every RoPE base. */
+static void row_embed(const fwd *f, int layer, int r) {
+    const hk_matrix *e = &f->m->embd;
     const int half = f->c->rope_dim / 2;
+    float *x = f->x + (size_t)r * f->c->n_embd;
+    hk_dequantize_row(e->type, e->data + (ptrdiff_t)f->tokens[r] * e->stride, f->c->n_embd, x);
+    if (f->c->embed_scale != 1.0f) f->vo->scale(x, f->c->n_embd, f->c->embed_scale);
     for (int s = 0; s < f->m->n_rope_sets; s++)
         for (int i = 0; i < half; i++) {
             double angle = (double)f->row_pos[r] * f->m->inv_freq[(size_t)s * half + i];
@@ -305,15 +316,8 @@ static void row_rope_tables(const fwd *f, int r) {
         }
 }
 
-static void row_embed(const fwd *f, int r) {
-    const hk_matrix *e = &f->m->embd;
-    float *x = f->x + (size_t)r * f->c->n_embd;
-    hk_dequantize_row(e->type, e->data + (ptrdiff_t)f->tokens[r] * e->stride, f->c->n_embd, x);
-    if (f->c->embed_scale != 1.0f) f->vo->scale(x, f->c->n_embd, f->c->embed_scale);
-}
-
-static void row_attn_in(const fwd *f, int r) {
-    const hk_layer *L = &f->m->layers[f->layer];
+static void row_attn_in(const fwd *f, int layer, int r) {
+    const hk_layer *L = &f->m->layers[layer];
     const int n_embd = f->c->n_embd;
     float *h = f->h + (size_t)r * n_embd;
     rms_norm(f, f->x + (size_t)r * n_embd, L->attn_norm, h, n_embd);
@@ -338,9 +342,9 @@ static void rope(float *x, const float *cs, const float *sn, int half, int neox)
 }
 
 /* Biases, q/k norms, RoPE and the attention scale; then this row's keys and values go into its cache. */
-static void row_qkv_post(const fwd *f, int r) {
+static void row_qkv_post(const fwd *f, int layer, int r) {
     const hk_config *c = f->c;
-    const hk_layer *L = &f->m->layers[f->layer];
+    const hk_layer *L = &f->m->layers[layer];
     const int nq = c->n_heads * c->head_dim, nk = c->n_kv_heads * c->head_dim, nv = c->n_kv_heads * c->v_head_dim;
     const int half = c->rope_dim / 2, d = c->head_dim;
     float *q = f->q + (size_t)r * nq, *k = f->k + (size_t)r * nk, *v = f->v + (size_t)r * nv;
@@ -359,7 +363,7 @@ static void row_qkv_post(const fwd *f, int r) {
     for (int h = 0; h < c->n_kv_heads; h++) {
         if (L->k_norm) rms_norm(f, k + h * d, L->k_norm, k + h * d, d);
         rope(k + h * d, cs, sn, half, c->rope_neox);
-        size_t at = ((size_t)f->layer * c->n_kv_heads + h) * s->capacity + f->row_pos[r];
+        size_t at = ((size_t)layer * c->n_kv_heads + h) * s->capacity + f->row_pos[r];
         const float *vh = v + (size_t)h * c->v_head_dim;
         if (s->kv_f16) {
             f->vo->f32_to_f16(k + h * d, (uint16_t *)s->k + at * d, d);
@@ -371,15 +375,18 @@ static void row_qkv_post(const fwd *f, int r) {
     }
 }
 
-static void row_attn_out(const fwd *f, int r) {
+static void row_attn_out(const fwd *f, int layer, int r) {
     const int width = f->c->n_heads * f->c->v_head_dim;
-    hk_attention_merge_row(&f->att_job, r);
-    const hk_layer *L = &f->m->layers[f->layer];
-    prepare_acts(f, f->att + (size_t)r * width, width, kinds_of(&L->wo, NULL, NULL), r);
+    const hk_layer *L = &f->m->layers[layer];
+    hk_att a = f->att;
+    a.layer = layer;
+    a.window = L->window;
+    hk_attention_merge_row(&a, r);
+    prepare_acts(f, f->att_out + (size_t)r * width, width, kinds_of(&L->wo, NULL, NULL), r);
 }
 
-static void row_ffn_in(const fwd *f, int r) {
-    const hk_layer *L = &f->m->layers[f->layer];
+static void row_ffn_in(const fwd *f, int layer, int r) {
+    const hk_layer *L = &f->m->layers[layer];
     const int n_embd = f->c->n_embd;
     float *x = f->x + (size_t)r * n_embd, *o = f->o + (size_t)r * n_embd, *h = f->h + (size_t)r * n_embd;
     if (L->post_attn_norm) rms_norm(f, o, L->post_attn_norm, o, n_embd);
@@ -388,13 +395,13 @@ static void row_ffn_in(const fwd *f, int r) {
     prepare_acts(f, h, n_embd, kinds_of(&L->gate, &L->up, NULL), r);
 }
 
-static void row_down_in(const fwd *f, int r) {
-    const hk_layer *L = &f->m->layers[f->layer];
+static void row_down_in(const fwd *f, int layer, int r) {
+    const hk_layer *L = &f->m->layers[layer];
     prepare_acts(f, f->g + (size_t)r * f->c->n_ff, f->c->n_ff, kinds_of(&L->down, NULL, NULL), r);
 }
 
-static void row_ffn_out(const fwd *f, int r) {
-    const hk_layer *L = &f->m->layers[f->layer];
+static void row_ffn_out(const fwd *f, int layer, int r) {
+    const hk_layer *L = &f->m->layers[layer];
     const int n_embd = f->c->n_embd;
     float *x = f->x + (size_t)r * n_embd, *o = f->o + (size_t)r * n_embd;
     if (L->post_ffn_norm) rms_norm(f, o, L->post_ffn_norm, o, n_embd);
@@ -402,31 +409,111 @@ static void row_ffn_out(const fwd *f, int r) {
 }
 
 /* Output row i (of the rows that want logits): final norm of its hidden state, quantized for the output. */
-static void row_output_in(const fwd *f, int i) {
+static void row_output_in(const fwd *f, int layer, int i) {
     const int n_embd = f->c->n_embd;
     float *h = f->h + (size_t)i * n_embd;
     rms_norm(f, f->x + (size_t)f->out_rows[i] * n_embd, f->m->output_norm, h, n_embd);
     prepare_acts(f, h, n_embd, kinds_of(&f->m->output, NULL, NULL), i);
 }
 
-/* -- the forward call */
+typedef void (*row_fn)(const fwd *f, int layer, int r);
 
-static void run_layer(fwd *f, int l) {
-    const hk_layer *L = &f->m->layers[l];
-    f->layer = l;
-    run_rows(f, f->n, row_attn_in);
-    product(f, f->n, &L->wq, f->q, &L->wk, f->k, &L->wv, f->v);
-    run_rows(f, f->n, row_qkv_post);
-    f->att_job.layer = l;
-    f->att_job.window = L->window;
-    hk_attention_run(&f->att_job);
-    run_rows(f, f->n, row_attn_out);
-    product(f, f->n, &L->wo, f->o, NULL, NULL, NULL, NULL);
-    run_rows(f, f->n, row_ffn_in);
-    product_glu(f, f->n, L);
-    run_rows(f, f->n, row_down_in);
-    product(f, f->n, &L->down, f->o, NULL, NULL, NULL, NULL);
-    run_rows(f, f->n, row_ffn_out);
+static row_fn row_function(int kind) {
+    switch (kind) {
+    case PH_EMBED: return row_embed;
+    case PH_ATTN_IN: return row_attn_in;
+    case PH_QKV_POST: return row_qkv_post;
+    case PH_ATTN_OUT: return row_attn_out;
+    case PH_FFN_IN: return row_ffn_in;
+    case PH_DOWN_IN: return row_down_in;
+    case PH_FFN_OUT: return row_ffn_out;
+    case PH_OUT_IN: return row_output_in;
+    default: return NULL;
+    }
+}
+
+/* -- phases */
+
+static void phase_of(const fwd *f, int p, int *kind, int *layer) {
+    const int n_layer_phases = LAYER_PHASES * f->c->n_layers;
+    if (p == 0) {
+        *kind = PH_EMBED, *layer = 0;
+    } else if (p <= n_layer_phases) {
+        *kind = PH_ATTN_IN + (p - 1) % LAYER_PHASES, *layer = (p - 1) / LAYER_PHASES;
+    } else {
+        *kind = PH_OUT_IN + (p - 1 - n_layer_phases), *layer = f->c->n_layers;
+    }
+}
+
+static int attention_plan_index(const fwd *f, int layer) { return f->m->layers[layer].window ? 1 : 0; }
+
+/* Units of every phase, counted once by the caller before the job starts. */
+static void count_units(fwd *f) {
+    for (int p = 0; p < f->n_phases; p++) {
+        int kind, layer;
+        phase_of(f, p, &kind, &layer);
+        int rows = kind == PH_OUT_IN ? f->n_out : f->n;
+        if (row_function(kind)) {
+            f->phase_units[p] = (rows + f->rows_per_unit - 1) / f->rows_per_unit;
+        } else if (kind == PH_ATTEND) {
+            f->phase_units[p] = f->n_att_tasks[attention_plan_index(f, layer)];
+        } else {
+            mm_job j;
+            product_job(f, kind, layer, &j);
+            f->phase_units[p] = j.n_chunks;
+        }
+    }
+}
+
+static void run_units(const fwd *f, int p, atomic_int *claimed, atomic_int *done) {
+    int kind, layer, u, n_units = f->phase_units[p];
+    phase_of(f, p, &kind, &layer);
+    row_fn fn = row_function(kind);
+    if (fn) {
+        int rows = kind == PH_OUT_IN ? f->n_out : f->n;
+        while ((u = atomic_fetch_add_explicit(claimed, 1, memory_order_relaxed)) < n_units) {
+            for (int r = u * f->rows_per_unit, end = imin(rows, r + f->rows_per_unit); r < end; r++) fn(f, layer, r);
+            atomic_fetch_add_explicit(done, 1, memory_order_release);
+        }
+    } else if (kind == PH_ATTEND) {
+        hk_att a = f->att;
+        a.layer = layer;
+        a.window = f->m->layers[layer].window;
+        a.tasks = f->att_tasks[attention_plan_index(f, layer)];
+        while ((u = atomic_fetch_add_explicit(claimed, 1, memory_order_relaxed)) < n_units) {
+            hk_attention_task(&a, u);
+            atomic_fetch_add_explicit(done, 1, memory_order_release);
+        }
+    } else {
+        mm_job j;
+        product_job(f, kind, layer, &j);
+        while ((u = atomic_fetch_add_explicit(claimed, 1, memory_order_relaxed)) < n_units) {
+            product_unit(&j, u);
+            atomic_fetch_add_explicit(done, 1, memory_order_release);
+        }
+    }
+}
+
+static void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* One participant: every phase in order, claiming units, then waiting for the units others claimed. */
+static void walk_phases(void *ctx, int participant) {
+    const fwd *f = ctx;
+    (void)participant;
+    for (int p = 0; p < f->n_phases; p++) {
+        atomic_int *claimed = &f->phase_sync[2 * p], *done = claimed + 1;
+        run_units(f, p, claimed, done);
+        for (int spins = 0; atomic_load_explicit(done, memory_order_acquire) < f->phase_units[p]; spins++) {
+            cpu_relax();
+            if (spins % YIELD_EVERY == YIELD_EVERY - 1) sched_yield(); /* the thread we wait for may want this core */
+        }
+    }
 }
 
 static int check_call(const hk_model *m, const int32_t *tokens, const hk_seq *seqs, int n_seqs, int *n_rows) {
@@ -441,6 +528,38 @@ static int check_call(const hk_model *m, const int32_t *tokens, const hk_seq *se
         if (tokens[i] < 0 || tokens[i] >= m->c.n_vocab) return -2;
     *n_rows = n;
     return 0;
+}
+
+/* Rows, their positions, the rows that want logits, the attention plans and the phase table. */
+static void plan_call(fwd *f, int logits_mode) {
+    hk_model *m = f->m;
+    for (int s = 0, r = 0; s < f->n_seqs; s++)
+        for (int i = 0; i < f->seqs[s].n_rows; i++, r++) {
+            f->row_seq[r] = s;
+            f->row_pos[r] = f->seqs[s].n_past + i;
+        }
+    f->n_out = logits_mode == HK_LOGITS_ALL ? f->n : logits_mode == HK_LOGITS_LAST ? f->n_seqs : 0;
+    for (int i = 0, r = 0; i < f->n_out; i++) {
+        r = logits_mode == HK_LOGITS_ALL ? i : r + f->seqs[i].n_rows;
+        f->out_rows[i] = logits_mode == HK_LOGITS_ALL ? i : r - 1;
+    }
+    hk_attention_layout(m, f->seqs, f->n_seqs, f->row_slot);
+    f->att = (hk_att){.m = m, .vo = f->vo, .seqs = f->seqs, .row_seq = f->row_seq, .row_pos = f->row_pos, .q = f->q,
+                      .att = f->att_out, .row_slot = f->row_slot,
+                      .partial = (float *)(void *)((uint8_t *)m->arena.att_mem + m->arena.att_tasks_bytes)};
+    f->att_tasks[0] = (hk_att_task *)m->arena.att_mem;
+    f->att_tasks[1] = (hk_att_task *)(void *)((uint8_t *)m->arena.att_mem + m->arena.att_tasks_bytes / 2);
+    f->n_att_tasks[0] = hk_attention_plan(m, f->seqs, f->n_seqs, f->row_pos, 0, f->att_tasks[0]);
+    f->n_att_tasks[1] = 0;
+    for (int l = 0; l < m->c.n_layers; l++)
+        if (m->layers[l].window) {
+            f->n_att_tasks[1] = hk_attention_plan(m, f->seqs, f->n_seqs, f->row_pos, m->layers[l].window, f->att_tasks[1]);
+            break;
+        }
+    f->rows_per_unit = f->n < PARALLEL_ROWS ? imax(f->n, 1) : imax(1, f->n / (hk_pool_threads() * 4));
+    f->n_phases = 1 + LAYER_PHASES * m->c.n_layers + (f->n_out ? 2 : 0);
+    count_units(f);
+    for (int i = 0; i < 2 * f->n_phases; i++) atomic_init(&f->phase_sync[i], 0);
 }
 
 int hk_model_forward(hk_model *m, const int32_t *tokens, const hk_seq *seqs, int n_seqs, float *logits, int logits_mode) {
@@ -462,31 +581,8 @@ int hk_model_forward(hk_model *m, const int32_t *tokens, const hk_seq *seqs, int
     f->n_seqs = n_seqs;
     f->tokens = tokens;
     f->n = n;
-    for (int s = 0, r = 0; s < n_seqs; s++)
-        for (int i = 0; i < seqs[s].n_rows; i++, r++) {
-            f->row_seq[r] = s;
-            f->row_pos[r] = seqs[s].n_past + i;
-        }
-    hk_attention_layout(m, seqs, n_seqs, f->row_slot);
-    f->att_job = (hk_att){.m = m, .vo = f->vo, .seqs = seqs, .n_seqs = n_seqs, .row_seq = f->row_seq, .row_pos = f->row_pos,
-                          .q = f->q, .att = f->att, .row_slot = f->row_slot,
-                          .tasks = (hk_att_task *)m->arena.att_mem,
-                          .partial = (float *)(void *)((uint8_t *)m->arena.att_mem + m->arena.att_tasks_bytes)};
-    run_rows(f, n, row_rope_tables);
-    run_rows(f, n, row_embed);
-    for (int l = 0; l < m->c.n_layers; l++) run_layer(f, l);
-    if (logits_mode == HK_LOGITS_NONE) return 0;
-    if (logits_mode == HK_LOGITS_ALL) {
-        for (int i = 0; i < n; i++) f->out_rows[i] = i;
-        f->n_out = n;
-    } else {
-        for (int s = 0, r = 0; s < n_seqs; s++) {
-            r += seqs[s].n_rows;
-            f->out_rows[s] = r - 1;
-        }
-        f->n_out = n_seqs;
-    }
-    run_rows(f, f->n_out, row_output_in);
-    product(f, f->n_out, &m->output, logits, NULL, NULL, NULL, NULL);
+    f->logits = logits;
+    plan_call(f, logits_mode);
+    hk_pool_run(walk_phases, f, hk_pool_threads());
     return 0;
 }

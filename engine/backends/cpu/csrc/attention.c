@@ -70,21 +70,39 @@ static const float *kv_block(const hk_att *a, const hk_seq *s, int kvh, int whic
     return buf;
 }
 
-/* Fold n keys into one row's online-softmax state (m, l, O). */
-static void update(const hk_vecops *vo, const float *q, const float *k, const float *v, int n, int d, int dv, float *s,
-                   float *m, float *l, float *o) {
-    vo->scores(q, k, d, n, s);
-    float mb = vo->max(s, n);
-    if (mb > *m) {
-        if (*l > 0.0f) {
-            float shrink = expf(*m - mb);
-            *l *= shrink;
-            vo->scale(o, dv, shrink);
+#define HEADS_PER_PASS 16 /* query heads of one kv head folded together (their scores on the stack) */
+
+/* Fold n keys into the online-softmax states of nr <= HEADS_PER_PASS query heads of one position: head i's
+   query at q + i * d, its state (m, l, O[dv]) at st + i * stride. The rows share every key and value load;
+   each row's arithmetic is what it would be alone. */
+static void update(const hk_vecops *vo, const float *q, int nr, const float *k, const float *v, int n, int d, int dv,
+                   float *st, size_t stride) {
+    float s[HEADS_PER_PASS * 64];
+    vo->scores(q, d, nr, k, d, n, s, 64);
+    for (int i = 0; i < nr; i++) {
+        float *m = st + i * stride, *l = m + 1, *si = s + i * 64;
+        float mb = vo->max(si, n);
+        if (mb > *m) {
+            if (*l > 0.0f) {
+                float shrink = expf(*m - mb);
+                *l *= shrink;
+                vo->scale(m + 2, dv, shrink);
+            }
+            *m = mb;
         }
-        *m = mb;
+        *l += vo->exp_sum(si, n, *m);
     }
-    *l += vo->exp_sum(s, n, *m);
-    vo->pv(s, v, dv, n, o);
+    vo->pv(s, 64, nr, v, dv, n, st + 2, (int)stride);
+}
+
+/* update() for all the query heads [h0, h1) of one kv head, HEADS_PER_PASS at a time. */
+static void update_heads(const hk_att *a, int r, int h0, int h1, const float *k, const float *v, int n, float *st, size_t stride) {
+    const hk_config *c = &a->m->c;
+    for (int h = h0; h < h1; h += HEADS_PER_PASS) {
+        int nr = h1 - h < HEADS_PER_PASS ? h1 - h : HEADS_PER_PASS;
+        update(a->vo, a->q + ((size_t)r * c->n_heads + h) * c->head_dim, nr, k, v, n, c->head_dim, c->v_head_dim,
+               st + (size_t)(h - h0) * stride, stride);
+    }
 }
 
 /* Merge a chunk's state (mc, lc, oc) into a row's running state (M, L, O). */
@@ -107,7 +125,7 @@ static void decode_task(const hk_att *a, const hk_att_task *t) {
     const int d = c->head_dim, dv = c->v_head_dim, group = c->n_heads / c->n_kv_heads, bk = block_keys(c);
     const int r = t->row0, p = a->row_pos[r], nch = p / HK_ATT_CHUNK + 1;
     const int start = imax(lowest_key(p, a->window), t->chunk * HK_ATT_CHUNK), end = imin(p + 1, (t->chunk + 1) * HK_ATT_CHUNK);
-    float kbuf[KV_BUF_FLOATS], scores[64];
+    float kbuf[KV_BUF_FLOATS];
     float *vbuf = kbuf + bk * d;
     for (int h = t->kvh * group; h < (t->kvh + 1) * group; h++) {
         float *st = a->partial + a->row_slot[r] + ((size_t)h * nch + t->chunk) * DECODE_SLOT(dv);
@@ -118,10 +136,8 @@ static void decode_task(const hk_att *a, const hk_att_task *t) {
     for (int j0 = start / bk * bk; j0 < end; j0 += bk) {
         int ka = imax(j0, start), kb = imin(j0 + bk, end);
         const float *K = kv_block(a, s, t->kvh, 0, ka, kb, kbuf), *V = kv_block(a, s, t->kvh, 1, ka, kb, vbuf);
-        for (int h = t->kvh * group; h < (t->kvh + 1) * group; h++) {
-            float *st = a->partial + a->row_slot[r] + ((size_t)h * nch + t->chunk) * DECODE_SLOT(dv);
-            update(a->vo, a->q + ((size_t)r * c->n_heads + h) * d, K, V, kb - ka, d, dv, scores, st, st + 1, st + 2);
-        }
+        float *st = a->partial + a->row_slot[r] + ((size_t)t->kvh * group * nch + t->chunk) * DECODE_SLOT(dv);
+        update_heads(a, r, t->kvh * group, (t->kvh + 1) * group, K, V, kb - ka, st, (size_t)nch * DECODE_SLOT(dv));
     }
 }
 
@@ -131,7 +147,7 @@ static void prefill_task(const hk_att *a, const hk_att_task *t) {
     const int d = c->head_dim, dv = c->v_head_dim, group = c->n_heads / c->n_kv_heads, bk = block_keys(c);
     const int h0 = t->kvh * group, h1 = h0 + group;
     const int lo_first = lowest_key(a->row_pos[t->row0], a->window), p_last = a->row_pos[t->row1 - 1];
-    float kbuf[KV_BUF_FLOATS], scores[64];
+    float kbuf[KV_BUF_FLOATS];
     float *vbuf = kbuf + bk * d;
 #define SLOT(r, h) (a->partial + a->row_slot[r] + (size_t)(h) * PREFILL_SLOT(dv))
 #define OUT(r, h) (a->att + ((size_t)(r) * c->n_heads + (h)) * dv)
@@ -155,11 +171,8 @@ static void prefill_task(const hk_att *a, const hk_att_task *t) {
             for (int r = t->row0; r < t->row1; r++) {
                 int p = a->row_pos[r], ra = imax(j0, lowest_key(p, a->window)), rb = imin(j0 + bk, p + 1);
                 if (ra >= rb) continue;
-                for (int h = h0; h < h1; h++) {
-                    float *st = SLOT(r, h);
-                    update(a->vo, a->q + ((size_t)r * c->n_heads + h) * d, K + (size_t)(ra - ka) * d,
-                           V + (size_t)(ra - ka) * dv, rb - ra, d, dv, scores, st, st + 1, st + 2);
-                }
+                update_heads(a, r, h0, h1, K + (size_t)(ra - ka) * d, V + (size_t)(ra - ka) * dv, rb - ra, SLOT(r, h0),
+                             PREFILL_SLOT(dv));
             }
         }
         for (int r = t->row0; r < t->row1; r++)

@@ -9,13 +9,15 @@
 
 typedef struct {
     const char *name;
-    /* s[j] = q . k[j * d ...] for j < n (keys d floats apart) */
-    void (*scores)(const float *q, const float *k, int d, int n, float *s);
+    /* s[r * ss + j] = q[r * qs ...] . k[j * d ...] for r < nr, j < n (keys d floats apart); a row's result
+       does not depend on nr */
+    void (*scores)(const float *q, int qs, int nr, const float *k, int d, int n, float *s, int ss);
     float (*max)(const float *x, int n);
     /* x[j] = exp(x[j] - m); returns the sum */
     float (*exp_sum)(float *x, int n, float m);
-    /* o[0:dv] += sum_j p[j] * v[j * dv ...] for j < n */
-    void (*pv)(const float *p, const float *v, int dv, int n, float *o);
+    /* o[r * os + (0:dv)] += sum_j p[r * ps + j] * v[j * dv ...] for r < nr, j < n; a row's result does not
+       depend on nr */
+    void (*pv)(const float *p, int ps, int nr, const float *v, int dv, int n, float *o, int os);
     /* o = o * a + x * b */
     void (*axpby)(float *o, float a, const float *x, float b, int n);
     void (*scale)(float *x, int n, float s);

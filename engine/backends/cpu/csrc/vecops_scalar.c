@@ -26,13 +26,14 @@ uint16_t hk_f32_to_f16(float f) {
     return (uint16_t)(sign | h);
 }
 
-static void scores_scalar(const float *q, const float *k, int d, int n, float *s) {
-    for (int j = 0; j < n; j++) {
-        const float *kj = k + (size_t)j * d;
-        float acc = 0.0f;
-        for (int c = 0; c < d; c++) acc += q[c] * kj[c];
-        s[j] = acc;
-    }
+static void scores_scalar(const float *q, int qs, int nr, const float *k, int d, int n, float *s, int ss) {
+    for (int r = 0; r < nr; r++)
+        for (int j = 0; j < n; j++) {
+            const float *qr = q + (size_t)r * qs, *kj = k + (size_t)j * d;
+            float acc = 0.0f;
+            for (int c = 0; c < d; c++) acc += qr[c] * kj[c];
+            s[(size_t)r * ss + j] = acc;
+        }
 }
 
 static float max_scalar(const float *x, int n) {
@@ -50,11 +51,13 @@ static float exp_sum_scalar(float *x, int n, float m) {
     return sum;
 }
 
-static void pv_scalar(const float *p, const float *v, int dv, int n, float *o) {
-    for (int j = 0; j < n; j++) {
-        const float *vj = v + (size_t)j * dv;
-        for (int c = 0; c < dv; c++) o[c] += p[j] * vj[c];
-    }
+static void pv_scalar(const float *p, int ps, int nr, const float *v, int dv, int n, float *o, int os) {
+    for (int r = 0; r < nr; r++)
+        for (int j = 0; j < n; j++) {
+            const float *vj = v + (size_t)j * dv;
+            float pj = p[(size_t)r * ps + j], *orow = o + (size_t)r * os;
+            for (int c = 0; c < dv; c++) orow[c] += pj * vj[c];
+        }
 }
 
 static void axpby_scalar(float *o, float a, const float *x, float b, int n) {

@@ -13,6 +13,7 @@ from ..downloads_bridge import DownloadsBridge
 from ..generation_history import recent_generations
 from ..model_choices import ModelChoices
 from ..telemetry import Telemetry
+from .about_dialog import AboutDialog
 from .chat_view import ChatView
 from .composer import Composer
 from .dashboard_page import DashboardPage
@@ -46,6 +47,7 @@ class MainWindow(QMainWindow):
         self.downloads = downloads
         self.confirm = lambda title, text: QMessageBox.question(self, title, text) == QMessageBox.StandardButton.Yes
         self._deleted: tuple[int, str] | None = None
+        self._model_info: dict = {}  # the loaded model's name, backend, ... as the controller last reported
         self.setWindowIcon(app_icon())
         self.resize(1180, 760)
         self.setMinimumSize(720, 480)
@@ -122,6 +124,16 @@ class MainWindow(QMainWindow):
             self.nav_buttons[name] = button
             rail_layout.addWidget(button)
         rail_layout.addStretch(1)
+        self.about_button = QToolButton()
+        self.about_button.setText("About")
+        self.about_button.setToolTip("About Hearth")
+        self.about_button.setAutoRaise(True)
+        self.about_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextUnderIcon)
+        self.about_button.setIconSize(QSize(22, 22))
+        self.about_button.setFixedWidth(64)
+        self.about_button.setIcon(icon("about"))
+        self.about_button.clicked.connect(self.show_about)
+        rail_layout.addWidget(self.about_button)
         self.nav_buttons["chat"].setChecked(True)
         body = QWidget()
         body_layout = QHBoxLayout(body)
@@ -243,6 +255,13 @@ class MainWindow(QMainWindow):
             self.resize(self.minimumSizeHint().width(), self.height())  # grow rather than squeeze the chat
 
     # -- pages ---------------------------------------------------------------------------------------
+    def show_about(self) -> AboutDialog:
+        """Open the About box (non-blocking) and return it."""
+        dialog = AboutDialog(self._model_info.get("backend"), self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.open()
+        return dialog
+
     def show_page(self, name: str) -> None:
         self.stack.setCurrentWidget(self.pages[name])
         self.nav_buttons[name].setChecked(True)
@@ -307,6 +326,7 @@ class MainWindow(QMainWindow):
         return f"<h2>Start a conversation</h2><p>{state}</p><p>Everything stays on this computer.</p>"
 
     def _on_model_changed(self, info: dict) -> None:
+        self._model_info = dict(info or {})
         self.models_page.set_current(info)
         self._show_model_text()
         self._on_messages_changed(self.controller.current_id)

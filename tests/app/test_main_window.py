@@ -226,3 +226,15 @@ def test_without_the_built_in_model_the_window_says_so(qtbot, make_session, monk
     qtbot.keyClick(session.window.composer.edit, Qt.Key.Key_Return)
     assert "No model to answer with" in bar.label.text()
     assert session.window.composer.model_label.text() == "No model"
+
+
+@pytest.mark.qt_log_ignore("propagateSizeHints")  # the offscreen platform plugin's note on any dialog
+def test_about_box_shows_the_version_from_its_one_source(qtbot, make_session):
+    import engine
+    from app.ui.about_dialog import AboutDialog
+
+    session = make_session(engine_factory=FakeFactory(FakeModel(["Hi"])))
+    qtbot.mouseClick(session.window.about_button, Qt.MouseButton.LeftButton)
+    (dialog,) = session.window.findChildren(AboutDialog)
+    assert f"Hearth {engine.__version__}" in dialog.text()
+    dialog.close()

@@ -84,6 +84,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--thermal-script", type=Path, default=None, help="replay a JSON trace of [t_seconds, state] through the thermal policy")
     p.add_argument("--session-restore", action="store_true",
                    help="time restoring a snapshot of --prompt-tokens tokens against processing them again")
+    p.add_argument("--draft", type=Path, default=None, metavar="DRAFT_MODEL",
+                   help="speculative decoding with this draft model beside plain decoding (greedy, interleaved)")
+    p.add_argument("--lookup", action="store_true", help="speculative decoding by prompt lookup beside plain decoding")
+    p.add_argument("--prompt-file", type=Path, default=None, metavar="FILE",
+                   help="with --draft/--lookup: the prompt, as a user message in the chat template")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)
     return parser
@@ -213,6 +218,11 @@ def cmd_bench(args) -> int:
         from .bench import run_session_bench
 
         report = run_session_bench(args.model, args.backend, args.prompt_tokens, args.repeats)
+    elif args.draft or args.lookup:
+        from .bench_speculative import run_speculative_bench
+
+        report = run_speculative_bench(args.model, args.backend, args.threads, args.prompt_file, args.prompt_tokens,
+                                       args.gen_tokens, args.draft, args.lookup, args.repeats)
     elif args.compare == "mlx-lm" or args.backend == "mlx":
         from .backends.mlx_bench import run_mlx_bench
 

@@ -7,8 +7,9 @@
 
    The whole call is one job of the thread pool. Every thread walks the phases in order, claims units of
    work (row ranges, row chunks of the matrices, attention tasks) from each phase's counter, and waits for
-   the phase's last unit before the next: a thread the OS has not scheduled yet is never waited for; it
-   joins whatever phase is running when it arrives (on a loaded machine the caller may do it all). */
+   the phase's last unit before the next. A thread the OS has not scheduled yet holds up no phase: it joins
+   whichever is running when it arrives (on a loaded machine the caller may do it all), and the pool waits
+   for it once, at the end of the call, instead of once per product. */
 #include "decoder.h"
 
 #include <math.h>
@@ -18,41 +19,16 @@
 #include <string.h>
 
 #include "attention.h"
-#include "matmul.h"
 #include "pool.h"
+#include "products.h"
 #include "vecops.h"
 
 #define PARALLEL_ROWS 8        /* row work for fewer rows is one unit */
 #define YIELD_EVERY 64         /* polls of a phase counter between two sched_yield calls (as pool.c) */
-#define TASK_MIN_BYTES 16384   /* as matmul.c: a decode task smaller than this costs more to hand out than it saves */
-#define TILE_CHUNK_BYTES 24576 /* as matmul.c: prefill weight rows that stay in L1 across the token tiles */
-#define N_KINDS 3              /* hk_act_kind values */
-
-/* The kernel table matmul.c runs on (it keeps the pointer private; the name says which). */
-static const hk_isa *active_isa(void) {
-    const char *name = hk_isa_name();
-#ifdef HK_X86
-    const hk_isa *x86[] = {&hk_isa_avx2, &hk_isa_avxvnni, &hk_isa_avx512};
-    for (int i = 0; i < 3; i++)
-        if (strcmp(name, x86[i]->name) == 0) return x86[i];
-#endif
-#ifdef __aarch64__
-    if (strcmp(name, hk_isa_neon.name) == 0) return &hk_isa_neon;
-    if (strcmp(name, hk_isa_dotprod.name) == 0) return &hk_isa_dotprod;
-#endif
-    return &hk_isa_scalar;
-}
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 static int imin(int a, int b) { return a < b ? a : b; }
 static int imax(int a, int b) { return a > b ? a : b; }
-
-/* Bytes of one row's quantized activations of cols elements (as matmul.c lays them out). */
-static size_t act_bytes(int kind, int cols) {
-    if (kind == HK_ACT_Q8_32) return align64(cols) + 2 * align64(sizeof(float) * (cols / HK_QK));
-    if (kind == HK_ACT_Q8_K) return align64(cols) + align64(sizeof(float) * (cols / HK_QK_K)) + align64(2 * (cols / 16));
-    return 0;
-}
 
 /* -- one call's working state: views into the arena, shapes in comments */
 
@@ -72,14 +48,12 @@ typedef struct {
     float *g, *u;           /* (R, n_ff) gate (then the activation product) and up */
     float *rope_cos, *rope_sin; /* (R, n_rope_sets, rope_dim / 2) */
     float *logits;          /* (n_out, n_vocab): the caller's */
-    uint8_t *act_mem[N_KINDS];  /* per kind: (R, act_bytes(kind, widest input)) */
-    hk_act *acts[N_KINDS];      /* per kind: (R,) */
-    size_t act_stride[N_KINDS];
+    hk_act_rows acts;           /* per kind: (R, hk_act_bytes(kind, widest input)) and (R,) descriptors */
     int *row_seq, *row_pos, *out_rows; /* (R,) */
     size_t *row_slot;                  /* (R,) attention partial offsets */
     hk_att att;                        /* the attention's inputs; layer, window and tasks set per phase */
     hk_att_task *att_tasks[2];         /* the plans for window 0 and for the sliding window */
-    int n_att_tasks[2], sliding_window;
+    int n_att_tasks[2];
     int n_phases, rows_per_unit;
     int *phase_units;                  /* (n_phases,) */
     atomic_int *phase_sync;            /* (n_phases, 2): units claimed, units done */
@@ -112,11 +86,11 @@ static size_t layout(const hk_config *c, uint8_t *base, fwd *f) {
     TAKE(u, float, R * c->n_ff);
     TAKE(rope_cos, float, R * imax(1, c->rope_dim / 2) * 2); /* at most two RoPE bases */
     TAKE(rope_sin, float, R * imax(1, c->rope_dim / 2) * 2);
-    for (int kind = 0; kind < N_KINDS; kind++) {
-        size_t stride = act_bytes(kind, widest_input(c));
-        if (f) f->act_stride[kind] = stride;
-        TAKE(act_mem[kind], uint8_t, R * stride);
-        TAKE(acts[kind], hk_act, R);
+    for (int kind = 0; kind < HK_ACT_KINDS; kind++) {
+        size_t stride = hk_act_bytes(kind, widest_input(c));
+        if (f) f->acts.stride[kind] = stride;
+        TAKE(acts.mem[kind], uint8_t, R * stride);
+        TAKE(acts.acts[kind], hk_act, R);
     }
     TAKE(row_seq, int, R);
     TAKE(row_pos, int, R);
@@ -162,131 +136,20 @@ static int reserve_attention(hk_model *m, size_t partial_floats, int max_tasks) 
     return 0;
 }
 
-/* -- activations: quantized once per row for every kind the next products take */
-
-static unsigned kinds_of(const hk_matrix *a, const hk_matrix *b, const hk_matrix *c) {
-    unsigned mask = 0;
-    const hk_matrix *ms[3] = {a, b, c};
-    for (int i = 0; i < 3; i++)
-        if (ms[i]) mask |= 1u << hk_type_info(ms[i]->type)->act;
-    return mask;
-}
-
-static void prepare_acts(const fwd *f, const float *x, int cols, unsigned kinds, int r) {
-    for (int kind = 0; kind < N_KINDS; kind++) {
-        if (!(kinds & (1u << kind))) continue;
-        hk_act *a = &f->acts[kind][r];
-        memset(a, 0, sizeof *a);
-        a->f = x;
-        if (kind == HK_ACT_F32) continue;
-        uint8_t *mem = f->act_mem[kind] + (size_t)r * f->act_stride[kind];
-        int8_t *qs = (int8_t *)mem;
-        float *d = (float *)(void *)(mem + align64(cols));
-        if (kind == HK_ACT_Q8_32) {
-            float *ds = (float *)(void *)((uint8_t *)d + align64(sizeof(float) * (cols / HK_QK)));
-            (f->isa->quant32 ? f->isa->quant32 : hk_scalar_quant32)(x, cols, qs, d, ds);
-            a->ds = ds;
-        } else {
-            int16_t *bs = (int16_t *)(void *)((uint8_t *)d + align64(sizeof(float) * (cols / HK_QK_K)));
-            (f->isa->quantK ? f->isa->quantK : hk_scalar_quantK)(x, cols, qs, d, bs);
-            a->bsums = bs;
-        }
-        a->qs = qs;
-        a->d = d;
-    }
-}
-
-/* -- products: up to three matrices of one input, in row chunks */
-
-typedef struct {
-    const hk_matrix *w;
-    float *out; /* (n, w->rows) */
-    const hk_act *acts;
-    hk_dot_fn dot;
-    int nb, tile, chunk, n_chunks;
-} mm_part;
-
-typedef struct {
-    mm_part part[3];
-    int n_parts, n, n_chunks;
-    int glu, gelu; /* glu: part 0 (gate) becomes act(gate) * part 1 (up), chunk by chunk */
-    const hk_vecops *vo;
-} mm_job;
-
-static int chunk_rows(int rows, int n, size_t row_bytes) {
-    size_t rb = row_bytes ? row_bytes : 1;
-    if (n == 1) {
-        int c = rows / (hk_pool_threads() * 8), min_rows = (int)((TASK_MIN_BYTES + rb - 1) / rb);
-        return c > min_rows ? c : min_rows;
-    }
-    size_t c = TILE_CHUNK_BYTES / rb;
-    return (int)(c < 4 ? 4 : c > 64 ? 64 : c);
-}
-
-static void part_init(const fwd *f, mm_part *p, const hk_matrix *w, float *out, int n) {
-    const hk_type *ti = hk_type_info(w->type);
-    p->w = w;
-    p->out = out;
-    p->acts = f->acts[ti->act];
-    p->dot = f->isa->dot[w->type] ? f->isa->dot[w->type] : hk_isa_scalar.dot[w->type];
-    p->tile = f->isa->dot[w->type] && f->isa->tile[w->type] ? f->isa->tile[w->type] : HK_TILE;
-    p->nb = w->cols / ti->block;
-    p->chunk = chunk_rows(w->rows, n, (size_t)p->nb * ti->type_size);
-    p->n_chunks = (w->rows + p->chunk - 1) / p->chunk;
-}
-
-/* The product phase's job: (out_i (n, w_i->rows) = input @ w_i.T) from activations prepare_acts made. */
-static void product_job(const fwd *f, int kind, int layer, mm_job *j) {
+/* The product phase's matrices, inputs and outputs. */
+static void product_of(const fwd *f, int kind, int layer, hk_product *p) {
     const hk_layer *L = &f->m->layers[layer < f->c->n_layers ? layer : 0];
-    const hk_matrix *ws[3] = {NULL, NULL, NULL};
-    float *os[3] = {NULL, NULL, NULL};
-    memset(j, 0, sizeof *j);
-    j->n = f->n;
-    j->vo = f->vo;
+    const hk_matrix *w[3] = {NULL, NULL, NULL};
+    float *out[3] = {NULL, NULL, NULL};
+    int n = f->n;
     switch (kind) {
-    case PH_QKV: ws[0] = &L->wq, os[0] = f->q, ws[1] = &L->wk, os[1] = f->k, ws[2] = &L->wv, os[2] = f->v; break;
-    case PH_WO: ws[0] = &L->wo, os[0] = f->o; break;
-    case PH_GLU: ws[0] = &L->gate, os[0] = f->g, ws[1] = &L->up, os[1] = f->u, j->glu = 1, j->gelu = f->c->gelu; break;
-    case PH_DOWN: ws[0] = &L->down, os[0] = f->o; break;
-    default: ws[0] = &f->m->output, os[0] = f->logits, j->n = f->n_out; break; /* PH_OUTPUT */
+    case PH_QKV: w[0] = &L->wq, out[0] = f->q, w[1] = &L->wk, out[1] = f->k, w[2] = &L->wv, out[2] = f->v; break;
+    case PH_WO: w[0] = &L->wo, out[0] = f->o; break;
+    case PH_GLU: w[0] = &L->gate, out[0] = f->g, w[1] = &L->up, out[1] = f->u; break;
+    case PH_DOWN: w[0] = &L->down, out[0] = f->o; break;
+    default: w[0] = &f->m->output, out[0] = f->logits, n = f->n_out; break; /* PH_OUTPUT */
     }
-    for (int i = 0; i < 3 && ws[i]; i++, j->n_parts++) {
-        part_init(f, &j->part[i], ws[i], os[i], j->n);
-        j->n_chunks += j->part[i].n_chunks;
-    }
-    if (j->glu) { /* gate and up share the row chunks, so a chunk's activation has both */
-        j->part[1].chunk = j->part[0].chunk;
-        j->n_chunks = j->part[0].n_chunks;
-    }
-}
-
-static void part_rows(const mm_part *p, int r0, int r1, int n) {
-    const hk_matrix *w = p->w;
-    for (int t0 = 0; t0 < n; t0 += p->tile) {
-        int nt = imin(p->tile, n - t0);
-        for (int r = r0; r < r1; r++)
-            p->dot(p->nb, w->data + (ptrdiff_t)r * w->stride, p->acts + t0, nt, p->out + (size_t)t0 * w->rows + r, w->rows);
-    }
-}
-
-static void product_unit(const mm_job *j, int t) {
-    if (j->glu) {
-        const mm_part *gate = &j->part[0], *up = &j->part[1];
-        int r0 = t * gate->chunk, r1 = imin(gate->w->rows, r0 + gate->chunk);
-        part_rows(gate, r0, r1, j->n);
-        part_rows(up, r0, r1, j->n);
-        for (int i = 0; i < j->n; i++)
-            j->vo->glu(gate->out + (size_t)i * gate->w->rows + r0, up->out + (size_t)i * up->w->rows + r0, r1 - r0, j->gelu);
-        return;
-    }
-    for (int i = 0; i < j->n_parts; i++) {
-        const mm_part *p = &j->part[i];
-        if (t < p->n_chunks) {
-            part_rows(p, t * p->chunk, imin(p->w->rows, (t + 1) * p->chunk), j->n);
-            return;
-        }
-        t -= p->n_chunks;
-    }
+    hk_product_init(p, f->isa, f->vo, &f->acts, n, w, out, kind == PH_GLU, f->c->gelu);
 }
 
 /* -- row work: one row of one layer */
@@ -321,7 +184,7 @@ static void row_attn_in(const fwd *f, int layer, int r) {
     const int n_embd = f->c->n_embd;
     float *h = f->h + (size_t)r * n_embd;
     rms_norm(f, f->x + (size_t)r * n_embd, L->attn_norm, h, n_embd);
-    prepare_acts(f, h, n_embd, kinds_of(&L->wq, &L->wk, &L->wv), r);
+    hk_prepare_acts(f->isa, &f->acts, h, n_embd, hk_act_kinds(&L->wq, &L->wk, &L->wv), r);
 }
 
 /* Rotate x (head_dim) by the angles whose cos and sin are given (rope_dim / 2 of each). */
@@ -382,7 +245,7 @@ static void row_attn_out(const fwd *f, int layer, int r) {
     a.layer = layer;
     a.window = L->window;
     hk_attention_merge_row(&a, r);
-    prepare_acts(f, f->att_out + (size_t)r * width, width, kinds_of(&L->wo, NULL, NULL), r);
+    hk_prepare_acts(f->isa, &f->acts, f->att_out + (size_t)r * width, width, hk_act_kinds(&L->wo, NULL, NULL), r);
 }
 
 static void row_ffn_in(const fwd *f, int layer, int r) {
@@ -392,12 +255,12 @@ static void row_ffn_in(const fwd *f, int layer, int r) {
     if (L->post_attn_norm) rms_norm(f, o, L->post_attn_norm, o, n_embd);
     add_into(x, o, n_embd);
     rms_norm(f, x, L->ffn_norm, h, n_embd);
-    prepare_acts(f, h, n_embd, kinds_of(&L->gate, &L->up, NULL), r);
+    hk_prepare_acts(f->isa, &f->acts, h, n_embd, hk_act_kinds(&L->gate, &L->up, NULL), r);
 }
 
 static void row_down_in(const fwd *f, int layer, int r) {
     const hk_layer *L = &f->m->layers[layer];
-    prepare_acts(f, f->g + (size_t)r * f->c->n_ff, f->c->n_ff, kinds_of(&L->down, NULL, NULL), r);
+    hk_prepare_acts(f->isa, &f->acts, f->g + (size_t)r * f->c->n_ff, f->c->n_ff, hk_act_kinds(&L->down, NULL, NULL), r);
 }
 
 static void row_ffn_out(const fwd *f, int layer, int r) {
@@ -413,7 +276,7 @@ static void row_output_in(const fwd *f, int layer, int i) {
     const int n_embd = f->c->n_embd;
     float *h = f->h + (size_t)i * n_embd;
     rms_norm(f, f->x + (size_t)f->out_rows[i] * n_embd, f->m->output_norm, h, n_embd);
-    prepare_acts(f, h, n_embd, kinds_of(&f->m->output, NULL, NULL), i);
+    hk_prepare_acts(f->isa, &f->acts, h, n_embd, hk_act_kinds(&f->m->output, NULL, NULL), i);
 }
 
 typedef void (*row_fn)(const fwd *f, int layer, int r);
@@ -458,9 +321,9 @@ static void count_units(fwd *f) {
         } else if (kind == PH_ATTEND) {
             f->phase_units[p] = f->n_att_tasks[attention_plan_index(f, layer)];
         } else {
-            mm_job j;
-            product_job(f, kind, layer, &j);
-            f->phase_units[p] = j.n_chunks;
+            hk_product prod;
+            product_of(f, kind, layer, &prod);
+            f->phase_units[p] = prod.n_units;
         }
     }
 }
@@ -485,10 +348,10 @@ static void run_units(const fwd *f, int p, atomic_int *claimed, atomic_int *done
             atomic_fetch_add_explicit(done, 1, memory_order_release);
         }
     } else {
-        mm_job j;
-        product_job(f, kind, layer, &j);
+        hk_product prod;
+        product_of(f, kind, layer, &prod);
         while ((u = atomic_fetch_add_explicit(claimed, 1, memory_order_relaxed)) < n_units) {
-            product_unit(&j, u);
+            hk_product_unit(&prod, u);
             atomic_fetch_add_explicit(done, 1, memory_order_release);
         }
     }
@@ -575,7 +438,7 @@ int hk_model_forward(hk_model *m, const int32_t *tokens, const hk_seq *seqs, int
     layout(&m->c, m->arena.mem, f);
     f->m = m;
     f->c = &m->c;
-    f->isa = active_isa();
+    f->isa = hk_active_isa();
     f->vo = hk_vecops_active();
     f->seqs = seqs;
     f->n_seqs = n_seqs;

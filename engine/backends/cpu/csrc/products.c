@@ -1,0 +1,136 @@
+/* The decoder's matrix products on the kernels' dot functions (see products.h). */
+#include "products.h"
+
+#include <string.h>
+
+#include "matmul.h"
+#include "pool.h"
+
+#define TASK_MIN_BYTES 16384   /* as matmul.c: a decode chunk smaller than this costs more to hand out than it saves */
+#define TILE_CHUNK_BYTES 24576 /* as matmul.c: prefill weight rows that stay in L1 across the token tiles */
+
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+static int imin(int a, int b) { return a < b ? a : b; }
+
+/* matmul.c keeps its pointer private; the name says which table it is. */
+const hk_isa *hk_active_isa(void) {
+    const char *name = hk_isa_name();
+#ifdef HK_X86
+    const hk_isa *x86[] = {&hk_isa_avx2, &hk_isa_avxvnni, &hk_isa_avx512};
+    for (int i = 0; i < 3; i++)
+        if (strcmp(name, x86[i]->name) == 0) return x86[i];
+#endif
+#ifdef __aarch64__
+    if (strcmp(name, hk_isa_neon.name) == 0) return &hk_isa_neon;
+    if (strcmp(name, hk_isa_dotprod.name) == 0) return &hk_isa_dotprod;
+#endif
+    return &hk_isa_scalar;
+}
+
+/* As matmul.c lays one token out: values, then the scales (and sums), each array 64-byte aligned. */
+size_t hk_act_bytes(int kind, int cols) {
+    if (kind == HK_ACT_Q8_32) return align64(cols) + 2 * align64(sizeof(float) * (cols / HK_QK));
+    if (kind == HK_ACT_Q8_K) return align64(cols) + align64(sizeof(float) * (cols / HK_QK_K)) + align64(2 * (cols / 16));
+    return 0;
+}
+
+unsigned hk_act_kinds(const hk_matrix *a, const hk_matrix *b, const hk_matrix *c) {
+    unsigned mask = 0;
+    const hk_matrix *ms[3] = {a, b, c};
+    for (int i = 0; i < 3; i++)
+        if (ms[i]) mask |= 1u << hk_type_info(ms[i]->type)->act;
+    return mask;
+}
+
+void hk_prepare_acts(const hk_isa *isa, const hk_act_rows *rows, const float *x, int cols, unsigned kinds, int r) {
+    for (int kind = 0; kind < HK_ACT_KINDS; kind++) {
+        if (!(kinds & (1u << kind))) continue;
+        hk_act *a = &rows->acts[kind][r];
+        memset(a, 0, sizeof *a);
+        a->f = x;
+        if (kind == HK_ACT_F32) continue;
+        uint8_t *mem = rows->mem[kind] + (size_t)r * rows->stride[kind];
+        int8_t *qs = (int8_t *)mem;
+        float *d = (float *)(void *)(mem + align64(cols));
+        if (kind == HK_ACT_Q8_32) {
+            float *ds = (float *)(void *)((uint8_t *)d + align64(sizeof(float) * (cols / HK_QK)));
+            (isa->quant32 ? isa->quant32 : hk_scalar_quant32)(x, cols, qs, d, ds);
+            a->ds = ds;
+        } else {
+            int16_t *bs = (int16_t *)(void *)((uint8_t *)d + align64(sizeof(float) * (cols / HK_QK_K)));
+            (isa->quantK ? isa->quantK : hk_scalar_quantK)(x, cols, qs, d, bs);
+            a->bsums = bs;
+        }
+        a->qs = qs;
+        a->d = d;
+    }
+}
+
+/* Rows per chunk, as matmul.c cuts them: bandwidth-bound decode chunks for balance, prefill chunks for L1. */
+static int chunk_rows(int rows, int n, size_t row_bytes) {
+    size_t rb = row_bytes ? row_bytes : 1;
+    if (n == 1) {
+        int c = rows / (hk_pool_threads() * 8), min_rows = (int)((TASK_MIN_BYTES + rb - 1) / rb);
+        return c > min_rows ? c : min_rows;
+    }
+    size_t c = TILE_CHUNK_BYTES / rb;
+    return (int)(c < 4 ? 4 : c > 64 ? 64 : c);
+}
+
+static void part_init(hk_product_part *p, const hk_isa *isa, const hk_act_rows *rows, const hk_matrix *w, float *out, int n) {
+    const hk_type *ti = hk_type_info(w->type);
+    p->w = w;
+    p->out = out;
+    p->acts = rows->acts[ti->act];
+    p->dot = isa->dot[w->type] ? isa->dot[w->type] : hk_isa_scalar.dot[w->type];
+    p->tile = isa->dot[w->type] && isa->tile[w->type] ? isa->tile[w->type] : HK_TILE;
+    p->nb = w->cols / ti->block;
+    p->chunk = chunk_rows(w->rows, n, (size_t)p->nb * ti->type_size);
+    p->n_chunks = (w->rows + p->chunk - 1) / p->chunk;
+}
+
+void hk_product_init(hk_product *p, const hk_isa *isa, const hk_vecops *vo, const hk_act_rows *rows, int n,
+                     const hk_matrix *const w[3], float *const out[3], int glu, int gelu) {
+    memset(p, 0, sizeof *p);
+    p->n = n;
+    p->vo = vo;
+    p->glu = glu;
+    p->gelu = gelu;
+    for (int i = 0; i < 3 && w[i]; i++, p->n_parts++) {
+        part_init(&p->part[i], isa, rows, w[i], out[i], n);
+        p->n_units += p->part[i].n_chunks;
+    }
+    if (glu) { /* gate and up share the row chunks, so a chunk's activation has both */
+        p->part[1].chunk = p->part[0].chunk;
+        p->n_units = p->part[0].n_chunks;
+    }
+}
+
+static void part_rows(const hk_product_part *p, int r0, int r1, int n) {
+    const hk_matrix *w = p->w;
+    for (int t0 = 0; t0 < n; t0 += p->tile) {
+        int nt = imin(p->tile, n - t0);
+        for (int r = r0; r < r1; r++)
+            p->dot(p->nb, w->data + (ptrdiff_t)r * w->stride, p->acts + t0, nt, p->out + (size_t)t0 * w->rows + r, w->rows);
+    }
+}
+
+void hk_product_unit(const hk_product *p, int unit) {
+    if (p->glu) {
+        const hk_product_part *gate = &p->part[0], *up = &p->part[1];
+        int r0 = unit * gate->chunk, r1 = imin(gate->w->rows, r0 + gate->chunk);
+        part_rows(gate, r0, r1, p->n);
+        part_rows(up, r0, r1, p->n);
+        for (int i = 0; i < p->n; i++)
+            p->vo->glu(gate->out + (size_t)i * gate->w->rows + r0, up->out + (size_t)i * up->w->rows + r0, r1 - r0, p->gelu);
+        return;
+    }
+    for (int i = 0; i < p->n_parts; i++) {
+        const hk_product_part *part = &p->part[i];
+        if (unit < part->n_chunks) {
+            part_rows(part, unit * part->chunk, imin(part->w->rows, (unit + 1) * part->chunk), p->n);
+            return;
+        }
+        unit -= part->n_chunks;
+    }
+}

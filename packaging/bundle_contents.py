@@ -15,15 +15,16 @@ EXCLUDED_PACKAGES = (
     "scipy", "sympy", "pandas", "matplotlib", "networkx", "IPython", "jedi", "pytest", "_pytest", "pytestqt",
     "tkinter", "_tkinter", "setuptools", "pip", "PyInstaller", "sentencepiece", "cryptography", "botocore", "boto3",
 )
-# Qt modules the app does not import (it uses QtCore, QtGui, QtWidgets, QtSvg and QtNetwork).
+# Qt modules the app does not import (it uses QtCore, QtGui, QtWidgets, QtSvg, QtNetwork and QtCharts, which
+# needs QtOpenGLWidgets).
 EXCLUDED_QT_MODULES = (
     "QtWebEngineCore", "QtWebEngineWidgets", "QtWebEngineQuick", "QtWebChannel", "QtWebSockets", "QtWebView",
     "QtQml", "QtQuick", "QtQuickWidgets", "QtQuick3D", "QtQuickControls2", "QtPdf", "QtPdfWidgets", "QtMultimedia",
     "QtMultimediaWidgets", "QtSpatialAudio", "QtTextToSpeech", "Qt3DCore", "Qt3DRender", "Qt3DInput", "Qt3DLogic",
-    "Qt3DAnimation", "Qt3DExtras", "QtCharts", "QtDataVisualization", "QtGraphs", "QtGraphsWidgets", "QtDesigner",
+    "Qt3DAnimation", "Qt3DExtras", "QtDataVisualization", "QtGraphs", "QtGraphsWidgets", "QtDesigner",
     "QtHelp", "QtUiTools", "QtSql", "QtTest", "QtBluetooth", "QtNfc", "QtPositioning", "QtLocation", "QtSensors",
     "QtSerialPort", "QtSerialBus", "QtRemoteObjects", "QtScxml", "QtStateMachine", "QtHttpServer", "QtNetworkAuth",
-    "QtOpenGLWidgets", "QtPrintSupport", "QtConcurrent", "QtXml", "QtAxContainer",
+    "QtPrintSupport", "QtConcurrent", "QtXml", "QtAxContainer",
 )
 # Native Qt files the PySide6 hooks collect as plugins, or as their dependencies, that a widgets app never loads:
 # the PDF image plugin (it pulls in QtPdf), the virtual keyboard (QtQuick and QtQml), the EGLFS, VNC and

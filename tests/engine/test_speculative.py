@@ -563,14 +563,16 @@ def test_verify_rows_are_exactly_decode_steps_on_the_cpu_backend(real_model):
 
 
 @pytest.mark.slow
-def test_lookup_on_a_copy_prompt_accepts_most_drafts(real_model):
+def test_lookup_on_a_copy_prompt_drafts_most_of_the_answer(real_model):
+    """Fixed draft length: adaptive lengths follow measured times, which a loaded machine sways (the controller has
+    its own tests above, on given durations). Qwen first writes a sentence of its own, then copies the code."""
     model = real_model("qwen25coder", "cpu")
     ids = model.chat_ids([{"role": "user", "content": COPY_PROMPT}])
-    spec = prompt_lookup_speculator()
-    plain, _, _ = run_steps(model, ids, GREEDY, 120, n_ctx=1024)
-    ours, _, _ = run_steps(model, ids, GREEDY, 120, spec, n_ctx=1024)
+    spec = prompt_lookup_speculator(4, adaptive=False)
+    plain, _, _ = run_steps(model, ids, GREEDY, 200, n_ctx=1024)
+    ours, _, _ = run_steps(model, ids, GREEDY, 200, spec, n_ctx=1024)
     assert ours == plain
-    assert spec.stats.acceptance_rate > 0.6 and spec.stats.tokens_per_verify > 2.5, spec.stats
+    assert spec.stats.accepted > 0.5 * len(plain) and spec.stats.tokens_per_verify > 2.5, spec.stats
 
 
 @pytest.mark.slow

@@ -119,26 +119,25 @@ static void *scratch(size_t need) {
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
-/* Bytes of one token's quantized activations, each array 64-byte aligned. */
-static size_t act_bytes(hk_act_kind kind, int cols) {
+size_t hk_act_bytes(int kind, int cols) {
     if (kind == HK_ACT_Q8_32) return align64(cols) + 2 * align64(sizeof(float) * (cols / HK_QK));
     if (kind == HK_ACT_Q8_K) return align64(cols) + align64(sizeof(float) * (cols / HK_QK_K)) + align64(2 * (cols / 16));
     return 0;
 }
 
-static void quantize_token(hk_act_kind kind, const float *x, int cols, uint8_t *mem, hk_act *a) {
+void hk_quantize_act(const hk_isa *isa, hk_act_kind kind, const float *x, int cols, uint8_t *mem, hk_act *a) {
     memset(a, 0, sizeof *a);
     a->f = x;
     if (kind == HK_ACT_F32) return;
     int8_t *qs = (int8_t *)mem;
-    float *d = (float *)(mem + align64(cols));
+    float *d = (float *)(void *)(mem + align64(cols));
     if (kind == HK_ACT_Q8_32) {
-        float *ds = (float *)((uint8_t *)d + align64(sizeof(float) * (cols / HK_QK)));
-        (ACTIVE->quant32 ? ACTIVE->quant32 : hk_scalar_quant32)(x, cols, qs, d, ds);
+        float *ds = (float *)(void *)((uint8_t *)d + align64(sizeof(float) * (cols / HK_QK)));
+        (isa->quant32 ? isa->quant32 : hk_scalar_quant32)(x, cols, qs, d, ds);
         a->ds = ds;
     } else {
-        int16_t *bs = (int16_t *)((uint8_t *)d + align64(sizeof(float) * (cols / HK_QK_K)));
-        (ACTIVE->quantK ? ACTIVE->quantK : hk_scalar_quantK)(x, cols, qs, d, bs);
+        int16_t *bs = (int16_t *)(void *)((uint8_t *)d + align64(sizeof(float) * (cols / HK_QK_K)));
+        (isa->quantK ? isa->quantK : hk_scalar_quantK)(x, cols, qs, d, bs);
         a->bsums = bs;
     }
     a->qs = qs;
@@ -162,7 +161,7 @@ typedef struct {
 
 static void quantize_task(void *ctx, int t) {
     mm_job *j = ctx;
-    quantize_token(j->kind, j->x + (size_t)t * j->cols, j->cols, j->act_mem + (size_t)t * j->act_size, &j->acts[t]);
+    hk_quantize_act(ACTIVE, j->kind, j->x + (size_t)t * j->cols, j->cols, j->act_mem + (size_t)t * j->act_size, &j->acts[t]);
 }
 
 /* One chunk of rows against every token, a tile of tokens at a time; the chunk stays in L1/L2 across tiles. */
@@ -196,7 +195,7 @@ int hk_matmul(int type, const uint8_t *w, ptrdiff_t w_stride, int rows, int cols
     mm_job j = {.dot = dot_for(type), .kind = ti->act, .tile = tile_for(type), .w = w, .w_stride = w_stride, .nb = cols / ti->block,
                 .rows = rows, .cols = cols, .n = n, .x = x, .out = out};
     if (rows == 0 || n == 0) return 0;
-    j.act_size = act_bytes(j.kind, cols);
+    j.act_size = hk_act_bytes(j.kind, cols);
     size_t acts_bytes = align64(sizeof(hk_act) * (size_t)n);
     uint8_t *mem = scratch(acts_bytes + j.act_size * (size_t)n);
     if (!mem) return -1;

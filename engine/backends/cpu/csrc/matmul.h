@@ -18,6 +18,12 @@ const char *hk_isa_name(void);
 /* The names this CPU can run, comma-separated (for error messages). */
 const char *hk_usable_isa_names(void);
 
+/* Bytes of one token's quantized activations of cols elements for one kind: values, then scales (and sums),
+   each array 64-byte aligned. */
+size_t hk_act_bytes(int kind, int cols);
+/* Quantize one token (x, cols elements) into mem (hk_act_bytes(kind, cols) bytes) and describe it in a. */
+void hk_quantize_act(const hk_isa *isa, hk_act_kind kind, const float *x, int cols, uint8_t *mem, hk_act *a);
+
 /* out (n, rows) = x (n, cols) @ W.T for W given as rows of packed blocks, w_stride bytes apart.
    Returns 0, or -1 when the scratch buffer could not grow. Not re-entrant: callers serialise. */
 int hk_matmul(int type, const uint8_t *w, ptrdiff_t w_stride, int rows, int cols, const float *x, int n, float *out);

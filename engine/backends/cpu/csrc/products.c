@@ -9,7 +9,6 @@
 #define TASK_MIN_BYTES 16384   /* as matmul.c: a decode chunk smaller than this costs more to hand out than it saves */
 #define TILE_CHUNK_BYTES 24576 /* as matmul.c: prefill weight rows that stay in L1 across the token tiles */
 
-static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 static int imin(int a, int b) { return a < b ? a : b; }
 
 /* matmul.c keeps its pointer private; the name says which table it is. */
@@ -27,13 +26,6 @@ const hk_isa *hk_active_isa(void) {
     return &hk_isa_scalar;
 }
 
-/* As matmul.c lays one token out: values, then the scales (and sums), each array 64-byte aligned. */
-size_t hk_act_bytes(int kind, int cols) {
-    if (kind == HK_ACT_Q8_32) return align64(cols) + 2 * align64(sizeof(float) * (cols / HK_QK));
-    if (kind == HK_ACT_Q8_K) return align64(cols) + align64(sizeof(float) * (cols / HK_QK_K)) + align64(2 * (cols / 16));
-    return 0;
-}
-
 unsigned hk_act_kinds(const hk_matrix *a, const hk_matrix *b, const hk_matrix *c) {
     unsigned mask = 0;
     const hk_matrix *ms[3] = {a, b, c};
@@ -43,27 +35,9 @@ unsigned hk_act_kinds(const hk_matrix *a, const hk_matrix *b, const hk_matrix *c
 }
 
 void hk_prepare_acts(const hk_isa *isa, const hk_act_rows *rows, const float *x, int cols, unsigned kinds, int r) {
-    for (int kind = 0; kind < HK_ACT_KINDS; kind++) {
-        if (!(kinds & (1u << kind))) continue;
-        hk_act *a = &rows->acts[kind][r];
-        memset(a, 0, sizeof *a);
-        a->f = x;
-        if (kind == HK_ACT_F32) continue;
-        uint8_t *mem = rows->mem[kind] + (size_t)r * rows->stride[kind];
-        int8_t *qs = (int8_t *)mem;
-        float *d = (float *)(void *)(mem + align64(cols));
-        if (kind == HK_ACT_Q8_32) {
-            float *ds = (float *)(void *)((uint8_t *)d + align64(sizeof(float) * (cols / HK_QK)));
-            (isa->quant32 ? isa->quant32 : hk_scalar_quant32)(x, cols, qs, d, ds);
-            a->ds = ds;
-        } else {
-            int16_t *bs = (int16_t *)(void *)((uint8_t *)d + align64(sizeof(float) * (cols / HK_QK_K)));
-            (isa->quantK ? isa->quantK : hk_scalar_quantK)(x, cols, qs, d, bs);
-            a->bsums = bs;
-        }
-        a->qs = qs;
-        a->d = d;
-    }
+    for (int kind = 0; kind < HK_ACT_KINDS; kind++)
+        if (kinds & (1u << kind))
+            hk_quantize_act(isa, (hk_act_kind)kind, x, cols, rows->mem[kind] + (size_t)r * rows->stride[kind], &rows->acts[kind][r]);
 }
 
 /* Rows per chunk, as matmul.c cuts them: bandwidth-bound decode chunks for balance, prefill chunks for L1. */

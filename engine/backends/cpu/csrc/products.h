@@ -5,6 +5,7 @@
 
 #include "decoder.h"
 #include "hk.h"
+#include "matmul.h"
 #include "vecops.h"
 
 #define HK_ACT_KINDS 3 /* hk_act_kind values */
@@ -12,8 +13,6 @@
 /* The kernel table matmul.c runs on. */
 const hk_isa *hk_active_isa(void);
 
-/* Bytes of one row's quantized activations of cols elements, for one kind. */
-size_t hk_act_bytes(int kind, int cols);
 /* The activation kinds (bit mask) the given matrices (NULL: none) read. */
 unsigned hk_act_kinds(const hk_matrix *a, const hk_matrix *b, const hk_matrix *c);
 

@@ -5,7 +5,13 @@ in turn, then decoding in turns of SEGMENT tokens, so a change in the machine's 
 medians over the repeats are reported. Ours is timed through the path the engine uses (``forward`` returning
 NumPy logits, argmax on the host) and through ``decode_pipelined``; the peer through
 ``mlx_lm.generate.generate_step``. Prefill time is time to the first token; decode speed counts the tokens
-after it.
+after it. Every rate is also given per second of this process's CPU time (``*_cpu_tps``): MLX's CPU kernels
+run on its worker threads, so that clock counts the engines' own work and not the other processes of a
+shared machine, which is what decides whether our code adds work over mlx-lm's.
+
+Memory is measured before the peer exists: RSS before the backend's load (the Python runtime, MLX and the
+parsed GGUF metadata, vocabulary included), after it, and the peak through it; ``peak_rss_mb_after_runs``
+includes the peer's modules (which hold our arrays, not copies) and both engines' KV caches.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from collections.abc import Callable, Iterator
 
 import mlx.core as mx
 import numpy as np
+import psutil
 
 from ..config import ModelConfig
 from ..gguf_file import read_gguf
@@ -37,19 +44,21 @@ def run_mlx_bench(model_path: str | os.PathLike, prompt_tokens: int = 512, gen_t
 
     Returns:
         A flat dict: ``prefill_tps``, ``decode_tps`` (the engine's path: NumPy logits per token),
-        ``pipelined.prefill_tps``, ``pipelined.decode_tps`` (sampling on the device, ``decode_pipelined``),
-        ``load_s``, ``peak_rss_mb``, ``mlx_active_mb``, ``gguf_mb`` and, when comparing, ``peer.prefill_tps``,
-        ``peer.decode_tps``, ``ratio.prefill``, ``ratio.decode``, ``ratio.decode_pipelined`` (ours / peer;
+        ``pipelined.prefill_tps``, ``pipelined.decode_tps`` (sampling on the device, ``decode_pipelined``), the
+        same per CPU second (``prefill_cpu_tps``, ``decode_cpu_tps``, ...), ``load_s``, ``gguf_mb``,
+        ``rss_before_load_mb``, ``rss_after_load_mb``, ``peak_rss_mb`` (through the load), ``mlx_active_mb``,
+        their ratios to the file size (``*_per_gguf``) and, when comparing, the ``peer.`` rates and
+        ``ratio.prefill``, ``ratio.decode``, ``ratio.decode_pipelined`` and their ``_cpu`` twins (ours / peer;
         medians over the repeats).
     """
     if prompt_tokens < 1 or gen_tokens < 2 or repeats < 1:
         raise ValueError("need prompt_tokens >= 1, gen_tokens >= 2 and repeats >= 1")
     gguf = read_gguf(model_path)
+    rss_before = _rss_bytes()
     start = time.perf_counter()
     backend = MlxBackend(gguf, ModelConfig.from_gguf(gguf))
     report = {"model": gguf.path.name, "device": str(mx.default_device()),
-              "load_s": round(time.perf_counter() - start, 3), "peak_rss_mb": round(_peak_rss_bytes() / 1e6, 1),
-              "mlx_active_mb": round(mx.get_active_memory() / 1e6, 1), "gguf_mb": round(gguf.file_size / 1e6, 1),
+              "load_s": round(time.perf_counter() - start, 3), **_load_memory(gguf.file_size, rss_before),
               "prompt_tokens": prompt_tokens, "gen_tokens": gen_tokens, "repeats": repeats}
     prompt = np.random.default_rng(0).integers(0, backend.config.n_vocab, prompt_tokens).tolist()
     engines: dict[str, Callable[[], Iterator[int]]] = {
@@ -64,47 +73,75 @@ def run_mlx_bench(model_path: str | os.PathLike, prompt_tokens: int = 512, gen_t
         peer = build_peer(backend)
         engines["peer."] = lambda: _peer(peer, prompt, gen_tokens)
         streams.append(generation_stream)
-    rates: dict[str, list[tuple[float, float]]] = {key: [] for key in engines}
+    rates: dict[str, list[dict[str, float]]] = {key: [] for key in engines}
     for repeat in range(repeats):
         order = list(engines)[repeat % len(engines):] + list(engines)[:repeat % len(engines)]
         for key, rate in _interleaved(order, engines, streams, prompt_tokens, gen_tokens).items():
             rates[key].append(rate)
         mx.clear_cache()
     for key, results in rates.items():
-        report[f"{key}prefill_tps"] = round(statistics.median(r[0] for r in results), 2)
-        report[f"{key}decode_tps"] = round(statistics.median(r[1] for r in results), 2)
+        for name in results[0]:
+            report[f"{key}{name}"] = round(statistics.median(r[name] for r in results), 3)
     if compare:
-        report["ratio.prefill"] = round(report["prefill_tps"] / report["peer.prefill_tps"], 3)
-        report["ratio.decode"] = round(report["decode_tps"] / report["peer.decode_tps"], 3)
-        report["ratio.decode_pipelined"] = round(report["pipelined.decode_tps"] / report["peer.decode_tps"], 3)
+        report.update(_ratios(report))
     report["peak_rss_mb_after_runs"] = round(_peak_rss_bytes() / 1e6, 1)
     backend.close()
     return report
 
 
 def _interleaved(order: list[str], engines: dict[str, Callable[[], Iterator[int]]], streams: list,
-                 prompt_tokens: int, gen_tokens: int) -> dict[str, tuple[float, float]]:
-    """One repeat: every engine's prefill (to its first token), then decode turns; (prefill_tps, decode_tps) each.
+                 prompt_tokens: int, gen_tokens: int) -> dict[str, dict[str, float]]:
+    """One repeat: every engine's prefill (to its first token), then decode turns; each engine's rates.
 
     A turn ends when ``streams`` are idle: a pipelined engine's queued step is its own work, not the next one's.
+    The step a pipelined engine queues with its first token is timed in neither phase: its decode turns then
+    compute ``gen_tokens - 1`` steps, as the one-token-at-a-time engine's do.
     """
-    steps, prefill_s, decode_s = {}, {}, dict.fromkeys(order, 0.0)
+    steps, prefill, decode = {}, {}, {key: np.zeros(2) for key in order}
     for key in order:
-        t0 = time.perf_counter()
+        t0 = _clocks()
         steps[key] = engines[key]()
         next(steps[key])
+        prefill[key] = _clocks() - t0
         _settle(streams)
-        prefill_s[key] = time.perf_counter() - t0
     for done in range(1, gen_tokens, SEGMENT):
         for key in order:
-            t0 = time.perf_counter()
+            t0 = _clocks()
             for _ in range(min(SEGMENT, gen_tokens - done)):
                 next(steps[key])
             _settle(streams)
-            decode_s[key] += time.perf_counter() - t0
+            decode[key] += _clocks() - t0
     for generator in steps.values():
         generator.close()
-    return {key: (prompt_tokens / prefill_s[key], (gen_tokens - 1) / decode_s[key]) for key in order}
+    return {key: {"prefill_tps": prompt_tokens / prefill[key][0], "decode_tps": (gen_tokens - 1) / decode[key][0],
+                  "prefill_cpu_tps": prompt_tokens / prefill[key][1],
+                  "decode_cpu_tps": (gen_tokens - 1) / decode[key][1]} for key in order}
+
+
+def _clocks() -> np.ndarray:
+    """(wall seconds, CPU seconds of this process, MLX's worker threads included)."""
+    return np.array([time.perf_counter(), time.process_time()])
+
+
+def _ratios(report: dict) -> dict[str, float]:
+    """Ours / peer for each rate, by the wall clock and (``_cpu``) by CPU time."""
+    out = {}
+    for clock in ("", "_cpu"):
+        peer_prefill, peer_decode = report[f"peer.prefill{clock}_tps"], report[f"peer.decode{clock}_tps"]
+        out[f"ratio.prefill{clock}"] = round(report[f"prefill{clock}_tps"] / peer_prefill, 3)
+        out[f"ratio.decode{clock}"] = round(report[f"decode{clock}_tps"] / peer_decode, 3)
+        out[f"ratio.decode_pipelined{clock}"] = round(report[f"pipelined.decode{clock}_tps"] / peer_decode, 3)
+    return out
+
+
+def _load_memory(gguf_bytes: int, rss_before: int) -> dict[str, float]:
+    """Resident memory around the backend's load (before any peer exists), in MB and per byte of the GGUF file."""
+    rss_after, peak, active = _rss_bytes(), _peak_rss_bytes(), mx.get_active_memory()
+    return {"gguf_mb": round(gguf_bytes / 1e6, 1), "rss_before_load_mb": round(rss_before / 1e6, 1),
+            "rss_after_load_mb": round(rss_after / 1e6, 1), "peak_rss_mb": round(peak / 1e6, 1),
+            "mlx_active_mb": round(active / 1e6, 1), "peak_rss_per_gguf": round(peak / gguf_bytes, 3),
+            "load_rss_growth_per_gguf": round((rss_after - rss_before) / gguf_bytes, 3),
+            "mlx_active_per_gguf": round(active / gguf_bytes, 3)}
 
 
 def _settle(streams: list) -> None:
@@ -112,9 +149,14 @@ def _settle(streams: list) -> None:
         mx.synchronize(stream)
 
 
+def _rss_bytes() -> int:
+    return psutil.Process().memory_info().rss
+
+
 def _peak_rss_bytes() -> int:
+    """The peak RSS so far; Linux updates the high-water mark lazily, so it can trail the current RSS."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
+    return max(_rss_bytes(), peak if sys.platform == "darwin" else peak * 1024)  # bytes on macOS, KiB on Linux
 
 
 def _ours(backend: MlxBackend, prompt: list[int], gen_tokens: int) -> Iterator[int]:

@@ -435,6 +435,10 @@ def test_bench_reports_both_engines(tiny_model_path):
 
     report = run_mlx_bench(tiny_model_path, prompt_tokens=16, gen_tokens=4, compare=True, repeats=1)
     for key in ("prefill_tps", "decode_tps", "pipelined.decode_tps", "peer.prefill_tps", "peer.decode_tps",
-                "ratio.prefill", "ratio.decode", "load_s", "peak_rss_mb", "mlx_active_mb"):
+                "ratio.prefill", "ratio.decode", "load_s", "peak_rss_mb", "mlx_active_mb", "gguf_mb",
+                "rss_before_load_mb", "rss_after_load_mb", "decode_cpu_tps", "peer.decode_cpu_tps",
+                "ratio.decode_cpu", "ratio.decode_pipelined_cpu"):
         assert report[key] > 0, key
     assert report["ratio.decode"] == pytest.approx(report["decode_tps"] / report["peer.decode_tps"], rel=0.01)
+    assert report["ratio.decode_cpu"] == pytest.approx(report["decode_cpu_tps"] / report["peer.decode_cpu_tps"],
+                                                       rel=0.01)

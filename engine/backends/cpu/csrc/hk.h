@@ -18,6 +18,14 @@ enum {
 #define HK_MAX_NT 8 /* most tokens per tile: each weight block is decoded once per tile */
 #define HK_TILE 4   /* the usual tile: what 16 vector registers hold */
 
+/* Before a loop over a tile's tokens: unrolled for the constant tile sizes, so each accumulator is a register
+   (without it GCC kept some tiles' accumulators on the stack). */
+#if defined(__GNUC__) || defined(__clang__)
+#define HK_UNROLL _Pragma("GCC unroll 8")
+#else
+#define HK_UNROLL
+#endif
+
 /* How a weight type wants its activations. */
 typedef enum { HK_ACT_F32, HK_ACT_Q8_32, HK_ACT_Q8_K } hk_act_kind;
 

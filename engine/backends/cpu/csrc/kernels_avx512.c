@@ -42,7 +42,7 @@ INLINE void dot32x2_nt(const int type, int nb, const uint8_t *w, const hk_act *a
     __m128 corr[HK_MAX_NT];
     __m256 tail[HK_MAX_NT];
     float tail_corr[HK_MAX_NT];
-    for (int t = 0; t < nt; t++) {
+    HK_UNROLL for (int t = 0; t < nt; t++) {
         acc[t] = _mm512_setzero_ps();
         corr[t] = _mm_setzero_ps();
         tail[t] = _mm256_setzero_ps();
@@ -73,7 +73,7 @@ INLINE void dot32x2_nt(const int type, int nb, const uint8_t *w, const hk_act *a
             break;
         }
         }
-        for (int t = 0; t < nt; t++) {
+        HK_UNROLL for (int t = 0; t < nt; t++) {
             __m512i av = _mm512_loadu_si512(a[t].qs + b * HK_QK);
             if (type == HK_Q8_0) av = _mm512_mask_sub_epi8(av, neg, _mm512_setzero_si512(), av);
             __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, av);
@@ -83,7 +83,7 @@ INLINE void dot32x2_nt(const int type, int nb, const uint8_t *w, const hk_act *a
         }
     }
     if (b < nb) block32(type, w + (size_t)b * ts, b, a, nt, tail, tail_corr);
-    for (int t = 0; t < nt; t++) {
+    HK_UNROLL for (int t = 0; t < nt; t++) {
         __m128 c = _mm_add_ss(corr[t], _mm_movehdup_ps(corr[t]));
         out[t * os] = _mm512_reduce_add_ps(acc[t]) + hsum_ps(tail[t]) + (_mm_cvtss_f32(c) + tail_corr[t]);
     }
@@ -115,14 +115,14 @@ INLINE void dot512_q45_k_nt(const int five, int nb, const uint8_t *w, const hk_a
     const __m256i m16 = _mm256_set1_epi8(0x10);
     const int ts = five ? 176 : 144;
     __m256 acc[HK_MAX_NT];
-    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = w + (size_t)b * ts, *qs = blk + (five ? 48 : 16);
         __m256i sc = k4_scales(blk + 4), mins16 = k4_mins_pairs(sc), qh = five ? loadu256(blk + 16) : _mm256_setzero_si256();
         __m512i sc512 = _mm512_broadcast_i64x4(sc);
         __m512i isum[HK_MAX_NT];
         __m256i isum256[HK_MAX_NT], msum256[HK_MAX_NT];
-        for (int t = 0; t < nt; t++) isum[t] = _mm512_setzero_si512();
+        HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_setzero_si512();
         for (int c = 0; c < 4; c++) {
             __m256i raw = loadu256(qs + 32 * c);
             __m512i q = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(raw), _mm256_srli_epi16(raw, 4), 1), m4);
@@ -132,10 +132,10 @@ INLINE void dot512_q45_k_nt(const int five, int nb, const uint8_t *w, const hk_a
                 q = _mm512_or_si512(q, _mm512_inserti64x4(_mm512_castsi256_si512(hlo), hhi, 1));
             }
             __m512i s = k4_scale_pair512(sc512, 2 * c);
-            for (int t = 0; t < nt; t++)
+            HK_UNROLL for (int t = 0; t < nt; t++)
                 isum[t] = _mm512_dpwssd_epi32(isum[t], _mm512_maddubs_epi16(q, _mm512_loadu_si512(a[t].qs + 256 * b + 64 * c)), s);
         }
-        for (int t = 0; t < nt; t++) {
+        HK_UNROLL for (int t = 0; t < nt; t++) {
             isum256[t] = _mm256_add_epi32(_mm512_castsi512_si256(isum[t]), _mm512_extracti64x4_epi64(isum[t], 1));
             msum256[t] = _mm256_madd_epi16(bsums_of(&a[t], b), mins16);
         }

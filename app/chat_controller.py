@@ -271,7 +271,7 @@ class ChatController(QObject):
             return
         history = self.history(conv.id)
         options = {**conv.settings.sampling_kwargs(), "max_tokens": conv.settings.max_tokens,
-                   "conversation_id": conv.id}
+                   "speculation": conv.settings.speculation_options(), "conversation_id": conv.id}
         writer = self.store.begin_reply(conv.id)
         request_id = self.host.generate(path, conv.settings.n_ctx, history, options)
         self._reply = _Reply(request_id, conv.id, writer)
@@ -306,6 +306,8 @@ class ChatController(QObject):
         if stats.get("dropped"):
             emit(self.notice, "warning", f"{stats['dropped']} older messages did not fit in the context window "
                                         f"({stats.get('n_ctx')} tokens) and were left out of this answer.")
+        if stats.get("speculation_notice"):
+            emit(self.notice, "warning", stats["speculation_notice"])
         self._after_reply(reply, stats)
 
     @Slot(int, str)

@@ -1,17 +1,22 @@
-"""Per-conversation generation settings: system prompt, sampling, reply length and context length."""
+"""Per-conversation generation settings: system prompt, sampling, reply length, context length, speculation."""
 
 from __future__ import annotations
 
 import dataclasses
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+SPECULATION_MODES = ("off", "lookup", "draft")  # no speculation, prompt lookup, a draft model
+MAX_DRAFT_LIMIT = 16
 
 
 @dataclasses.dataclass(frozen=True)
 class ChatSettings:
     """What one conversation asks of the model. Defaults suit small instruct models such as SmolLM2.
 
-    ``seed`` -1 means a fresh random seed for every reply.
+    ``seed`` -1 means a fresh random seed for every reply. Speculation is on by default as prompt lookup: it
+    costs nothing to propose, the adaptive draft length switches it off while it does not pay, greedy answers
+    are unchanged and sampled ones keep the model's distribution. ``draft_model`` is a GGUF path, used in
+    "draft" mode.
     """
 
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
@@ -23,6 +28,9 @@ class ChatSettings:
     max_tokens: int = 512
     seed: int = -1
     n_ctx: int = 4096
+    speculation: str = "lookup"  # one of SPECULATION_MODES
+    draft_model: str = ""
+    max_draft: int = 8  # the most tokens drafted per verify pass; the adaptive controller often drafts fewer
 
     @classmethod
     def from_dict(cls, data: dict) -> ChatSettings:
@@ -34,6 +42,8 @@ class ChatSettings:
             if field is None:
                 continue
             default = field.default
+            if isinstance(default, str) and not isinstance(value, str):
+                continue  # str() of a number or null would make a mode or path that was never chosen
             try:
                 values[key] = type(default)(value)
             except (TypeError, ValueError):
@@ -55,9 +65,15 @@ class ChatSettings:
             max_tokens=min(max(self.max_tokens, 1), 32768),
             seed=max(self.seed, -1),
             n_ctx=min(max(self.n_ctx, 256), 131072),
+            speculation=self.speculation if self.speculation in SPECULATION_MODES else ChatSettings.speculation,
+            max_draft=min(max(self.max_draft, 1), MAX_DRAFT_LIMIT),
         )
 
     def sampling_kwargs(self) -> dict:
         """Keyword arguments for ``engine.sampling.SamplingParams`` (seed None for a random one)."""
         return dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
                     repeat_penalty=self.repeat_penalty, seed=None if self.seed < 0 else self.seed)
+
+    def speculation_options(self) -> dict:
+        """What the engine worker needs to build the reply's speculator (``app.speculation.SpeculationChoice``)."""
+        return {"mode": self.speculation, "draft_model": self.draft_model, "max_draft": self.max_draft}

@@ -39,7 +39,9 @@ TOP_KEYS = {"format", "version", "exported_at", "exported_by", "title", "created
             "system_prompt", "settings", "messages"}
 OPTIONAL_TOP_KEYS = {"exported_at", "exported_by"}
 MESSAGE_KEYS = {"role", "content", "created_at", "state", "stats"}
-SETTINGS_KEYS = {f.name for f in dataclasses.fields(ChatSettings)} - {"system_prompt"}
+# speed choices of this machine (speculative decoding, a local draft model path): not part of the format
+LOCAL_SETTINGS = {"speculation", "draft_model", "max_draft"}
+SETTINGS_KEYS = {f.name for f in dataclasses.fields(ChatSettings)} - {"system_prompt"} - LOCAL_SETTINGS
 
 
 class ConversationFormatError(ValueError):
@@ -81,8 +83,8 @@ def conversation_document(store: ConversationStore, conversation_id: int, model:
                           clock: Callable[[], float] = time.time) -> dict:
     """The conversation as a JSON-ready dict in the documented format."""
     conv = store.conversation(conversation_id)
-    settings = conv.settings.to_dict()
-    system_prompt = settings.pop("system_prompt")
+    settings = {k: v for k, v in conv.settings.to_dict().items() if k in SETTINGS_KEYS}
+    system_prompt = conv.settings.system_prompt
     messages = [{"role": m.role, "content": m.content, "created_at": iso_time(m.created_at),
                  "state": "interrupted" if m.state == "streaming" else m.state, "stats": m.stats}
                 for m in store.messages(conversation_id)]

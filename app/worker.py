@@ -23,6 +23,7 @@ from engine.sampling import NonFiniteLogitsError
 
 from .qt_compat import emit
 from .snapshot_cache import ConversationStates, SnapshotCache
+from .speculation import SpeculationChoice, Speculators, speculation_stats
 from .telemetry import EngineProbe
 
 # about the file, the prompt or the machine; anything else may have left the engine inconsistent. A model that
@@ -68,7 +69,9 @@ class EngineWorker(QObject):
         unloaded(): the model was closed.
         load_failed(str, str): path and a readable reason.
         tokens(int, str): request id and new reply text, coalesced to one emit per ~30 ms.
-        finished(int, dict): request id and stats (tokens, timings, finish_reason, dropped, n_ctx).
+        finished(int, dict): request id and stats (tokens, timings, finish_reason, dropped, n_ctx; with speculative
+            decoding its figures, ``app.speculation.speculation_stats``, and ``speculation_notice`` when the
+            chosen draft model could not be used).
         error(int, str): request id and a readable reason the request failed.
         progress(str): what the engine is doing now, for the status line.
         crashed(str): an unexpected exception left the worker in doubt; the host replaces it.
@@ -100,6 +103,7 @@ class EngineWorker(QObject):
         self._engine_factory = engine_factory
         self._params_factory = params_factory
         self._states = ConversationStates(snapshots)
+        self._speculators = Speculators(engine_factory, lambda text: emit(self.progress, text))
         self._shown: int | None = None  # the conversation the window shows; its state is restored after a load
         self._model = None
         self._model_key: tuple[str, int] | None = None
@@ -168,7 +172,7 @@ class EngineWorker(QObject):
     @Slot(int, str, int, object, object)
     def generate(self, request_id: int, path: str, n_ctx: int, messages: list, options: dict) -> None:
         """Stream a reply to ``messages``; options: max_tokens, the sampling parameters and, optionally,
-        conversation_id (whose KV state is swapped in first)."""
+        conversation_id (whose KV state is swapped in first) and speculation (``SpeculationChoice.from_options``)."""
         options = dict(options)
         conversation_id = options.pop("conversation_id", None)
         if self._stopped_through >= request_id:
@@ -229,6 +233,7 @@ class EngineWorker(QObject):
             self._probe.model_changed(self._model)  # the KV cache now holds that conversation
 
     def _close_model(self) -> None:
+        self._speculators.close()
         model, self._model, self._model_key = self._model, None, None
         if model is not None:
             try:
@@ -239,10 +244,12 @@ class EngineWorker(QObject):
 
     def _stream(self, request_id: int, messages: list, options: dict, conversation_id: int | None) -> None:
         max_tokens = int(options.pop("max_tokens", 512))
+        speculator, notice = self._speculators.for_reply(self._model,
+                                                         SpeculationChoice.from_options(options.pop("speculation", None)))
         emit(self.progress, "Reading the conversation…")
         self._probe.started(self._model, request_id)
         dropped, events = self._model.chat(messages, params=self._params_factory(options), max_tokens=max_tokens,
-                                           overflow="drop_oldest")
+                                           overflow="drop_oldest", speculation=speculator)
         try:
             last = self._emit_coalesced(request_id, events)
         finally:
@@ -250,7 +257,12 @@ class EngineWorker(QObject):
             note = self._states.take_note()
             self._states.changed(conversation_id)
         timing = self._probe.finished(self._model, last)
-        emit(self.finished, request_id, {**self._stats(last, dropped, request_id), **(note or {}), **timing})
+        stats = {**self._stats(last, dropped, request_id), **(note or {}), **timing}
+        if speculator is not None and last is not None:  # (cancelled during prefill: the stats are the last reply's)
+            stats.update(speculation_stats(speculator, self._speculators.method, last.decode_tps))
+        if notice:
+            stats["speculation_notice"] = notice
+        emit(self.finished, request_id, stats)
 
     def _emit_coalesced(self, request_id: int, events):
         """Emit the events' text in batches at most COALESCE_S apart; stop when asked. Returns the last event."""

@@ -190,8 +190,8 @@ class Model:
             self._tokens = self._history[:self._cache.n_past]
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None, max_tokens: int = 512,
-             overflow: str = "drop_oldest", stop: Sequence[str] = (),
-             prefill_chunk: int = CHAT_PREFILL_CHUNK) -> tuple[int, Iterator[GenerationEvent]]:
+             overflow: str = "drop_oldest", stop: Sequence[str] = (), prefill_chunk: int = CHAT_PREFILL_CHUNK,
+             speculation: Speculator | None = None) -> tuple[int, Iterator[GenerationEvent]]:
         """Render ``messages`` with the chat template and stream the reply.
 
         Args:
@@ -202,6 +202,7 @@ class Model:
                 with room for the reply; "stop" raises ContextOverflowError instead.
             stop: strings that end the reply.
             prefill_chunk: tokens per prefill step; ``cancel`` takes effect between steps.
+            speculation: drafts tokens for the target to verify several at a time (see ``generate_ids``).
 
         Returns:
             How many messages were dropped to fit, and the event stream.
@@ -216,7 +217,7 @@ class Model:
         _, dropped = fit_messages(messages, count, self.n_ctx - reserve, overflow)
         ids = rendered[-1]  # fit_messages counts the list it returns last
         return dropped, self.generate_ids(ids, params or SamplingParams(), max_tokens, stop, prefill_chunk,
-                                          skip_special=True)
+                                          skip_special=True, speculation=speculation)
 
     def chat_ids(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         """Token ids of the rendered conversation, with one BOS even when the template writes it too."""

@@ -35,7 +35,7 @@ class FakeModel:
         self.closed = False
         self._cancel = threading.Event()
 
-    def chat(self, messages, params=None, max_tokens=512, overflow="drop_oldest"):
+    def chat(self, messages, params=None, max_tokens=512, overflow="drop_oldest", speculation=None):
         self.calls.append(messages)
         if self.fail_with is not None:
             raise self.fail_with

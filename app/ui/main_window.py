@@ -10,6 +10,7 @@ from PySide6.QtWidgets import (QButtonGroup, QFrame, QHBoxLayout, QLabel, QMainW
 from ..chat_controller import ChatController
 from ..conversation_actions import ConversationActions
 from ..downloads_bridge import DownloadsBridge
+from ..draft_models import DraftCompatibility
 from ..generation_history import recent_generations
 from ..model_choices import ModelChoices
 from ..telemetry import Telemetry
@@ -45,6 +46,7 @@ class MainWindow(QMainWindow):
         self.actions = actions
         self.telemetry = telemetry or Telemetry(parent=self)
         self.downloads = downloads
+        self.draft_compatibility = DraftCompatibility()
         self.confirm = lambda title, text: QMessageBox.question(self, title, text) == QMessageBox.StandardButton.Yes
         self._deleted: tuple[int, str] | None = None
         self._model_info: dict = {}  # the loaded model's name, backend, ... as the controller last reported
@@ -251,6 +253,7 @@ class MainWindow(QMainWindow):
 
     def _show_settings(self, visible: bool) -> None:
         self.settings_panel.setVisible(visible)
+        self._refresh_draft_models()
         if visible and self.width() < self.minimumSizeHint().width():
             self.resize(self.minimumSizeHint().width(), self.height())  # grow rather than squeeze the chat
 
@@ -275,6 +278,20 @@ class MainWindow(QMainWindow):
             self.notice_bar.show_notice("error", f"Could not list the models: {exc}")
             models = []
         self.models_page.set_models(models, self.controller.model_path())
+        self._refresh_draft_models(models)
+
+    def _refresh_draft_models(self, models=None) -> None:
+        """Offer the library's models that can draft for the shown conversation's model (only while the settings
+        panel is open: the first check of a model reads its vocabulary)."""
+        target = self.controller.model_path()
+        if not self.settings_panel.isVisible() or not target:
+            return
+        try:
+            drafts = self.draft_compatibility.compatible(target, models or self.model_choices.list())
+        except Exception as exc:  # noqa: BLE001 - a broken scan must not take the window down
+            self.notice_bar.show_notice("error", f"Could not list the draft models: {exc}")
+            drafts = []
+        self.settings_panel.set_draft_models([(c.name, c.path) for c in drafts])
 
     def _use_model(self, path: str) -> None:
         self.controller.set_model(path)
@@ -335,6 +352,7 @@ class MainWindow(QMainWindow):
         name = self.controller.model_name()
         self.composer.set_model_text(name)
         self.settings_panel.set_model(name)
+        self._refresh_draft_models()
 
     def _on_deleted(self, conversation_id: int, title: str) -> None:
         self._deleted = (conversation_id, title)

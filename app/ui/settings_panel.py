@@ -1,15 +1,17 @@
-"""The per-conversation settings panel: model, system prompt, sampling, reply length and context length."""
+"""The per-conversation settings panel: model, system prompt, sampling, reply length, context length, speculation."""
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import PureWindowsPath
 
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtWidgets import (QDoubleSpinBox, QFormLayout, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton,
-                               QScrollArea, QSpinBox, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QFrame, QHBoxLayout, QLabel, QPlainTextEdit,
+                               QPushButton, QScrollArea, QSpinBox, QVBoxLayout, QWidget)
 
-from ..chat_settings import ChatSettings
+from ..chat_settings import MAX_DRAFT_LIMIT, ChatSettings
 from ..qt_compat import emit
+from .theme import NOTICE_COLORS
 
 FIELDS = (  # name, label, kind, minimum, maximum, step, help
     ("temperature", "Temperature", float, 0.0, 2.0, 0.05, "Higher is more varied, 0 always picks the likeliest token"),
@@ -21,10 +23,18 @@ FIELDS = (  # name, label, kind, minimum, maximum, step, help
     ("seed", "Seed", int, -1, 2**31 - 1, 1, "The same seed gives the same answer; Random picks a new one each time"),
     ("n_ctx", "Context length", int, 256, 131072, 256, "Tokens the model keeps in view; more uses more memory"),
 )
+SPECULATION_METHODS = (  # mode, label
+    ("off", "Off"), ("lookup", "Prompt lookup"), ("draft", "Draft model"),
+)
+SPECULATION_TIP = ("Speculative decoding: guess several tokens, then let the model check them in one pass. Prompt "
+                   "lookup guesses from text already in the conversation (free; fast when the answer quotes it); a "
+                   "draft model is a smaller model with the same vocabulary. Greedy answers stay the same, and it "
+                   "switches itself off while the guesses do not pay.")
 
 
 class SettingsPanel(QFrame):
-    """Edits one conversation's ChatSettings and shows its model.
+    """Edits one conversation's ChatSettings and shows its model; ``set_draft_models`` lists the draft models
+    that can speculate for that model.
 
     Signals:
         settings_changed(object): the new ChatSettings, after an edit settles.
@@ -69,6 +79,9 @@ class SettingsPanel(QFrame):
                 box.setSpecialValueText("Random")
             self.inputs[name] = box
             form.addRow(label, box)
+        form.addRow("Speculative decoding", self._speculation_controls())
+        form.addRow("Draft model", self.draft_model)
+        form.addRow("Max draft length", self.max_draft)
         reset = QPushButton("Reset to defaults")
         reset.clicked.connect(lambda: (self.set_settings(ChatSettings()), self._emit()))
         self._timer = QTimer(self, singleShot=True, interval=300)
@@ -85,6 +98,7 @@ class SettingsPanel(QFrame):
         layout.addWidget(QLabel("System prompt"))
         layout.addWidget(self.system_prompt)
         layout.addLayout(form)
+        layout.addWidget(self.draft_note)
         layout.addWidget(reset, 0, Qt.AlignmentFlag.AlignLeft)
         layout.addStretch(1)
         scroll = QScrollArea()
@@ -97,21 +111,86 @@ class SettingsPanel(QFrame):
         outer.addWidget(scroll)
         self.setMinimumWidth(260)
 
+    def _speculation_controls(self) -> QComboBox:
+        self.speculation = QComboBox()
+        for mode, label in SPECULATION_METHODS:
+            self.speculation.addItem(label, mode)
+        self.draft_model = QComboBox()
+        self.draft_model.setToolTip("Models in the library with this model's vocabulary (see the Models page)")
+        self.max_draft = QSpinBox()
+        self.max_draft.setRange(1, MAX_DRAFT_LIMIT)
+        self.max_draft.setKeyboardTracking(False)
+        self.max_draft.setToolTip("The most tokens guessed per check; fewer are guessed while guesses miss")
+        self.draft_note = QLabel()
+        self.draft_note.setWordWrap(True)
+        self.draft_note.setStyleSheet(f"color: {NOTICE_COLORS['warning']};")
+        self.draft_note.hide()
+        self._draft_models: list[tuple[str, str]] = []  # (name, path) that can draft for the model shown
+        self.speculation.setToolTip(SPECULATION_TIP)
+        for box, name in ((self.speculation, "Speculative decoding"), (self.draft_model, "Draft model")):
+            box.setAccessibleName(name)
+            box.currentIndexChanged.connect(self._changed_soon)
+            box.currentIndexChanged.connect(self._show_speculation)
+        self.max_draft.setAccessibleName("Max draft length")
+        self.max_draft.valueChanged.connect(self._changed_soon)
+        return self.speculation
+
     def set_settings(self, settings: ChatSettings) -> None:
         """Show ``settings`` without emitting settings_changed."""
         self._loading = True
         self.system_prompt.setPlainText(settings.system_prompt)
         for name, box in self.inputs.items():
             box.setValue(getattr(settings, name))
+        self.speculation.setCurrentIndex(max(0, self.speculation.findData(settings.speculation)))
+        self.max_draft.setValue(settings.max_draft)
+        self._fill_draft_models(settings.draft_model)
         self._loading = False
         self._timer.stop()
+
+    def set_draft_models(self, models: list[tuple[str, str]]) -> None:
+        """The models, as (name, path), that can draft for this conversation's model; the chosen one stays
+        chosen (marked unavailable when it is not among them)."""
+        self._draft_models = list(models)
+        loading, self._loading = self._loading, True
+        self._fill_draft_models(self.draft_model.currentData() or "")
+        self._loading = loading
+
+    def _fill_draft_models(self, chosen: str) -> None:
+        self.draft_model.clear()
+        for name, path in self._draft_models:
+            self.draft_model.addItem(name, path)
+            self.draft_model.setItemData(self.draft_model.count() - 1, path, Qt.ItemDataRole.ToolTipRole)
+        if chosen and self.draft_model.findData(chosen) < 0:
+            self.draft_model.addItem(f"{PureWindowsPath(chosen).name} (not usable)", chosen)  # either separator
+        self.draft_model.setCurrentIndex(self.draft_model.findData(chosen) if chosen else 0)
+        self._show_speculation()
+
+    def _show_speculation(self, *_) -> None:
+        mode = self.speculation.currentData()
+        self.draft_model.setEnabled(mode == "draft")
+        self.max_draft.setEnabled(mode != "off")
+        self.draft_note.setText(self._draft_problem() if mode == "draft" else "")
+        self.draft_note.setVisible(bool(self.draft_note.text()))
+
+    def _draft_problem(self) -> str:
+        chosen = self.draft_model.currentData()
+        usable = {path for _, path in self._draft_models}
+        if not usable and not chosen:
+            return ("No model in the library has this model's vocabulary, so none can draft for it. Add a smaller "
+                    "model of the same family on the Models page, or use prompt lookup.")
+        if chosen not in usable:
+            return ("This draft model is missing or does not share this model's vocabulary; answers are generated "
+                    "without speculative decoding until another is chosen.")
+        return ""
 
     def set_model(self, text: str) -> None:
         self.model_name.setText(text)
 
     def settings(self) -> ChatSettings:
         values = {name: box.value() for name, box in self.inputs.items()}
-        return dataclasses.replace(ChatSettings(), system_prompt=self.system_prompt.toPlainText(), **values)
+        return dataclasses.replace(ChatSettings(), system_prompt=self.system_prompt.toPlainText(), **values,
+                                   speculation=self.speculation.currentData(),
+                                   draft_model=self.draft_model.currentData() or "", max_draft=self.max_draft.value())
 
     def flush(self) -> None:
         """Emit an edit still waiting for its pause, so it applies before the next message."""

@@ -28,13 +28,14 @@ class Limits:
     prefill_chunk: int  # prompt tokens per step, across all prefilling sequences
     max_batch: int  # sequences in flight (decoding or prefilling)
     pause_s: float  # idle time between steps
+    max_draft: int = 16  # speculative tokens per verify pass (0: no speculation); the user's cap applies too
 
 
 DEFAULT_LEVELS = (
-    Limits(prefill_chunk=512, max_batch=8, pause_s=0.0),  # 0: nominal
-    Limits(prefill_chunk=256, max_batch=4, pause_s=0.0),  # 1: fair
-    Limits(prefill_chunk=128, max_batch=2, pause_s=0.0),  # 2: serious
-    Limits(prefill_chunk=64, max_batch=1, pause_s=0.5),  # 3: critical: one sequence, and rest between steps
+    Limits(prefill_chunk=512, max_batch=8, pause_s=0.0, max_draft=16),  # 0: nominal
+    Limits(prefill_chunk=256, max_batch=4, pause_s=0.0, max_draft=8),  # 1: fair
+    Limits(prefill_chunk=128, max_batch=2, pause_s=0.0, max_draft=4),  # 2: serious
+    Limits(prefill_chunk=64, max_batch=1, pause_s=0.5, max_draft=0),  # 3: critical: one sequence, rest between steps
 )
 
 # level for each severity (nominal/unknown, fair, serious, critical), per mode
@@ -65,6 +66,7 @@ class PolicyDecision:
     max_batch: int
     pause_s: float
     reason: str
+    max_draft: int = 16
 
 
 class ThermalPolicy:
@@ -116,7 +118,7 @@ class ThermalPolicy:
     def _decision(self, now: float, state: ThermalState, drift: bool, reason: str) -> PolicyDecision:
         limits = self.limits
         return PolicyDecision(now, state, drift, self.mode, self.level, limits.prefill_chunk, limits.max_batch,
-                              limits.pause_s, reason)
+                              limits.pause_s, reason, limits.max_draft)
 
 
 def _why(state: ThermalState, drift: bool, direction: str) -> str:

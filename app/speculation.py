@@ -125,5 +125,13 @@ def speculation_stats(speculator: Speculator, method: str, decode_tps: float) ->
     return stats
 
 
+def speculation_text(method: str, drafted: int, accepted: int, speedup: float | None) -> str:
+    """One line for people: what was drafted and kept, and the estimated speed-up when one was measured."""
+    if not drafted:
+        return f"{method}: nothing drafted"
+    text = f"{method}: {accepted:,} of {drafted:,} drafted tokens accepted ({accepted / drafted:.0%})"
+    return text + (f", ~{speedup:.2f}× plain speed (estimated)" if speedup is not None else "")
+
+
 def _basename(path: str) -> str:
     return PureWindowsPath(path).name  # splits at "/" and "\\" alike

@@ -28,6 +28,7 @@ from engine.thermal import ThermalPolicy, ThermalProvider, ThermalState, default
 from engine.thermal.monitor import POLL_INTERVAL_S
 
 from .qt_compat import emit
+from .speculation import estimated_speedup
 
 ENGINE_INTERVAL_S = 0.5  # engine samples while generating, so the decode rate is measured over half a second
 DASHBOARD_INTERVAL_S = 1.0
@@ -64,6 +65,10 @@ class EngineSample:
     device_peak_bytes: int | None = None
     device_cache_bytes: int | None = None
     kv: KVCacheUsage | None = None
+    speculation: str = ""  # the reply's speculative decoding ("prompt lookup", "draft <name>"); "" for none
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    speedup_estimate: float | None = None  # decode tok/s so far over a plain step's, as speculation measured it
 
     @property
     def prefill_tps(self) -> float:
@@ -76,8 +81,10 @@ class EngineSample:
 
 
 def read_engine(model, phase: str, now: float, request_id: int = 0, event=None, decode_tps_now: float = 0.0,
-                generating: bool = False) -> EngineSample:
-    """An EngineSample of ``model`` (an engine.model.Model, or None); call it on the thread that runs the model."""
+                generating: bool = False, speculation=None) -> EngineSample:
+    """An EngineSample of ``model`` (an engine.model.Model, or None); call it on the thread that runs the model.
+
+    ``speculation`` is the reply's ``(engine.speculative.Speculator, method)``, or None."""
     if model is None:
         return EngineSample(now, "none")
     memory = model.backend.memory()
@@ -86,6 +93,11 @@ def read_engine(model, phase: str, now: float, request_id: int = 0, event=None, 
         timings = {"prompt_tokens": event.prompt_tokens, "cached_tokens": event.cached_tokens,
                    "generated_tokens": event.generated_tokens, "prefill_s": event.prefill_s,
                    "decode_s": event.decode_s}
+    if speculation is not None and event is not None:  # (before the first token the stats are the last reply's)
+        speculator, method = speculation
+        s = speculator.stats
+        timings.update(speculation=method, drafted_tokens=s.proposed, accepted_tokens=s.accepted,
+                       speedup_estimate=estimated_speedup(event.decode_tps, speculator.controller.costs.step_s))
     return EngineSample(now, phase, model.name, model.backend.name, request_id, **timings,
                         decode_tps_now=decode_tps_now, prefill_chunk=CHAT_PREFILL_CHUNK, batch=int(generating),
                         weights_bytes=memory.weights_bytes, scratch_bytes=memory.scratch_bytes,
@@ -100,6 +112,7 @@ class EngineProbe:
     def __init__(self, send: Callable[[EngineSample], None], interval_s: float = ENGINE_INTERVAL_S,
                  clock: Callable[[], float] = time.monotonic):
         self.send, self.interval_s, self.clock = send, interval_s, clock
+        self._speculation = None  # the running reply's (Speculator, method)
         self._request_id = 0
         self._started_at = self._first_at = self._sent_at = None
         self._last_event = None
@@ -108,9 +121,11 @@ class EngineProbe:
         """A model was loaded (or closed, ``model`` None)."""
         self.send(read_engine(model, "idle" if model is not None else "none", self.clock()))
 
-    def started(self, model, request_id: int) -> None:
-        """A reply starts: the prompt is rendered, tokenized and prefilled next."""
+    def started(self, model, request_id: int, speculator=None, method: str = "") -> None:
+        """A reply starts: the prompt is rendered, tokenized and prefilled next; ``speculator`` (an
+        engine.speculative.Speculator, ``method`` naming it) drafts for it, if any."""
         self._request_id, self._started_at, self._first_at, self._last_event = request_id, self.clock(), None, None
+        self._speculation = (speculator, method) if speculator is not None else None
         self.send(read_engine(model, "prefill", self._started_at, request_id, generating=True))
 
     def event(self, model, event) -> None:
@@ -122,12 +137,13 @@ class EngineProbe:
         elif now - self._sent_at < self.interval_s:
             return
         rate = 0.0 if first else _decode_rate(self._last_event, event)
-        self.send(read_engine(model, "decode", now, self._request_id, event, rate, generating=True))
+        self.send(read_engine(model, "decode", now, self._request_id, event, rate, generating=True,
+                              speculation=self._speculation))
         self._sent_at, self._last_event = now, event
 
     def finished(self, model, last_event) -> dict:
         """The reply ended; returns the stats it adds: ``time_to_first_token_s`` (from the start of the request)."""
-        self.send(read_engine(model, "idle", self.clock(), self._request_id, last_event))
+        self.send(read_engine(model, "idle", self.clock(), self._request_id, last_event, speculation=self._speculation))
         if self._first_at is None or self._started_at is None:
             return {}
         return {"time_to_first_token_s": round(self._first_at - self._started_at, 4)}

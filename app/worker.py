@@ -247,7 +247,7 @@ class EngineWorker(QObject):
         speculator, notice = self._speculators.for_reply(self._model,
                                                          SpeculationChoice.from_options(options.pop("speculation", None)))
         emit(self.progress, "Reading the conversation…")
-        self._probe.started(self._model, request_id)
+        self._probe.started(self._model, request_id, speculator, self._speculators.method)
         dropped, events = self._model.chat(messages, params=self._params_factory(options), max_tokens=max_tokens,
                                            overflow="drop_oldest", speculation=speculator)
         try:

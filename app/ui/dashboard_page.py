@@ -14,6 +14,7 @@ from PySide6.QtWidgets import (QComboBox, QFileDialog, QFrame, QGridLayout, QHBo
 
 from ..generation_history import COLUMNS, GenerationRecord, export_csv
 from ..qt_compat import emit
+from ..speculation import speculation_text
 from ..telemetry import THERMAL_LEVELS, EngineSample, MemoryBreakdown, SystemSample, Telemetry, format_bytes
 from .charts import ChartCard, Line, StackedBar, TimeChart, legend_html, nice_ceiling
 from .theme import NOTICE_COLORS
@@ -113,6 +114,8 @@ class DashboardPage(QScrollArea):
         self._arrange(4)
         self.cards["limits"].setToolTip("Solid: what the engine uses now (the app runs one answer at a time with "
                                         "128-token prefill chunks). Dashed: what the thermal policy would allow.")
+        self.cards["decode"].setToolTip("With speculative decoding: the share of drafted tokens the model accepted, "
+                                        "and decode speed over the plain decode step speed it measured (estimated)")
         layout.addLayout(self.grid)
         layout.addWidget(self._history_card())
         self.setWidget(body)
@@ -293,11 +296,18 @@ class DashboardPage(QScrollArea):
 
 def _decode_text(rate: float, e: EngineSample) -> str:
     if e.phase == "decode":
-        return f"{rate:.1f} tok/s · {e.generated_tokens:,} tokens"
+        return f"{rate:.1f} tok/s · {e.generated_tokens:,} tokens" + _speculation_text(e)
     if e.phase == "prefill":
         return "reading the prompt…"
     return "idle" + (f" · last answer {(e.generated_tokens - 1) / e.decode_s:.1f} tok/s"
-                     if e.decode_s > 0 and e.generated_tokens > 1 else "")
+                     if e.decode_s > 0 and e.generated_tokens > 1 else "") + _speculation_text(e)
+
+
+def _speculation_text(e: EngineSample) -> str:
+    """The answer's speculative decoding: its acceptance so far and the estimated speed-up; '' without it."""
+    if not e.speculation:
+        return ""
+    return " · " + speculation_text(e.speculation, e.drafted_tokens, e.accepted_tokens, e.speedup_estimate)
 
 
 def _prefill_text(e: EngineSample) -> str:

@@ -8,6 +8,7 @@ from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPus
                                QWidget)
 
 from ..qt_compat import emit
+from ..speculation import speculation_text
 from ..store import Message
 from .markdown_view import MarkdownView
 from .theme import icon
@@ -16,7 +17,7 @@ STATE_NOTES = {"stopped": "stopped", "interrupted": "interrupted — the app clo
 
 
 def stats_text(message: Message) -> str:
-    """The line under an answer: tokens, time to first token, speed, and how it ended."""
+    """The line under an answer: tokens, time to first token, speed, speculative decoding, and how it ended."""
     s = message.stats
     parts = []
     if "generated_tokens" in s and "prefill_s" in s:
@@ -28,6 +29,10 @@ def stats_text(message: Message) -> str:
         where = {"memory": "memory", "disk": "disk", "file": "a saved state"}.get(s.get("restored_from"))
         parts.append(f"{s['cached_tokens']:,} of {s.get('prompt_tokens', 0):,} prompt tokens cached"
                      + (f" (restored from {where})" if where else ""))
+    drafted, accepted, speedup = s.get("drafted_tokens", 0), s.get("accepted_tokens", 0), s.get("speedup_estimate")
+    # (an imported conversation's stats are kept as they came: show only well-formed figures)
+    if s.get("speculation") and _is_count(drafted) and _is_count(accepted) and (speedup is None or _is_number(speedup)):
+        parts.append(speculation_text(str(s["speculation"]), drafted, accepted, speedup))
     if s.get("finish_reason") in ("length", "context"):
         parts.append("hit the length limit" if s["finish_reason"] == "length" else "context full")
     if s.get("dropped"):
@@ -35,6 +40,14 @@ def stats_text(message: Message) -> str:
     if message.state in STATE_NOTES:
         parts.append(STATE_NOTES[message.state])
     return " · ".join(parts)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_count(value) -> bool:
+    return _is_number(value) and value >= 0 and float(value).is_integer()
 
 
 class MessageWidget(QFrame):

@@ -1,4 +1,5 @@
-"""Speculative decoding settings: stored and clamped, kept out of exports, edited in the panel, drafts filtered."""
+"""Speculative decoding settings: stored and clamped, kept out of exports, edited in the panel, drafts filtered;
+the figures under an answer."""
 
 import dataclasses
 import json
@@ -10,7 +11,8 @@ from app.chat_settings import MAX_DRAFT_LIMIT, ChatSettings
 from app.conversation_export import conversation_document, parse_document
 from app.draft_models import DraftCompatibility
 from app.model_choices import ModelChoice
-from app.store import ConversationStore
+from app.store import ConversationStore, Message
+from app.ui.message_widget import stats_text
 from app.ui.settings_panel import SettingsPanel
 from tests.model_store import model_path
 
@@ -124,3 +126,16 @@ def test_the_window_offers_only_library_models_that_can_draft(qtbot, make_sessio
     assert str(model_path("smollm2")) in offered  # the built-in SmolLM2's vocabulary
     assert str(model_path("qwen25coder")) not in offered and str(model_path("gemma3")) not in offered
     assert session.controller.model_path() not in offered
+
+
+def test_the_answer_line_shows_speculation_figures_and_skips_malformed_ones():
+    def line(**stats):
+        return stats_text(Message(1, 1, 2, "assistant", "Hi", "complete", {"generated_tokens": 9, "prefill_s": 0.1,
+                                                                           "decode_tps": 20.0, **stats}, 0.0))
+    assert "prompt lookup: 30 of 40 drafted tokens accepted (75%), ~1.42× plain speed (estimated)" in line(
+        speculation="prompt lookup", drafted_tokens=40, accepted_tokens=30, speedup_estimate=1.42)
+    assert "draft Tiny: nothing drafted" in line(speculation="draft Tiny", drafted_tokens=0, accepted_tokens=0)
+    assert "accepted" not in line(speculation="prompt lookup", drafted_tokens="many", accepted_tokens=3)
+    assert "accepted" not in line(speculation="prompt lookup", drafted_tokens=4, accepted_tokens=3,
+                                  speedup_estimate="fast")
+    assert "lookup" not in line()

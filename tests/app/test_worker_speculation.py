@@ -1,4 +1,7 @@
-"""Speculative decoding in the engine worker on the real test models: figures, exact greedy text, bad drafts."""
+"""Speculative decoding in the worker and the window on the real test models: figures, exact greedy text, bad
+drafts, and the acceptance and estimated speed-up under the answer and on the dashboard."""
+
+import dataclasses
 
 import pytest
 
@@ -30,6 +33,11 @@ def answer(qtbot, host, got, path, options, messages=COPY_PROMPT):
     return "".join(got["text"]), finished.args[1]
 
 
+def first_difference(a: str, b: str) -> str:
+    at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return f"the texts part at character {at}: {a[at - 20:at + 20]!r} vs {b[at - 20:at + 20]!r}"
+
+
 class CountingFactory:
     """The real engine factory, counting loads per path."""
 
@@ -55,7 +63,8 @@ def test_prompt_lookup_drafts_on_a_copying_answer_and_keeps_the_greedy_text(qtbo
     spec_text, spec = answer(qtbot, host, got, target, greedy("lookup"))
     assert "speculation" not in plain and "drafted_tokens" not in plain
     assert spec["speculation"] == "prompt lookup" and spec["drafted_tokens"] > 0
-    assert spec_text == plain_text and spec["generated_tokens"] == plain["generated_tokens"]
+    assert spec_text == plain_text, first_difference(spec_text, plain_text)
+    assert spec["generated_tokens"] == plain["generated_tokens"]
     assert 0 <= spec["accepted_tokens"] <= spec["drafted_tokens"]
     assert spec["acceptance_rate"] == pytest.approx(spec["accepted_tokens"] / spec["drafted_tokens"], abs=1e-4)
     passes = spec["verify_passes"]
@@ -70,7 +79,8 @@ def test_a_draft_model_sharing_the_vocabulary_drafts_and_is_loaded_once(qtbot, s
     plain_text, _ = answer(qtbot, host, got, target, greedy("off", max_tokens=40))
     for _ in range(2):
         text, stats = answer(qtbot, host, got, target, greedy("draft", target, max_tokens=40))
-        assert text == plain_text and stats["speculation"].startswith("draft ") and stats["drafted_tokens"] > 0
+        assert text == plain_text, first_difference(text, plain_text)
+        assert stats["speculation"].startswith("draft ") and stats["drafted_tokens"] > 0
         assert "speculation_notice" not in stats
     assert factory.loads == [target, target]  # the target, then the draft once for both answers
 
@@ -101,3 +111,29 @@ def test_a_missing_draft_model_gives_a_notice(qtbot, smollm2_host, tmp_path):
 def test_the_estimated_speedup_compares_with_the_measured_plain_step():
     assert estimated_speedup(30.0, 0.05) == pytest.approx(1.5)  # 30 tok/s where a plain step took 50 ms
     assert estimated_speedup(30.0, None) is None and estimated_speedup(0.0, 0.05) is None
+
+
+@pytest.mark.gui
+def test_the_answer_and_the_dashboard_show_acceptance_and_the_estimated_speedup(qtbot, make_session):
+    session = make_session()  # the built-in SmolLM2; conversations start with prompt lookup on
+    c = session.controller
+    c.update_settings(dataclasses.replace(c.settings(), max_tokens=96, temperature=0.0, repeat_penalty=1.0))
+    assert c.settings().speculation == "lookup"
+    qtbot.waitUntil(lambda: bool(c.model_info), timeout=LOADS)
+    window, telemetry = session.window, session.telemetry
+    window.show_page("dashboard")
+    samples = []
+    telemetry.engine_sampled.connect(samples.append)
+    with qtbot.waitSignal(c.reply_finished, timeout=ANSWER) as finished:
+        c.send(COPY_PROMPT[0]["content"])
+    message_id, stats = finished.args
+    assert stats["speculation"] == "prompt lookup" and stats["drafted_tokens"] > 0
+    shown = window.chat_view.widgets[message_id]._stats.text()
+    assert f"prompt lookup: {stats['accepted_tokens']:,} of {stats['drafted_tokens']:,} drafted tokens accepted" in shown
+    if "speedup_estimate" in stats:
+        assert f"~{stats['speedup_estimate']:.2f}× plain speed (estimated)" in shown
+    assert any(s.phase == "decode" and s.speculation == "prompt lookup" for s in samples)  # live, while streaming
+    last = telemetry.engine
+    assert (last.phase, last.drafted_tokens, last.accepted_tokens) == ("idle", stats["drafted_tokens"],
+                                                                       stats["accepted_tokens"])
+    qtbot.waitUntil(lambda: "prompt lookup:" in window.dashboard.cards["decode"].legend.text(), timeout=10000)

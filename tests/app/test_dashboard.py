@@ -43,7 +43,8 @@ def chart_values(chart, index=0):
 @pytest.mark.slow
 def test_the_dashboard_follows_a_real_generation(qtbot, make_session):
     session = make_session()
-    configure(session, max_tokens=160, temperature=0.0)
+    # plain decoding, long enough (several seconds) that the 1 Hz redraws see it streaming
+    configure(session, max_tokens=600, temperature=0.0, speculation="off")
     wait_for_model(qtbot, session)
     window, telemetry = session.window, session.telemetry
     window.show_page("dashboard")

@@ -12,7 +12,7 @@ from .models.downloads import DownloadManager
 from .paths import BuiltinModelMissingError, builtin_model_path
 from .snapshot_cache import SnapshotCache, default_memory_budget, default_memory_dir
 from .store import DB_FILENAME, ConversationStore
-from .telemetry import Telemetry
+from .telemetry import SystemSampler, Telemetry
 from .ui.main_window import MainWindow
 from .worker import EngineHost, load_engine_model
 
@@ -37,7 +37,7 @@ class AppSession:
         default = model or (str(builtin) if builtin else None)
         self.controller = ChatController(self.store, self.host, default, builtin_path=str(builtin) if builtin else None)
         self.actions = ConversationActions(self.controller)
-        self.telemetry = Telemetry()
+        self.telemetry = Telemetry(SystemSampler(applied=lambda: self.host.thermal.policy.limits))
         self.host.telemetry.connect(self.telemetry.add_engine_sample)
         self.downloads = DownloadsBridge(DownloadManager(data))
         self.window = MainWindow(self.controller, ModelChoices(data, builtin), telemetry=self.telemetry,

@@ -10,6 +10,8 @@ import dataclasses
 
 from PySide6.QtCore import QObject, Signal, Slot
 
+from engine.thermal import Mode
+
 from .chat_settings import ChatSettings
 from .paths import BUILTIN_MODEL_NAME
 from .qt_compat import emit
@@ -17,6 +19,7 @@ from .store import ConversationStore, Message, ReplyWriter
 from .worker import EngineHost
 
 TITLE_CHARS = 48
+THERMAL_MODES = tuple(m.value for m in Mode)  # performance, balanced, cool
 
 
 @dataclasses.dataclass
@@ -176,6 +179,17 @@ class ChatController(QObject):
         if self.current_id is not None:
             self.store.set_settings(self.current_id, settings.clamped())
 
+    def thermal_mode(self) -> str:
+        """The app-wide thermal mode: "performance", "balanced" (default) or "cool" (engine.thermal.Mode values)."""
+        mode = self.store.setting("thermal_mode", THERMAL_MODES[1])
+        return mode if mode in THERMAL_MODES else THERMAL_MODES[1]
+
+    def set_thermal_mode(self, mode: str) -> None:
+        """Remember ``mode``; the engine switches to it with the next reply."""
+        if mode not in THERMAL_MODES:
+            raise ValueError(f"unknown thermal mode {mode!r}; expected one of {', '.join(THERMAL_MODES)}")
+        self.store.set_setting("thermal_mode", mode)
+
     def set_model(self, path: str) -> None:
         """Use the GGUF at ``path`` for the shown conversation and load it now."""
         if self.current_id is not None:
@@ -271,7 +285,8 @@ class ChatController(QObject):
             return
         history = self.history(conv.id)
         options = {**conv.settings.sampling_kwargs(), "max_tokens": conv.settings.max_tokens,
-                   "speculation": conv.settings.speculation_options(), "conversation_id": conv.id}
+                   "speculation": conv.settings.speculation_options(), "conversation_id": conv.id,
+                   "thermal_mode": self.thermal_mode()}
         writer = self.store.begin_reply(conv.id)
         request_id = self.host.generate(path, conv.settings.n_ctx, history, options)
         self._reply = _Reply(request_id, conv.id, writer)

@@ -24,7 +24,7 @@ import psutil
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
 from engine.model import CHAT_PREFILL_CHUNK, KVCacheUsage
-from engine.thermal import ThermalPolicy, ThermalProvider, ThermalState, default_provider
+from engine.thermal import Limits, ThermalPolicy, ThermalProvider, ThermalState, default_provider
 from engine.thermal.monitor import POLL_INTERVAL_S
 
 from .qt_compat import emit
@@ -81,7 +81,7 @@ class EngineSample:
 
 
 def read_engine(model, phase: str, now: float, request_id: int = 0, event=None, decode_tps_now: float = 0.0,
-                generating: bool = False, speculation=None) -> EngineSample:
+                generating: bool = False, speculation=None, prefill_chunk: int = CHAT_PREFILL_CHUNK) -> EngineSample:
     """An EngineSample of ``model`` (an engine.model.Model, or None); call it on the thread that runs the model.
 
     ``speculation`` is the reply's ``(engine.speculative.Speculator, method)``, or None."""
@@ -99,7 +99,7 @@ def read_engine(model, phase: str, now: float, request_id: int = 0, event=None, 
         timings.update(speculation=method, drafted_tokens=s.proposed, accepted_tokens=s.accepted,
                        speedup_estimate=estimated_speedup(event.decode_tps, speculator.controller.costs.step_s))
     return EngineSample(now, phase, model.name, model.backend.name, request_id, **timings,
-                        decode_tps_now=decode_tps_now, prefill_chunk=CHAT_PREFILL_CHUNK, batch=int(generating),
+                        decode_tps_now=decode_tps_now, prefill_chunk=prefill_chunk, batch=int(generating),
                         weights_bytes=memory.weights_bytes, scratch_bytes=memory.scratch_bytes,
                         device_active_bytes=memory.device_active_bytes, device_peak_bytes=memory.device_peak_bytes,
                         device_cache_bytes=memory.device_cache_bytes, kv=model.kv_cache_usage)
@@ -113,6 +113,7 @@ class EngineProbe:
                  clock: Callable[[], float] = time.monotonic):
         self.send, self.interval_s, self.clock = send, interval_s, clock
         self._speculation = None  # the running reply's (Speculator, method)
+        self._prefill_chunk = CHAT_PREFILL_CHUNK  # the running reply's, as the thermal policy allowed it
         self._request_id = 0
         self._started_at = self._first_at = self._sent_at = None
         self._last_event = None
@@ -121,12 +122,15 @@ class EngineProbe:
         """A model was loaded (or closed, ``model`` None)."""
         self.send(read_engine(model, "idle" if model is not None else "none", self.clock()))
 
-    def started(self, model, request_id: int, speculator=None, method: str = "") -> None:
-        """A reply starts: the prompt is rendered, tokenized and prefilled next; ``speculator`` (an
-        engine.speculative.Speculator, ``method`` naming it) drafts for it, if any."""
+    def started(self, model, request_id: int, speculator=None, method: str = "",
+                prefill_chunk: int = CHAT_PREFILL_CHUNK) -> None:
+        """A reply starts: the prompt is rendered, tokenized and prefilled next, ``prefill_chunk`` tokens a step;
+        ``speculator`` (an engine.speculative.Speculator, ``method`` naming it) drafts for it, if any."""
         self._request_id, self._started_at, self._first_at, self._last_event = request_id, self.clock(), None, None
         self._speculation = (speculator, method) if speculator is not None else None
-        self.send(read_engine(model, "prefill", self._started_at, request_id, generating=True))
+        self._prefill_chunk = prefill_chunk
+        self.send(read_engine(model, "prefill", self._started_at, request_id, generating=True,
+                              prefill_chunk=prefill_chunk))
 
     def event(self, model, event) -> None:
         """A generated token; samples the first one at once (it ends prefill), later ones every interval."""
@@ -138,12 +142,13 @@ class EngineProbe:
             return
         rate = 0.0 if first else _decode_rate(self._last_event, event)
         self.send(read_engine(model, "decode", now, self._request_id, event, rate, generating=True,
-                              speculation=self._speculation))
+                              speculation=self._speculation, prefill_chunk=self._prefill_chunk))
         self._sent_at, self._last_event = now, event
 
     def finished(self, model, last_event) -> dict:
         """The reply ended; returns the stats it adds: ``time_to_first_token_s`` (from the start of the request)."""
-        self.send(read_engine(model, "idle", self.clock(), self._request_id, last_event, speculation=self._speculation))
+        self.send(read_engine(model, "idle", self.clock(), self._request_id, last_event, speculation=self._speculation,
+                              prefill_chunk=self._prefill_chunk))
         if self._first_at is None or self._started_at is None:
             return {}
         return {"time_to_first_token_s": round(self._first_at - self._started_at, 4)}
@@ -166,7 +171,7 @@ class SystemSample:
     available_bytes: int
     thermal: ThermalState
     thermal_source: str  # the provider's name, or why it can only say "unknown"
-    allowed_prefill_chunk: int  # what the thermal policy would allow the scheduler
+    allowed_prefill_chunk: int  # what the thermal policy allows
     allowed_batch: int
 
     @property
@@ -179,10 +184,11 @@ class SystemSampler:
 
     def __init__(self, process: psutil.Process | None = None, provider: ThermalProvider | None = None,
                  policy: ThermalPolicy | None = None, clock: Callable[[], float] = time.monotonic,
-                 thermal_interval_s: float = POLL_INTERVAL_S):
+                 thermal_interval_s: float = POLL_INTERVAL_S, applied: Callable[[], Limits] | None = None):
         self.process = process or psutil.Process()
         self.provider = provider or default_provider()
         self.policy = policy or ThermalPolicy()
+        self.applied = applied  # the limits the engine applies (its thread runs the policy); None: run our own
         self.clock, self.thermal_interval_s = clock, thermal_interval_s
         self.cpu_count = psutil.cpu_count() or os.cpu_count() or 1
         self._thermal, self._thermal_at = ThermalState.UNKNOWN, None
@@ -193,8 +199,9 @@ class SystemSampler:
         now = self.clock()
         if self._thermal_at is None or now - self._thermal_at >= self.thermal_interval_s:
             self._thermal, self._thermal_at = self.provider.read(), now
-        self.policy.update(now, self._thermal)
-        limits, vm = self.policy.limits, psutil.virtual_memory()
+        if self.applied is None:
+            self.policy.update(now, self._thermal)
+        limits, vm = self.policy.limits if self.applied is None else self.applied(), psutil.virtual_memory()
         # psutil divides by the time since the previous call; right after it that is noise, so clamp
         process_cpu = min(100.0, self.process.cpu_percent(None) / self.cpu_count)
         return SystemSample(now, self.process.memory_info().rss, process_cpu,

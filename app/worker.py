@@ -19,7 +19,10 @@ from engine.backends import BackendUnavailableError
 from engine.chat_template import TemplateError
 from engine.context import ContextOverflowError
 from engine.gguf_file import ModelFormatError
+from engine.model import CHAT_PREFILL_CHUNK
 from engine.sampling import NonFiniteLogitsError
+from engine.scheduler import decode_load
+from engine.thermal import Mode, StreamPacer, ThermalMonitor, default_provider
 
 from .qt_compat import emit
 from .snapshot_cache import ConversationStates, SnapshotCache
@@ -45,6 +48,14 @@ def load_engine_model(path: str, n_ctx: int):
 def make_sampling_params(options: dict):
     from engine.sampling import SamplingParams
     return SamplingParams(**options)
+
+
+def thermal_mode(value: str | None) -> Mode | None:
+    """The thermal mode a request asks for ("performance", "balanced", "cool"); None (or unknown) keeps the current."""
+    try:
+        return Mode(value) if value is not None else None
+    except ValueError:
+        return None
 
 
 def classify(exc: BaseException) -> bool:
@@ -97,9 +108,10 @@ class EngineWorker(QObject):
 
     def __init__(self, engine_factory: EngineFactory = load_engine_model,
                  params_factory: Callable[[dict], object] = make_sampling_params,
-                 snapshots: SnapshotCache | None = None):
+                 snapshots: SnapshotCache | None = None, thermal: ThermalMonitor | None = None):
         super().__init__()
         self._probe = EngineProbe(lambda sample: emit(self.telemetry, sample))
+        self._pacer = StreamPacer(thermal or ThermalMonitor(default_provider()))
         self._engine_factory = engine_factory
         self._params_factory = params_factory
         self._states = ConversationStates(snapshots)
@@ -246,12 +258,13 @@ class EngineWorker(QObject):
         max_tokens = int(options.pop("max_tokens", 512))
         speculator, notice = self._speculators.for_reply(self._model,
                                                          SpeculationChoice.from_options(options.pop("speculation", None)))
+        chunk = self._pacer.begin(thermal_mode(options.pop("thermal_mode", None)), speculator, CHAT_PREFILL_CHUNK)
         emit(self.progress, "Reading the conversation…")
-        self._probe.started(self._model, request_id, speculator, self._speculators.method)
+        self._probe.started(self._model, request_id, speculator, self._speculators.method, chunk)
         dropped, events = self._model.chat(messages, params=self._params_factory(options), max_tokens=max_tokens,
-                                           overflow="drop_oldest", speculation=speculator)
+                                           overflow="drop_oldest", prefill_chunk=chunk, speculation=speculator)
         try:
-            last = self._emit_coalesced(request_id, events)
+            last = self._emit_coalesced(request_id, events, timed=speculator is None)
         finally:
             events.close()  # runs the engine's clean-up now, also when we stopped early
             note = self._states.take_note()
@@ -264,14 +277,21 @@ class EngineWorker(QObject):
             stats["speculation_notice"] = notice
         emit(self.finished, request_id, stats)
 
-    def _emit_coalesced(self, request_id: int, events):
-        """Emit the events' text in batches at most COALESCE_S apart; stop when asked. Returns the last event."""
+    def _emit_coalesced(self, request_id: int, events, timed: bool = True):
+        """Emit the events' text in batches at most COALESCE_S apart; stop when asked. Returns the last event.
+
+        Between tokens the thermal pacer rests if the policy says so; with ``timed`` each token's time also feeds
+        its drift detector (not with speculation, whose tokens arrive several per verify pass)."""
         pending, last_emit, last = "", time.monotonic(), None
+        stopped = lambda: self._stopped_through >= request_id  # noqa: E731
         for event in events:
+            if last is not None:
+                seconds = event.decode_s - last.decode_s if timed else None
+                self._pacer.step(seconds, decode_load(1, event.prompt_tokens + event.index), stopped)
             last = event
             self._probe.event(self._model, event)
             pending += event.text
-            if self._stopped_through >= request_id:
+            if stopped():
                 break
             if pending and time.monotonic() - last_emit >= COALESCE_S:
                 emit(self.tokens, request_id, pending)
@@ -329,8 +349,9 @@ class EngineHost(QObject):
 
     def __init__(self, engine_factory: EngineFactory = load_engine_model,
                  params_factory: Callable[[dict], object] = make_sampling_params, parent: QObject | None = None,
-                 snapshots: SnapshotCache | None = None):
+                 snapshots: SnapshotCache | None = None, thermal: ThermalMonitor | None = None):
         super().__init__(parent)
+        self.thermal = thermal or ThermalMonitor(default_provider())  # outlives a crashed worker; used on its thread
         self._engine_factory = engine_factory
         self._params_factory = params_factory
         self._snapshots = snapshots
@@ -346,7 +367,7 @@ class EngineHost(QObject):
     def _start(self) -> None:
         self._thread = QThread()
         self._thread.setObjectName("hearth-engine")
-        self._worker = EngineWorker(self._engine_factory, self._params_factory, self._snapshots)
+        self._worker = EngineWorker(self._engine_factory, self._params_factory, self._snapshots, self.thermal)
         self._worker.moveToThread(self._thread)
         w = self._worker
         links = [(self.load_requested, w.load), (self.prompt_requested, w.generate),

@@ -32,11 +32,13 @@ class FakeModel:
         self.backend = FakeBackend()
         self.positions = 0  # "KV cache" positions: the last prompt and reply
         self.calls: list[list[dict]] = []
+        self.prefill_chunks: list[int] = []  # per chat() call
         self.closed = False
         self._cancel = threading.Event()
 
-    def chat(self, messages, params=None, max_tokens=512, overflow="drop_oldest", speculation=None):
+    def chat(self, messages, params=None, max_tokens=512, overflow="drop_oldest", prefill_chunk=128, speculation=None):
         self.calls.append(messages)
+        self.prefill_chunks.append(prefill_chunk)
         if self.fail_with is not None:
             raise self.fail_with
         return self.dropped, self._events(min(max_tokens, len(self.pieces)))

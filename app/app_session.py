@@ -39,6 +39,7 @@ class AppSession:
         self.actions = ConversationActions(self.controller)
         self.telemetry = Telemetry(SystemSampler(applied=lambda: self.host.thermal.policy.limits))
         self.host.telemetry.connect(self.telemetry.add_engine_sample)
+        self.host.thermal_decided.connect(self.telemetry.add_thermal_decision)
         self.downloads = DownloadsBridge(DownloadManager(data))
         self.window = MainWindow(self.controller, ModelChoices(data, builtin), telemetry=self.telemetry,
                                  actions=self.actions,

@@ -24,7 +24,7 @@ import psutil
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
 from engine.model import CHAT_PREFILL_CHUNK, KVCacheUsage
-from engine.thermal import Limits, ThermalPolicy, ThermalProvider, ThermalState, default_provider
+from engine.thermal import Limits, PolicyDecision, ThermalPolicy, ThermalProvider, ThermalState, default_provider
 from engine.thermal.monitor import POLL_INTERVAL_S
 
 from .qt_compat import emit
@@ -346,6 +346,7 @@ class Telemetry(QObject):
         self.history = history or TelemetryHistory()
         self.engine = EngineSample(self.sampler.clock(), "none")
         self.system: SystemSample | None = None
+        self.decision: PolicyDecision | None = None  # the engine's last thermal policy decision
         self.samples_taken = 0
         self._watchers: dict[str, bool] = {}  # name -> wants detail (1 Hz)
         self._timer = QTimer(self)
@@ -365,6 +366,11 @@ class Telemetry(QObject):
             self._timer.start(round(interval * 1000))
             if before is None or interval < before:
                 self.sample_now()  # a new watcher sees fresh numbers at once
+
+    @Slot(object)
+    def add_thermal_decision(self, decision: PolicyDecision) -> None:
+        """The engine's thermal policy changed its limits; views show it at their next redraw."""
+        self.decision = decision
 
     @property
     def interval_s(self) -> float | None:

@@ -324,6 +324,7 @@ class EngineHost(QObject):
         loaded(dict), unloaded(), load_failed(str, str), tokens(int, str), finished(int, dict),
         error(int, str), progress(str), state_saved(int, str, dict), state_restored(int, str, dict),
         state_failed(int, str, str), telemetry(EngineSample): forwarded from the worker.
+        thermal_decided(PolicyDecision): the thermal policy changed the limits replies run under, and why.
         restarted(str): the worker crashed and was replaced; the text says what happened. Requests sent to the
             crashed worker and not yet answered then get an error, so none is left waiting for ever.
     """
@@ -346,12 +347,15 @@ class EngineHost(QObject):
     state_restored = Signal(int, str, object)
     state_failed = Signal(int, str, str)
     telemetry = Signal(object)
+    thermal_decided = Signal(object)
 
     def __init__(self, engine_factory: EngineFactory = load_engine_model,
                  params_factory: Callable[[dict], object] = make_sampling_params, parent: QObject | None = None,
                  snapshots: SnapshotCache | None = None, thermal: ThermalMonitor | None = None):
         super().__init__(parent)
         self.thermal = thermal or ThermalMonitor(default_provider())  # outlives a crashed worker; used on its thread
+        if self.thermal.on_decision is None:  # decided on the engine thread, delivered queued to the GUI thread
+            self.thermal.on_decision = lambda decision: emit(self.thermal_decided, decision)
         self._engine_factory = engine_factory
         self._params_factory = params_factory
         self._snapshots = snapshots

@@ -7,6 +7,7 @@ detailed samples and draws nothing.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QComboBox, QFileDialog, QFrame, QGridLayout, QHBoxLayout, QHeaderView, QLabel,
@@ -23,10 +24,21 @@ WINDOWS_S = (60, 120, 300)
 HISTORY_ROWS = 50
 EXPORT_LIMIT = 100_000
 
+LIMITS_TIP = ("Solid: what the engine uses now (one answer at a time, prefill chunks of at most 128 tokens). "
+              "Dashed: what the thermal policy allows, as of the engine's last step.")
 CARD_ORDER = ("decode", "prefill", "cpu", "thermal", "process", "system", "limits", "memory")
 FOUR_COLUMNS_PX, TWO_COLUMNS_PX = 960, 480  # page widths from which the cards sit 4 or 2 to a row
 
 GenerationLoader = Callable[[int], list[GenerationRecord]]  # (most rows) -> newest first
+THERMAL_MODE_LABELS = {"performance": "Performance", "balanced": "Balanced", "cool": "Cool"}
+
+
+class ThermalModeSetting(Protocol):
+    """Where the app-wide thermal mode lives (the ChatController)."""
+
+    def thermal_mode(self) -> str: ...
+
+    def set_thermal_mode(self, mode: str) -> None: ...
 
 
 class MemoryView(QWidget):
@@ -84,10 +96,12 @@ class DashboardPage(QScrollArea):
 
     export_finished = Signal(str)
 
-    def __init__(self, telemetry: Telemetry, load_generations: GenerationLoader, parent: QWidget | None = None):
+    def __init__(self, telemetry: Telemetry, load_generations: GenerationLoader,
+                 thermal_mode: ThermalModeSetting | None = None, parent: QWidget | None = None):
         super().__init__(parent)
         self.telemetry = telemetry
         self.load_generations = load_generations
+        self.thermal_mode = thermal_mode
         self.model_info: dict = {}
         self.setObjectName("dashboard")
         self.setWidgetResizable(True)
@@ -112,8 +126,7 @@ class DashboardPage(QScrollArea):
         self.memory_view = MemoryView()
         self.cards["memory"] = ChartCard("Model memory", self.memory_view)
         self._arrange(4)
-        self.cards["limits"].setToolTip("Solid: what the engine uses now (the app runs one answer at a time with "
-                                        "128-token prefill chunks). Dashed: what the thermal policy would allow.")
+        self.cards["limits"].setToolTip(LIMITS_TIP)
         self.cards["decode"].setToolTip("With speculative decoding: the share of drafted tokens the model accepted, "
                                         "and decode speed over the plain decode step speed it measured (estimated)")
         layout.addLayout(self.grid)
@@ -134,6 +147,23 @@ class DashboardPage(QScrollArea):
         header.addWidget(title)
         header.addSpacing(12)
         header.addWidget(self.subtitle, 1, Qt.AlignmentFlag.AlignBottom)
+        self.mode_box = QComboBox()
+        self.mode_box.setToolTip("Thermal mode. Performance tolerates a warm machine; Balanced backs off as it heats; "
+                                 "Cool keeps the load low even when the machine is cool. Applies from the next answer.")
+        for mode, label in THERMAL_MODE_LABELS.items():
+            self.mode_box.addItem(label, mode)
+        if self.thermal_mode is not None:
+            self.mode_box.setCurrentIndex(self.mode_box.findData(self.thermal_mode.thermal_mode()))
+            self.mode_box.currentIndexChanged.connect(
+                lambda _: self.thermal_mode.set_thermal_mode(self.mode_box.currentData()))
+        else:
+            self.mode_box.setEnabled(False)
+        mode_label = QLabel("Thermal mode")
+        mode_label.setObjectName("cardLegend")
+        mode_label.setBuddy(self.mode_box)
+        header.addWidget(mode_label, 0, Qt.AlignmentFlag.AlignVCenter)
+        header.addWidget(self.mode_box)
+        header.addSpacing(8)
         header.addWidget(self.window_box)
         return header
 
@@ -264,6 +294,8 @@ class DashboardPage(QScrollArea):
                                     ("available", f"available {format_bytes(s.available_bytes)}")])
         chunk = f"chunk {e.prefill_chunk or '–'} (≤ {s.allowed_prefill_chunk})"
         cards["limits"].set_legend([("chunk", chunk), ("batch", f"batch {e.batch} (≤ {s.allowed_batch})")])
+        decision = t.decision
+        cards["limits"].setToolTip(LIMITS_TIP if decision is None else f"{LIMITS_TIP}\n\n{_decision_text(decision)}")
         self.memory_view.show_breakdown(t.breakdown(), t.warnings())
         cards["memory"].set_legend([("hearth", f"Hearth {format_bytes(s.rss_bytes)} resident, made of")])
 
@@ -315,6 +347,14 @@ def _prefill_text(e: EngineSample) -> str:
         return "reading the prompt…" if e.phase == "prefill" else "no prompt yet"
     computed = e.prompt_tokens - e.cached_tokens
     return f"{e.prefill_tps:,.0f} tok/s · {computed:,} tokens · {e.cached_tokens:,} cached"
+
+
+def _decision_text(d) -> str:
+    """The thermal policy's last decision (engine.thermal.PolicyDecision), for the limits card's tooltip."""
+    pause = f", {d.pause_s:g} s rest between tokens" if d.pause_s else ""
+    drafts = f"{d.max_draft} drafted tokens a pass" if d.max_draft else "no speculative drafts"
+    return (f"{THERMAL_MODE_LABELS[d.mode.value]} mode, level {d.level}: prefill chunks of {d.prefill_chunk}, "
+            f"{d.max_batch} sequences, {drafts}{pause}. Why: {d.reason}.")
 
 
 def _thermal_text(s: SystemSample) -> str:

@@ -102,7 +102,8 @@ class MainWindow(QMainWindow):
         center.setMinimumWidth(380)  # the side panels give way first; below this the window grows instead
         self.downloads_panel = DownloadsPanel() if self.downloads is not None else None
         self.models_page = ModelsPage(downloads=self.downloads_panel)
-        self.dashboard = DashboardPage(self.telemetry, lambda limit: recent_generations(self.controller.store, limit))
+        self.dashboard = DashboardPage(self.telemetry, lambda limit: recent_generations(self.controller.store, limit),
+                                       thermal_mode=self.controller)
         self.stack = QStackedWidget()
         self.pages = {"chat": self.splitter, "models": self.models_page, "dashboard": self.dashboard}
         for name in PAGES:

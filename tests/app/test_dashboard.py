@@ -168,3 +168,25 @@ def test_a_narrow_window_keeps_the_status_message_and_reflows_the_cards(qtbot, m
     window.resize(720, 480)
     qtbot.waitUntil(lambda: not strip.model.isVisible() and window.dashboard.columns == 2, timeout=5000)
     assert strip.speed.isVisible() and strip.width() <= window.width() - 280
+
+
+def test_the_thermal_mode_is_chosen_on_the_dashboard_and_its_decisions_are_explained(qtbot, make_session):
+    model = FakeModel(["a", "b"])
+    session = make_session(engine_factory=FakeFactory(model))
+    wait_for_model(qtbot, session, timeout=20000)
+    window, host = session.window, session.host
+    window.show_page("dashboard")
+    box = window.dashboard.mode_box
+    assert box.currentData() == "balanced" and box.isEnabled()
+    box.setCurrentIndex(box.findData("cool"))
+    assert session.controller.thermal_mode() == "cool" and session.store.setting("thermal_mode") == "cool"
+    with qtbot.waitSignal(host.thermal_decided, timeout=20000, check_params_cb=lambda d: d.mode.value == "cool"):
+        with qtbot.waitSignal(session.controller.reply_finished, timeout=20000):
+            session.controller.send("hi")
+    assert host.thermal.policy.mode.value == "cool"
+    qtbot.waitUntil(lambda: "mode set to cool" in window.dashboard.cards["limits"].toolTip(), timeout=10000)
+    assert "Cool mode" in window.dashboard.cards["limits"].toolTip()
+    # the choice is the app's, not the window's: a new session on the same data starts in it
+    session.close()
+    again = make_session(engine_factory=FakeFactory(FakeModel()))
+    assert again.window.dashboard.mode_box.currentData() == "cool"

@@ -468,10 +468,10 @@ def measure_load(model, rss_before: int) -> dict:
             int(model.gguf.raw(name).reshape(-1)[::4096].sum())
     try:
         from engine.memory_estimate import estimate_memory
-        e = estimate_memory(model.gguf, model.n_ctx)
+        e = estimate_memory(model.gguf, model.n_ctx, backend=model.backend.name)
         estimate = {"weights": e.weights_bytes, "kv_cache": e.kv_cache_bytes, "overhead": e.overhead_bytes,
                     "total": e.total_bytes}
-    except Exception:  # noqa: BLE001 - an estimate is information; it never fails a load
+    except Exception:  # noqa: BLE001 - an estimate is information; it never fails a load (MLX is not modelled)
         estimate = None
     return {"rss_before": rss_before, "rss_after": _rss(), "estimate": estimate}
 

@@ -5,8 +5,9 @@ The estimate has three parts:
 * **weights** — the bytes of every tensor as stored in the file. The CPU backend memory-maps the GGUF and
   computes on the quantized blocks, so once every page has been touched the resident weights are exactly
   the tensor bytes (the alignment padding between tensors is a few KiB in total).
-* **KV cache** — keys and values for ``n_ctx`` positions in every layer. A sliding-window layer (Gemma 3)
-  never needs more than ``sliding_window`` positions.
+* **KV cache** — keys and values for ``n_ctx`` positions in every layer, as the backend stores them
+  (``KV_LAYOUTS``): the CPU backend keeps float16 and gives a sliding-window layer (Gemma 3) the full
+  ``n_ctx`` like any other; a backend with rings (MLX) keeps only ``sliding_window`` positions there.
 * **overhead** — a runtime baseline plus scratch:
 
   - runtime baseline: the parsed metadata (tokenizer vocabulary, merges and scores held as Python objects
@@ -45,6 +46,17 @@ Verdict = Literal["fits", "tight", "won't fit"]
 
 
 @dataclasses.dataclass(frozen=True)
+class KVLayout:
+    """How a backend stores its KV cache (tests/app/models/test_memory_estimate.py checks these on real caches)."""
+
+    element_bytes: int  # 2 for float16, 4 for float32
+    sliding_rings: bool  # a sliding-window layer keeps only its window; without, every layer holds n_ctx
+
+
+KV_LAYOUTS = {"cpu": KVLayout(element_bytes=2, sliding_rings=False), "numpy": KVLayout(element_bytes=4, sliding_rings=False)}
+
+
+@dataclasses.dataclass(frozen=True)
 class MemoryEstimate:
     """Bytes a loaded model is expected to hold, by part."""
 
@@ -66,30 +78,31 @@ class SystemMemory:
     unified: bool
 
 
-def estimate_memory(gguf: GGUFFile, n_ctx: int, kv_bytes_per_element: int = 4, backend: str = "cpu") -> MemoryEstimate:
-    """Estimate the memory of ``gguf`` loaded with a context of ``n_ctx`` positions.
+def estimate_memory(gguf: GGUFFile, n_ctx: int, backend: str = "cpu") -> MemoryEstimate:
+    """Estimate the memory of ``gguf`` loaded on ``backend`` with a context of ``n_ctx`` positions.
 
     Args:
         gguf: A parsed GGUF file (``read_gguf``).
         n_ctx: Context length the model will be run with.
-        kv_bytes_per_element: Bytes per cached key/value element (4 for float32, 2 for float16).
-        backend: Only ``"cpu"`` (memory-mapped quantized weights) is modelled.
+        backend: ``"cpu"`` (memory-mapped quantized weights, float16 KV cache) or ``"numpy"`` (float32 KV; its
+            dequantized weights are not modelled: the estimate counts them as stored).
 
     Returns:
         The estimate, split into weights, KV cache and overhead.
 
     Raises:
-        ValueError: for a non-positive ``n_ctx`` or element size, or an unknown backend.
+        ValueError: for a non-positive ``n_ctx``, or a backend whose memory is not modelled.
         ModelFormatError: when the file's metadata does not describe a supported model.
     """
-    if backend != "cpu":
-        raise ValueError(f"the memory of the {backend!r} backend is not modelled; only 'cpu' is")
-    if n_ctx <= 0 or kv_bytes_per_element <= 0:
-        raise ValueError(f"n_ctx ({n_ctx}) and kv_bytes_per_element ({kv_bytes_per_element}) must be positive")
+    layout = KV_LAYOUTS.get(backend)
+    if layout is None:
+        raise ValueError(f"the memory of the {backend!r} backend is not modelled; only {', '.join(KV_LAYOUTS)} are")
+    if n_ctx <= 0:
+        raise ValueError(f"n_ctx must be positive, got {n_ctx}")
     config = ModelConfig.from_gguf(gguf)
     return MemoryEstimate(
         weights_bytes=weights_bytes(gguf),
-        kv_cache_bytes=kv_cache_bytes(config, n_ctx, kv_bytes_per_element),
+        kv_cache_bytes=kv_cache_bytes(config, n_ctx, layout.element_bytes, layout.sliding_rings),
         overhead_bytes=metadata_bytes(gguf) + scratch_bytes(config, n_ctx),
     )
 
@@ -99,10 +112,11 @@ def weights_bytes(gguf: GGUFFile) -> int:
     return sum(t.nbytes for t in gguf.tensors.values())
 
 
-def kv_cache_bytes(config: ModelConfig, n_ctx: int, bytes_per_element: int) -> int:
-    """Keys and values of every layer; sliding-window layers hold at most ``sliding_window`` positions."""
+def kv_cache_bytes(config: ModelConfig, n_ctx: int, bytes_per_element: int, sliding_rings: bool) -> int:
+    """Keys and values of every layer; with ``sliding_rings`` a sliding-window layer holds at most
+    ``sliding_window`` positions."""
     per_position = config.n_kv_heads * (config.head_dim + config.v_head_dim) * bytes_per_element
-    positions = sum(min(n_ctx, config.sliding_window) if config.is_sliding(layer) else n_ctx
+    positions = sum(min(n_ctx, config.sliding_window) if sliding_rings and config.is_sliding(layer) else n_ctx
                     for layer in range(config.n_layers))
     return positions * per_position
 

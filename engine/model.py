@@ -90,15 +90,15 @@ class Model:
         cache, element = self._cache, self._kv_element_bytes
         return KVCacheUsage(used_positions=cache.n_past if cache is not None else 0, max_positions=self.n_ctx,
                             allocated_bytes=cache.nbytes if cache is not None else 0,
-                            bytes_per_position=kv_cache_bytes(self.config, 1, element),
-                            max_bytes=kv_cache_bytes(self.config, self.n_ctx, element))
+                            bytes_per_position=kv_cache_bytes(self.config, 1, element, False),
+                            max_bytes=kv_cache_bytes(self.config, self.n_ctx, element, self.backend.kv_sliding_rings))
 
     @functools.cached_property
     def _kv_element_bytes(self) -> int:
         """Bytes per cached key/value element (2 for float16, 4 for float32), measured on a one-position cache
         from the backend; KV_ELEMENT_BYTES when such a cache allocates nothing up front."""
         probe = self.backend.new_cache(1)
-        per_position, elements = probe.nbytes, kv_cache_bytes(self.config, 1, 1)
+        per_position, elements = probe.nbytes, kv_cache_bytes(self.config, 1, 1, False)
         return per_position // elements if per_position >= elements else KV_ELEMENT_BYTES
 
     # -- text ----------------------------------------------------------------------------------------

@@ -69,6 +69,7 @@ class Backend(abc.ABC):
     """A loaded model on one kind of compute. ``forward`` appends ``tokens`` to ``cache`` and returns logits."""
 
     name: ClassVar[str]
+    kv_sliding_rings: ClassVar[bool] = False  # a sliding-window layer's cache keeps only its window (else n_ctx)
     config: ModelConfig
 
     @abc.abstractmethod

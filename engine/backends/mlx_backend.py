@@ -76,6 +76,7 @@ class MlxBackend(Backend):
     """The decoder on MLX arrays. ``forward`` returns NumPy float32 logits like every backend."""
 
     name = "mlx"
+    kv_sliding_rings = True
 
     def __init__(self, gguf: GGUFFile, config: ModelConfig, matmul_dtype: mx.Dtype | None = None):
         """Load and repack the weights.

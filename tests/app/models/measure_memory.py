@@ -1,10 +1,9 @@
-"""Measure the RSS a simulated model load adds, next to ``estimate_memory``'s figure.
+"""Measure the RSS a real CPU-backend load adds at full context, next to ``estimate_memory``'s figure.
 
-The simulated load maps the GGUF with ``read_gguf``, touches every page of every tensor, allocates a
-float32 KV cache of the estimated size and the scratch arrays a head-by-head backend would hold for one
-micro-batch (each with its own shape, written), in a fresh interpreter so nothing else is counted. Run
-``python -m tests.app.models.measure_memory`` to print the table; the tests assert the 15 % bar.
-This is a stand-in until the CPU backend exists: re-validate against its real load.
+In a fresh interpreter (so nothing else is counted): load the model with the CPU backend, touch every weight
+page (they are memory-mapped), reserve and write a KV cache of ``n_ctx`` positions, and run one short forward
+pass so the decoder's scratch arena exists. Run ``python -m tests.app.models.measure_memory`` to print the table;
+the tests assert the 15 % bar.
 """
 
 from __future__ import annotations
@@ -19,28 +18,28 @@ PAGE = 4096
 
 _CHILD = r"""
 import json, sys
-import numpy as np, psutil
-from engine.gguf_file import read_gguf
-from engine.config import ModelConfig
-from engine.memory_estimate import MICRO_BATCH, estimate_memory
+import psutil
+import engine.model
+from engine.memory_estimate import estimate_memory
 path, n_ctx = sys.argv[1], int(sys.argv[2])
 proc = psutil.Process()
 before = proc.memory_info().rss
-g = read_gguf(path)
+model = engine.model.load(path, backend="cpu", n_ctx=n_ctx)
+g = model.gguf
 checksum = 0
 for name in g.tensors:
     flat = g.raw(name).reshape(-1)
     checksum += int(flat[::4096].sum()) + int(flat[-1])  # one byte per page makes every page resident
-est = estimate_memory(g, n_ctx)
-kv = np.empty(est.kv_cache_bytes // 4, np.float32)
-kv.fill(0.0)  # a cache at full context has been written everywhere
-c, n_batch = ModelConfig.from_gguf(g), min(n_ctx, MICRO_BATCH)
-widths = [c.n_embd] * 3 + [c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.v_head_dim,
-                           c.n_heads * c.v_head_dim] + [c.n_ff] * 3 + [n_ctx]  # last: one head's scores
-scratch = [np.ones((n_batch, w), np.float32) for w in widths] + [np.ones(c.n_vocab, np.float32)]
+full = model.backend.new_cache(n_ctx)
+full.reserve(n_ctx)
+full.k.fill(0)  # a cache at full context has been written everywhere
+full.v.fill(0)
+model.backend.forward(model.tokenize("The memory of a model at full context."), model.backend.new_cache(64))
 after = proc.memory_info().rss
+est = estimate_memory(g, n_ctx, backend="cpu")
 print(json.dumps({"measured": after - before, "weights": est.weights_bytes, "kv": est.kv_cache_bytes,
-                  "overhead": est.overhead_bytes, "total": est.total_bytes, "checksum": checksum}))
+                  "kv_measured": full.nbytes, "overhead": est.overhead_bytes, "total": est.total_bytes,
+                  "checksum": checksum}))
 """
 
 

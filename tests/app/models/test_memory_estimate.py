@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from engine.gguf_file import read_gguf
-from engine.memory_estimate import estimate_memory, fit_verdict, scratch_bytes, system_memory
+import engine.model
+from engine.memory_estimate import (KV_LAYOUTS, estimate_memory, fit_verdict, kv_cache_bytes, scratch_bytes,
+                                    system_memory)
 from engine.config import ModelConfig
 from tests.app.models.measure_memory import measure
 from tests.app.models.tiny_gguf import write_tiny_gguf
@@ -15,20 +17,39 @@ from tests.model_store import model_path
 def test_kv_cache_counts_keys_and_values_of_every_layer(tmp_path):
     path = write_tiny_gguf(tmp_path / "tiny.gguf", n_layers=3, n_embd=32)  # 2 kv heads of head_dim 8
     with read_gguf(path) as g:
-        est = estimate_memory(g, n_ctx=100, kv_bytes_per_element=2)
+        est = estimate_memory(g, n_ctx=100)  # the CPU backend's float16
         assert est.kv_cache_bytes == 2 * 3 * 100 * 2 * 8 * 2
         assert est.weights_bytes == sum(t.nbytes for t in g.tensors.values())
         assert est.total_bytes == est.weights_bytes + est.kv_cache_bytes + est.overhead_bytes
         assert est.overhead_bytes >= scratch_bytes(ModelConfig.from_gguf(g), 100) + g.data_offset
 
 
-def test_sliding_window_layers_hold_only_the_window(tmp_path):
+def test_sliding_window_layers_hold_only_the_window_where_the_backend_keeps_rings(tmp_path):
     path = write_tiny_gguf(tmp_path / "g.gguf", arch="gemma3", n_layers=12, sliding_window=16)
     with read_gguf(path) as g:
-        per_position = 2 * 2 * 8 * 4  # keys and values, 2 kv heads, head_dim 8, float32
+        config, per_position = ModelConfig.from_gguf(g), 2 * 2 * 8  # keys and values, 2 kv heads, head_dim 8
         # swa_pattern 6: layers 5 and 11 are global, the other ten see 16 positions at most
-        assert estimate_memory(g, n_ctx=1000).kv_cache_bytes == (2 * 1000 + 10 * 16) * per_position
-        assert estimate_memory(g, n_ctx=10).kv_cache_bytes == 12 * 10 * per_position
+        assert kv_cache_bytes(config, 1000, 4, sliding_rings=True) == (2 * 1000 + 10 * 16) * per_position * 4
+        assert kv_cache_bytes(config, 10, 4, sliding_rings=True) == 12 * 10 * per_position * 4
+        # the CPU and NumPy backends give every layer the whole context
+        assert estimate_memory(g, n_ctx=1000).kv_cache_bytes == 12 * 1000 * per_position * 2
+        assert estimate_memory(g, n_ctx=1000, backend="numpy").kv_cache_bytes == 12 * 1000 * per_position * 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", sorted(KV_LAYOUTS))
+def test_kv_layouts_are_what_the_backends_allocate(backend):
+    """On Gemma 3, whose sliding-window layers a ring would shrink: the table is the backend's real cache."""
+    model = engine.model.load(model_path("gemma3"), backend=backend, n_ctx=2048)
+    try:
+        cache = model.backend.new_cache(2048)
+        cache.reserve(2048)
+        layout = KV_LAYOUTS[backend]
+        assert model.backend.kv_sliding_rings == layout.sliding_rings
+        assert cache.nbytes == kv_cache_bytes(model.config, 2048, layout.element_bytes, layout.sliding_rings)
+        assert model.kv_cache_usage.max_bytes == cache.nbytes
+    finally:
+        model.close()
 
 
 def test_bad_arguments_are_refused(tmp_path):
@@ -51,6 +72,6 @@ def test_system_memory_reports_this_machine():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name, n_ctx", [("smollm2", 4096), ("gemma3", 32768), ("qwen25coder", 512)])
-def test_estimate_within_15_percent_of_measured_rss_growth(name, n_ctx):
+def test_estimate_within_15_percent_of_a_real_cpu_load_at_full_context(name, n_ctx):
     result = measure(model_path(name), n_ctx)
     assert abs(result["total"] - result["measured"]) <= 0.15 * result["measured"], result

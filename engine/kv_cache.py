@@ -1,6 +1,9 @@
-"""A NumPy KV cache: preallocated per layer, grown in fixed steps up to n_ctx, never per token."""
+"""KV caches grown in fixed steps up to n_ctx, never per token: the shared bookkeeping, and the NumPy cache."""
 
 from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -10,18 +13,30 @@ from .config import ModelConfig
 GROWTH_STEP = 256  # positions added per growth; a 4k chat grows 16 times, not 4,000
 
 
-class NumpyKVCache(KVCache):
-    """Keys and values as ``(n_kv_heads, capacity, head_dim)`` arrays per layer."""
+class SteppedKVCache(KVCache):
+    """What every array-backed cache shares: ``n_past``, growth in ``GROWTH_STEP`` steps up to ``n_ctx``,
+    rollback, and the float32 export and import of snapshots.
 
-    def __init__(self, config: ModelConfig, n_ctx: int, dtype=np.float32):
+    A subclass holds the arrays: ``_grow_to`` reallocates them for ``capacity`` positions keeping the filled
+    ones (none on the first call, from ``__init__``), and ``layers`` gives each layer's keys and values as
+    ``(n_kv_heads, capacity, dim)`` views.
+    """
+
+    def __init__(self, config: ModelConfig, n_ctx: int, dtype):
         if n_ctx <= 0:
             raise ValueError(f"n_ctx must be positive, got {n_ctx}")
         self.config, self.n_ctx, self.dtype = config, n_ctx, np.dtype(dtype)
         self._n_past = 0
         self.capacity = 0
-        self.keys: list[np.ndarray] = []  # per layer: (n_kv_heads, capacity, head_dim)
-        self.values: list[np.ndarray] = []  # per layer: (n_kv_heads, capacity, v_head_dim)
         self._grow_to(min(GROWTH_STEP, n_ctx))
+
+    @abc.abstractmethod
+    def _grow_to(self, capacity: int) -> None:
+        """Reallocate for ``capacity`` positions, keeping the first ``n_past``; set ``self.capacity``."""
+
+    @abc.abstractmethod
+    def layers(self) -> tuple[Sequence[np.ndarray], Sequence[np.ndarray]]:
+        """Per layer, keys ``(n_kv_heads, capacity, head_dim)`` and values ``(n_kv_heads, capacity, v_head_dim)``."""
 
     @property
     def n_past(self) -> int:
@@ -29,16 +44,8 @@ class NumpyKVCache(KVCache):
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.keys) + sum(a.nbytes for a in self.values)
-
-    def _grow_to(self, capacity: int) -> None:
-        cfg = self.config
-        old_keys, old_values, filled = self.keys, self.values, self._n_past
-        self.keys = [np.zeros((cfg.n_kv_heads, capacity, cfg.head_dim), self.dtype) for _ in range(cfg.n_layers)]
-        self.values = [np.zeros((cfg.n_kv_heads, capacity, cfg.v_head_dim), self.dtype) for _ in range(cfg.n_layers)]
-        for new, old in zip(self.keys + self.values, old_keys + old_values):
-            new[:, :filled] = old[:, :filled]
-        self.capacity = capacity
+        keys, values = self.layers()
+        return sum(a.nbytes for a in keys) + sum(a.nbytes for a in values)
 
     def reserve(self, n_new: int) -> None:
         """Make room for ``n_new`` more positions; raises ValueError past ``n_ctx``."""
@@ -49,12 +56,6 @@ class NumpyKVCache(KVCache):
             steps = -(-needed // GROWTH_STEP)
             self._grow_to(min(self.n_ctx, steps * GROWTH_STEP))
 
-    def store(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
-        """Write keys ``(n_kv_heads, n, head_dim)`` and values at positions ``n_past ...`` of ``layer``."""
-        n = k.shape[1]
-        self.keys[layer][:, self._n_past:self._n_past + n] = k
-        self.values[layer][:, self._n_past:self._n_past + n] = v
-
     def advance(self, n: int) -> None:
         self._n_past += n
 
@@ -64,12 +65,9 @@ class NumpyKVCache(KVCache):
         self._n_past = n_past
 
     def export_state(self) -> KVState:
-        n = self._n_past
-        return KVState(
-            keys=[k[:, :n].astype(np.float32) for k in self.keys],
-            values=[v[:, :n].astype(np.float32) for v in self.values],
-            n_past=n,
-        )
+        n, (keys, values) = self._n_past, self.layers()
+        return KVState(keys=[k[:, :n].astype(np.float32) for k in keys],
+                       values=[v[:, :n].astype(np.float32) for v in values], n_past=n)
 
     def import_state(self, state: KVState) -> None:
         cfg = self.config
@@ -80,6 +78,36 @@ class NumpyKVCache(KVCache):
                 raise ValueError(f"KV shapes {k.shape}/{v.shape} do not fit this model")
         self._n_past = 0
         self.reserve(state.n_past)
+        keys, values = self.layers()
         for layer in range(cfg.n_layers):
-            self.store(layer, state.keys[layer], state.values[layer])
+            keys[layer][:, :state.n_past] = state.keys[layer]
+            values[layer][:, :state.n_past] = state.values[layer]
         self._n_past = state.n_past
+
+
+class NumpyKVCache(SteppedKVCache):
+    """Keys and values as ``(n_kv_heads, capacity, head_dim)`` arrays per layer."""
+
+    keys: list[np.ndarray]  # per layer: (n_kv_heads, capacity, head_dim)
+    values: list[np.ndarray]  # per layer: (n_kv_heads, capacity, v_head_dim)
+
+    def __init__(self, config: ModelConfig, n_ctx: int, dtype=np.float32):
+        super().__init__(config, n_ctx, dtype)
+
+    def layers(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        return self.keys, self.values
+
+    def _grow_to(self, capacity: int) -> None:
+        cfg, filled = self.config, self._n_past
+        keys = [np.zeros((cfg.n_kv_heads, capacity, cfg.head_dim), self.dtype) for _ in range(cfg.n_layers)]
+        values = [np.zeros((cfg.n_kv_heads, capacity, cfg.v_head_dim), self.dtype) for _ in range(cfg.n_layers)]
+        if filled:
+            for new, old in zip(keys + values, self.keys + self.values):
+                new[:, :filled] = old[:, :filled]
+        self.keys, self.values, self.capacity = keys, values, capacity
+
+    def store(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Write keys ``(n_kv_heads, n, head_dim)`` and values at positions ``n_past ...`` of ``layer``."""
+        n = k.shape[1]
+        self.keys[layer][:, self._n_past:self._n_past + n] = k
+        self.values[layer][:, self._n_past:self._n_past + n] = v

@@ -14,8 +14,7 @@ import numpy as np
 
 from ...config import ModelConfig
 from ...gguf_file import ModelFormatError
-from ...kv_cache import GROWTH_STEP
-from ..base import KVCache, KVState
+from ...kv_cache import SteppedKVCache
 from . import kernels
 
 MAX_ROWS = 256  # rows per C call: prompt chunks and decode batches are cut to this (it sizes the scratch arena)
@@ -25,72 +24,28 @@ _LAYER_VECTORS = ("attn_norm", "ffn_norm", "bq", "bk", "bv", "q_norm", "k_norm",
 _ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 
 
-class CpuKVCache(KVCache):
+class CpuKVCache(SteppedKVCache):
     """Keys and values of one sequence in two arrays the C decoder writes into, grown in steps up to n_ctx."""
 
+    k: np.ndarray  # (n_layers, n_kv_heads, capacity, head_dim)
+    v: np.ndarray  # (n_layers, n_kv_heads, capacity, v_head_dim)
+
     def __init__(self, config: ModelConfig, n_ctx: int, dtype=np.float16):
-        if n_ctx <= 0:
-            raise ValueError(f"n_ctx must be positive, got {n_ctx}")
         if np.dtype(dtype) not in [np.dtype(t) for t in KV_DTYPES]:
             raise ValueError(f"KV cache dtype must be float16 or float32, got {np.dtype(dtype)}")
-        self.config, self.n_ctx, self.dtype = config, n_ctx, np.dtype(dtype)
-        self._n_past = 0
-        self.capacity = 0
-        self.k = np.zeros((config.n_layers, config.n_kv_heads, 0, config.head_dim), self.dtype)  # (n_layers, n_kv_heads, capacity, head_dim)
-        self.v = np.zeros((config.n_layers, config.n_kv_heads, 0, config.v_head_dim), self.dtype)  # (..., v_head_dim)
-        self._grow_to(min(GROWTH_STEP, n_ctx))
+        super().__init__(config, n_ctx, dtype)
 
-    @property
-    def n_past(self) -> int:
-        return self._n_past
-
-    @property
-    def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+    def layers(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.k, self.v  # indexing the first axis gives each layer's view
 
     def _grow_to(self, capacity: int) -> None:
         cfg, filled = self.config, self._n_past
         k = np.zeros((cfg.n_layers, cfg.n_kv_heads, capacity, cfg.head_dim), self.dtype)
         v = np.zeros((cfg.n_layers, cfg.n_kv_heads, capacity, cfg.v_head_dim), self.dtype)
-        k[:, :, :filled] = self.k[:, :, :filled]
-        v[:, :, :filled] = self.v[:, :, :filled]
+        if filled:
+            k[:, :, :filled] = self.k[:, :, :filled]
+            v[:, :, :filled] = self.v[:, :, :filled]
         self.k, self.v, self.capacity = k, v, capacity
-
-    def reserve(self, n_new: int) -> None:
-        """Make room for ``n_new`` more positions; raises ValueError past ``n_ctx``."""
-        needed = self._n_past + n_new
-        if needed > self.n_ctx:
-            raise ValueError(f"the context is full: {needed} positions needed, n_ctx is {self.n_ctx}")
-        if needed > self.capacity:
-            steps = -(-needed // GROWTH_STEP)
-            self._grow_to(min(self.n_ctx, steps * GROWTH_STEP))
-
-    def advance(self, n: int) -> None:
-        self._n_past += n
-
-    def truncate(self, n_past: int) -> None:
-        if not 0 <= n_past <= self._n_past:
-            raise ValueError(f"cannot truncate a cache of {self._n_past} positions to {n_past}")
-        self._n_past = n_past
-
-    def export_state(self) -> KVState:
-        n = self._n_past
-        return KVState(keys=[layer[:, :n].astype(np.float32) for layer in self.k],
-                       values=[layer[:, :n].astype(np.float32) for layer in self.v], n_past=n)
-
-    def import_state(self, state: KVState) -> None:
-        cfg = self.config
-        if len(state.keys) != cfg.n_layers or len(state.values) != cfg.n_layers:
-            raise ValueError(f"the state has {len(state.keys)} layers, the model {cfg.n_layers}")
-        for k, v in zip(state.keys, state.values):
-            if k.shape != (cfg.n_kv_heads, state.n_past, cfg.head_dim) or v.shape != (cfg.n_kv_heads, state.n_past, cfg.v_head_dim):
-                raise ValueError(f"KV shapes {k.shape}/{v.shape} do not fit this model")
-        self._n_past = 0
-        self.reserve(state.n_past)
-        for layer in range(cfg.n_layers):
-            self.k[layer, :, :state.n_past] = state.keys[layer]
-            self.v[layer, :, :state.n_past] = state.values[layer]
-        self._n_past = state.n_past
 
     def c_view(self, n_rows: int) -> tuple[np.ndarray, np.ndarray, int, int]:
         """What the C decoder takes for appending ``n_rows`` positions (room must be reserved)."""

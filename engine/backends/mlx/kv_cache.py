@@ -17,9 +17,9 @@ import mlx.core as mx
 import numpy as np
 
 from ...config import ModelConfig
+from ...kv_cache import GROWTH_STEP
 from ..base import KVCache, KVState
 
-GROWTH_STEP = 256  # positions added per growth
 MAX_CHUNK = 512  # most tokens one forward step appends (the backend splits longer inputs)
 
 

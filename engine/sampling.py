@@ -199,16 +199,12 @@ class Sampler:
         if logits.ndim != 1 or logits.size == 0:
             raise ValueError(f"logits must be a non-empty 1-D array, got shape {logits.shape}")
         _check_finite(np.max(logits))  # NaN propagates through max; +inf or all -inf is as broken
-        p = self.params
-        penalised = apply_penalties(logits, _recent(history, p.repeat_last_n), p.repeat_penalty, p.presence_penalty,
-                                    p.frequency_penalty)
-        if p.greedy:
+        penalised = penalised_logits(logits, history, self.params)
+        if self.params.greedy:
             token = int(np.argmax(penalised))
             _check_finite(penalised[token])
             return token, _log_softmax_at(logits, token)
-        candidates = _top_k_ids(penalised, p.top_k)
-        scores = penalised[candidates] if candidates is not None else penalised
-        scores = apply_temperature(apply_min_p(apply_top_p(scores, p.top_p), p.min_p), p.temperature)
+        candidates, scores = filtered_scores(penalised, self.params)
         index, logprob = self._draw(scores)
         return (int(candidates[index]) if candidates is not None else index), logprob
 
@@ -238,6 +234,24 @@ class Sampler:
             raise ValueError(f"sampler state is not valid: {e}") from None
 
 
+def penalised_logits(logits: np.ndarray, history: Sequence[int], params: SamplingParams) -> np.ndarray:
+    """The first step of sampling: ``params``' penalties on the tail of ``history`` (float32 logits in)."""
+    return apply_penalties(logits, recent_tokens(history, params.repeat_last_n), params.repeat_penalty,
+                           params.presence_penalty, params.frequency_penalty)
+
+
+def filtered_scores(penalised: np.ndarray, params: SamplingParams) -> tuple[np.ndarray | None, np.ndarray]:
+    """The rest of sampling before the draw: top-k, top-p, min-p, temperature.
+
+    Returns:
+        The ids top-k kept (None: every id) and their final scores, -inf where a filter removed one.
+    """
+    candidates = _top_k_ids(penalised, params.top_k)
+    scores = penalised[candidates] if candidates is not None else penalised
+    return candidates, apply_temperature(apply_min_p(apply_top_p(scores, params.top_p), params.min_p),
+                                         params.temperature)
+
+
 def make_sampler(params: SamplingParams) -> Sampler:
     """A sampler for ``params`` with its own random generator (seeded from ``params.seed``)."""
     return Sampler(params)
@@ -261,7 +275,7 @@ def _inverse_cdf(weights: np.ndarray, u: float, block: int = 512) -> tuple[int, 
     return int(starts[b]) + i, total
 
 
-def _recent(history: Sequence[int], n: int) -> Sequence[int]:
+def recent_tokens(history: Sequence[int], n: int) -> Sequence[int]:
     """The last ``n`` tokens of ``history``; all of it for -1, none for 0."""
     if n < 0:
         return history

@@ -11,9 +11,9 @@ import numpy as np
 
 from ..backends.base import Backend, KVCache
 from ..generate import prefill
-from ..sampling import SamplingParams, apply_penalties
+from ..sampling import SamplingParams, penalised_logits
 from .lookup import NgramIndex
-from .rejection import draw, recent_tokens, sampling_distribution
+from .rejection import draw, sampling_distribution
 
 DRAFT_KIND = "draft"
 DRAFT_PRIOR = 0.6  # a same-family draft model typically agrees on 60-80% of tokens
@@ -92,9 +92,7 @@ def draft_token(logits: np.ndarray, history: Sequence[int], params: SamplingPara
                 rng: np.random.Generator) -> tuple[int, np.ndarray | None]:
     """The draft model's next token and the distribution it was drawn from (None for greedy: the argmax)."""
     if params.greedy:
-        scores = apply_penalties(np.asarray(logits, dtype=np.float32), recent_tokens(history, params.repeat_last_n),
-                                 params.repeat_penalty, params.presence_penalty, params.frequency_penalty)
-        return int(np.argmax(scores)), None
+        return int(np.argmax(penalised_logits(np.asarray(logits, dtype=np.float32), history, params))), None
     q = sampling_distribution(logits, history, params)
     return draw(q, rng.random()), q
 

@@ -13,38 +13,30 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..sampling import (SamplingParams, apply_min_p, apply_penalties, apply_temperature, apply_top_k,
-                        apply_top_p)
-
-
-def recent_tokens(history: Sequence[int], n: int) -> Sequence[int]:
-    """The last ``n`` tokens of ``history`` (all of it for -1, none for 0), as the sampler's penalties read them."""
-    if n < 0:
-        return history
-    return history[max(len(history) - n, 0):] if n else ()
+from ..sampling import SamplingParams, filtered_scores, penalised_logits
 
 
 def sampling_distribution(logits: np.ndarray, history: Sequence[int], params: SamplingParams) -> np.ndarray:
     """The probabilities plain sampling draws the next token from, as float64 of shape (n_vocab,).
 
-    The steps and their order are the Sampler's: penalties -> top-k -> top-p -> min-p -> temperature, with the
-    same float32 weights; only the final normalisation is done here in float64.
+    The steps are the Sampler's own (``penalised_logits``, ``filtered_scores``), with the same float32 weights;
+    only the final normalisation is done here in float64.
 
     Raises:
         ValueError: ``params`` is greedy (there is no distribution to speak of), or the logits are not finite.
     """
     if params.greedy:
         raise ValueError("greedy decoding has no sampling distribution; compare argmax tokens instead")
-    logits = np.asarray(logits, dtype=np.float32)
-    scores = apply_penalties(logits, recent_tokens(history, params.repeat_last_n), params.repeat_penalty,
-                             params.presence_penalty, params.frequency_penalty)
-    scores = apply_top_p(apply_top_k(scores, params.top_k), params.top_p)
-    scores = apply_temperature(apply_min_p(scores, params.min_p), params.temperature)
+    candidates, scores = filtered_scores(penalised_logits(np.asarray(logits, dtype=np.float32), history, params), params)
     top = np.max(scores)
     if not math.isfinite(float(top)):
         raise ValueError("no token can be sampled: the logits are all -inf or contain NaN or +inf")
     weights = np.exp(scores - top, dtype=np.float32).astype(np.float64)
-    return weights / weights.sum()
+    if candidates is None:
+        return weights / weights.sum()
+    probs = np.zeros(np.shape(logits)[-1], np.float64)
+    probs[candidates] = weights / weights.sum()
+    return probs
 
 
 def point_mass(token: int, n_vocab: int) -> np.ndarray:

@@ -282,12 +282,12 @@ class EngineWorker(QObject):
 
         Between tokens the thermal pacer rests if the policy says so; with ``timed`` each token's time also feeds
         its drift detector (not with speculation, whose tokens arrive several per verify pass)."""
-        pending, last_emit, last = "", time.monotonic(), None
+        pending, last_emit, last, rested = "", time.monotonic(), None, 0.0
         stopped = lambda: self._stopped_through >= request_id  # noqa: E731
         for event in events:
-            if last is not None:
-                seconds = event.decode_s - last.decode_s if timed else None
-                self._pacer.step(seconds, decode_load(1, event.prompt_tokens + event.index), stopped)
+            if last is not None:  # the time between two tokens holds the rest taken after the first: not compute
+                seconds = event.decode_s - last.decode_s - rested if timed else None
+                rested = self._pacer.step(seconds, decode_load(1, event.prompt_tokens + event.index), stopped)
             last = event
             self._probe.event(self._model, event)
             pending += event.text

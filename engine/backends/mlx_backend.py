@@ -137,7 +137,7 @@ class MlxBackend(Backend):
 
     def forward(self, tokens: Sequence[int], cache: KVCache, all_logits: bool = False) -> np.ndarray:
         outputs = []
-        for hidden in self._chunks(self._checked(tokens), cache):  # (1, L, n_embd) each
+        for hidden in self._chunks(self._checked(tokens), cache, last_only=not all_logits):  # (1, L, n_embd) each
             if all_logits:
                 outputs.append(self.logits(hidden[0]))
         logits = mx.concatenate(outputs) if all_logits else self.logits(hidden[0, -1:])[0]
@@ -168,7 +168,7 @@ class MlxBackend(Backend):
         (``mx.async_eval``) before token k is read back: the host and the device overlap. Each yielded token
         is already being fed back into ``cache`` when the caller sees it (``cache.n_past`` counts it).
         """
-        for hidden in self._chunks(self._checked(tokens), cache):
+        for hidden in self._chunks(self._checked(tokens), cache, last_only=True):
             pass
         step = self._sampled(self.logits(hidden[0, -1:])[0], sample)
         while cache.n_past < cache.n_ctx:
@@ -219,17 +219,18 @@ class MlxBackend(Backend):
             raise ValueError(f"token id out of range 0..{self.config.n_vocab - 1}")
         return ids
 
-    def _chunks(self, ids: list[int], cache: MlxKVCache) -> Iterator[mx.array]:
+    def _chunks(self, ids: list[int], cache: MlxKVCache, last_only: bool = False) -> Iterator[mx.array]:
         """Run ``ids`` through the decoder in chunks of MAX_CHUNK, yielding each chunk's hidden (1, L, n_embd).
 
-        The cache is evaluated between chunks, so only one chunk's graph is ever pending.
+        The cache is evaluated between chunks, so only one chunk's graph is ever pending. With ``last_only``,
+        the last chunk yields the hidden state of its last position only (1, 1, n_embd).
         """
         cache.reserve(len(ids))
         for start in range(0, len(ids), MAX_CHUNK):
             if start:
                 mx.eval(cache.arrays())
             chunk = ids[start:start + MAX_CHUNK]
-            hidden = self._forward_chunk(mx.array(chunk), cache)
+            hidden = self._forward_chunk(mx.array(chunk), cache, last_only and start + MAX_CHUNK >= len(ids))
             cache.record(chunk)
             yield hidden
 
@@ -252,31 +253,44 @@ class MlxBackend(Backend):
         """RMS norm of the residual stream, as a matrix-product input."""
         return mx.fast.rms_norm(x, weight, self.config.rms_eps).astype(self.dtype)
 
-    def _forward_chunk(self, ids: mx.array, cache: MlxKVCache) -> mx.array:
-        """The decoder over ``ids`` (L,) at positions ``cache.n_past ...`` (room reserved); hidden (1, L, n_embd)."""
-        start = cache.n_past
+    def _forward_chunk(self, ids: mx.array, cache: MlxKVCache, last_only: bool = False) -> mx.array:
+        """The decoder over ``ids`` (L,) at positions ``cache.n_past ...`` (room reserved); hidden (1, L, n_embd).
+
+        With ``last_only`` the hidden state of the last position only, (1, 1, n_embd): the last layer stores
+        every position's keys and values but runs its attention and FFN for that one query (as llama.cpp
+        does), which no other position's output needs.
+        """
+        start, last = cache.n_past, len(self.layers) - 1
         x = self.embed(ids)[None]  # (1, L, n_embd)
         for i, layer in enumerate(self.layers):
-            x = x + self._attention(i, layer, x, cache, start)
+            if last_only and i == last and ids.size > 1:
+                x = x[:, -1:] + self._attention(i, layer, x, cache, start, last_query=True)
+            else:
+                x = x + self._attention(i, layer, x, cache, start)
             x = x + self._ffn(layer, x)
         cache.advance(ids.size)
         return x
 
-    def _qkv(self, i: int, layer: LayerWeights, x: mx.array, offset) -> tuple[mx.array, mx.array, mx.array]:
-        """Normed, biased, rotated queries (B, n_heads, L, head_dim), keys and values (B, n_kv_heads, L, dim)."""
+    def _qkv(self, i: int, layer: LayerWeights, x: mx.array, offset,
+             last_query: bool = False) -> tuple[mx.array, mx.array, mx.array]:
+        """Normed, biased, rotated queries (B, n_heads, L, head_dim), keys and values (B, n_kv_heads, L, dim).
+
+        With ``last_query``, the query of the last position only (B, n_heads, 1, head_dim).
+        """
         c = self.config
         b, n, _ = x.shape
         h = self._norm(x, layer.attn_norm)
-        q, k, v = layer.wq.matmul(h), layer.wk.matmul(h), layer.wv.matmul(h)
+        q = layer.wq.matmul(h[:, -1:] if last_query else h)
+        k, v = layer.wk.matmul(h), layer.wv.matmul(h)
         if layer.bq is not None:
             q, k, v = q + layer.bq, k + layer.bk, v + layer.bv
-        q = q.reshape(b, n, c.n_heads, c.head_dim).transpose(0, 2, 1, 3)
+        q = q.reshape(b, q.shape[1], c.n_heads, c.head_dim).transpose(0, 2, 1, 3)
         k = k.reshape(b, n, c.n_kv_heads, c.head_dim).transpose(0, 2, 1, 3)
         v = v.reshape(b, n, c.n_kv_heads, c.v_head_dim).transpose(0, 2, 1, 3)
         if layer.q_norm is not None:
             q = mx.fast.rms_norm(q, layer.q_norm, c.rms_eps)
             k = mx.fast.rms_norm(k, layer.k_norm, c.rms_eps)
-        return self._rope(i, q, offset), self._rope(i, k, offset), v
+        return self._rope(i, q, offset + n - 1 if last_query else offset), self._rope(i, k, offset), v
 
     def _rope(self, i: int, x: mx.array, offset) -> mx.array:
         c = self.config
@@ -284,13 +298,16 @@ class MlxBackend(Backend):
         return mx.fast.rope(x, c.rope_dim, traditional=not c.rope_neox, base=base, scale=1.0 / c.rope_scale,
                             offset=offset, freqs=self.rope_freqs)
 
-    def _attention(self, i: int, layer: LayerWeights, x: mx.array, cache: MlxKVCache, start: int) -> mx.array:
-        q, k, v = self._qkv(i, layer, x, start)
-        kv = cache.layers[i]
+    def _attention(self, i: int, layer: LayerWeights, x: mx.array, cache: MlxKVCache, start: int,
+                   last_query: bool = False) -> mx.array:
+        """Stores the keys and values of every position of ``x``; the output is for the last only with ``last_query``."""
+        q, k, v = self._qkv(i, layer, x, start, last_query)
+        kv, end = cache.layers[i], start + x.shape[1]
         kv.store(k, v, start)
-        keys, values = kv.view(start + x.shape[1])
+        keys, values = kv.view(end)
+        first = end - q.shape[2]  # the position of the first query
         out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.config.attn_scale,
-                                                   mask=kv.mask(start, x.shape[1]))
+                                                   mask=kv.mask(first, end - first))
         return self._attention_output(layer, out)
 
     def _attention_batch(self, i: int, layer: LayerWeights, x: mx.array, caches: Sequence[MlxKVCache],

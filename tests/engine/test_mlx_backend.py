@@ -119,6 +119,25 @@ def test_prefill_logits_match_numpy_reference(model, request):
     np.testing.assert_allclose(got, want, atol=TINY_TOLERANCE, rtol=0)
 
 
+@pytest.fixture(scope="module")
+def tiny_gemma_sliding_last(tmp_path_factory):
+    """Five layers, so the last one slides (layer 5 of the pattern is the global one)."""
+    return load_pair(write_tiny_model(tmp_path_factory.mktemp("gemma5") / "tiny-gemma3-5.gguf", n_layers=5))
+
+
+@pytest.mark.parametrize("model", ["tiny_llama", "tiny_gemma", "tiny_gemma_sliding_last"])
+def test_prompt_computing_only_the_last_query_in_the_last_layer_matches_numpy(model, request):
+    """Over two chunks: the last logits, then decode steps, which read every position's keys in the last layer."""
+    ours, ref = request.getfixturevalue(model)
+    assert ours.config.is_sliding(ours.config.n_layers - 1) == (model == "tiny_gemma_sliding_last")
+    ids = token_ids(MAX_CHUNK + 40, ours.config.n_vocab, seed=7)
+    cache, ref_cache = ours.new_cache(len(ids) + 4), ref.new_cache(len(ids) + 4)
+    got = [ours.forward(ids, cache)] + [ours.forward([t], cache) for t in (5, 6)]
+    want = [ref.forward(ids, ref_cache)] + [ref.forward([t], ref_cache) for t in (5, 6)]
+    np.testing.assert_allclose(got, want, atol=TINY_TOLERANCE, rtol=0)
+    assert cache.n_past == len(ids) + 2
+
+
 def test_linear_rope_scaling_and_untied_dense_output_match_numpy(tmp_path):
     path = write_tiny_llama(tmp_path / "scaled.gguf", tie_embeddings=False,
                             tensor_types={"output.weight": "F16", "attn_q.weight": "F32"},

@@ -300,7 +300,7 @@ class MlxBackend(Backend):
 
     def _attention(self, i: int, layer: LayerWeights, x: mx.array, cache: MlxKVCache, start: int,
                    last_query: bool = False) -> mx.array:
-        """Stores the keys and values of every position of ``x``; the output is for the last only with ``last_query``."""
+        """Store the keys and values of every position of ``x``; with ``last_query``, output the last one's only."""
         q, k, v = self._qkv(i, layer, x, start, last_query)
         kv, end = cache.layers[i], start + x.shape[1]
         kv.store(k, v, start)

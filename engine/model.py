@@ -178,7 +178,13 @@ class Model:
         self._sampler = make_sampler(params)
         if sampler_state is not None:
             self._sampler.set_state(sampler_state)
-        step = generate_step if speculation is None else functools.partial(speculation.generate_step, params=params)
+        device_greedy = getattr(self.backend, "greedy_step", None)  # MLX: argmax on the device, steps pipelined
+        if speculation is not None:
+            step = functools.partial(speculation.generate_step, params=params)
+        elif device_greedy is not None and params.greedy and not params.penalises:
+            step = lambda _backend, *args: device_greedy(*args)  # noqa: E731 - generate_step's signature
+        else:
+            step = generate_step
         try:
             for event in stream_generate(self.backend, self._cache, ids, cached, self._sampler,
                                          IncrementalDecoder(self.tokenizer, skip_special), self.tokenizer.eog_ids, max_tokens,

@@ -60,6 +60,12 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature <= 0
 
+    @property
+    def penalises(self) -> bool:
+        """True when a repeat, presence or frequency penalty can change the logits."""
+        return self.repeat_last_n != 0 and (self.repeat_penalty != 1.0 or self.presence_penalty != 0.0
+                                            or self.frequency_penalty != 0.0)
+
 
 def _check_real(name: str, value: Any, low: float = -math.inf, high: float = math.inf) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):

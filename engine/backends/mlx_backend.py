@@ -9,6 +9,7 @@ float32 on the CPU: see weights.default_matmul_dtype).
 from __future__ import annotations
 
 import dataclasses
+import threading
 import weakref
 from functools import partial
 from collections.abc import Callable, Iterator, Sequence
@@ -17,6 +18,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..config import ModelConfig
+from ..generate import prefill
 from ..gguf_file import GGUFFile
 from ..model_tensors import layer_tensor_names, output_tensor_name
 from . import platform_mlx
@@ -70,6 +72,10 @@ def gelu_tanh_gated(gate: mx.array, up: mx.array) -> mx.array:
 
 
 GATED_ACTIVATIONS = {"silu": silu_gated, "gelu_tanh": gelu_tanh_gated}
+
+
+def _device_argmax(logits: mx.array) -> mx.array:
+    return mx.argmax(logits, axis=-1)
 
 
 class MlxBackend(Backend):
@@ -179,6 +185,21 @@ class MlxBackend(Backend):
             yield token, step[1].item()
             step = following
         yield step[0].item(), step[1].item()
+
+    def greedy_step(self, cache: MlxKVCache, new_tokens: Sequence[int], sample, history: list[int],
+                    chunk_size: int = 512, cancel: threading.Event | None = None) -> Iterator[tuple[int, float]]:
+        """``generate.generate_step`` for greedy decoding without penalties, with the argmax on the device and
+        each step queued before the previous token is read back (``decode_pipelined``), as mlx-lm decodes.
+
+        The prompt is prefilled in ``chunk_size`` chunks that ``cancel`` can stop between, as generate_step's;
+        ``sample`` is not called: the log-probability is the log-softmax at the argmax, as the Sampler's greedy
+        one. Each yielded token is already being fed back into ``cache``.
+        """
+        if len(new_tokens) > 1:
+            prefill(self, cache, new_tokens[:-1], chunk_size, cancel)
+        for token, logprob in self.decode_pipelined(new_tokens[-1:], cache, _device_argmax):
+            history.append(token)
+            yield token, logprob
 
     @staticmethod
     def _sampled(logits: mx.array, sample: Callable[[mx.array], mx.array]) -> tuple[mx.array, mx.array]:

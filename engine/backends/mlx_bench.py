@@ -2,8 +2,9 @@
 
 Both run in this process on the same prompt of random token ids with greedy decoding, interleaved: prefills
 in turn, then decoding in turns of SEGMENT tokens, so a change in the machine's load hits every engine alike;
-medians over the repeats are reported. Ours is timed through the path the engine uses (``forward`` returning
-NumPy logits, argmax on the host) and through ``decode_pipelined``; the peer through
+medians over the repeats are reported. Ours is timed through the engine's host path (``forward`` returning
+NumPy logits, argmax on the host: what sampling and penalties use) and through ``decode_pipelined`` (what
+``Model`` uses for greedy decoding without penalties, via ``MlxBackend.greedy_step``); the peer through
 ``mlx_lm.generate.generate_step``. Prefill time is time to the first token; decode speed counts the tokens
 after it. Every rate is also given per second of this process's CPU time (``*_cpu_tps``): MLX's CPU kernels
 run on its worker threads, so that clock counts the engines' own work and not the other processes of a

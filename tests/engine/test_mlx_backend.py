@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import mlx.core as mx
@@ -18,8 +19,9 @@ from engine.backends.mlx.kv_cache import MAX_CHUNK, sliding_slots
 from engine.backends.mlx_backend import MlxBackend
 from engine.backends.numpy_backend import NumpyBackend
 from engine.config import ModelConfig
+from engine.generate import Cancelled, generate_step
 from engine.gguf_file import read_gguf
-from engine.sampling import SamplingParams
+from engine.sampling import SamplingParams, make_sampler
 from tests.engine.gguf_builders import write_tiny_llama
 from tests.model_store import model_path
 
@@ -335,6 +337,26 @@ def test_decode_pipelined_yields_the_greedy_tokens(tiny_llama):
     assert [token for token, _ in got] == expected
     np.testing.assert_allclose([logprob for _, logprob in got], logprobs, atol=1e-4)
     assert pipelined_cache.tokens[:20] == prompt + expected
+
+
+def test_greedy_step_is_generate_step_with_the_argmax_on_the_device(tiny_gemma):
+    """The MLX path Model takes for greedy decoding without penalties: the same tokens as generate_step's host
+    argmax, over a prompt of several prefill chunks; a cancelled prefill stops it like generate_step."""
+    ours, _ = tiny_gemma
+    prompt = token_ids(70, ours.config.n_vocab, seed=11)
+    host, device = [], []
+    steps = generate_step(ours, ours.new_cache(200), prompt, make_sampler(SamplingParams(temperature=0.0)), host, 32)
+    expected = [next(steps) for _ in range(10)]
+    steps.close()
+    steps = ours.greedy_step(ours.new_cache(200), prompt, None, device, 32)
+    got = [next(steps) for _ in range(10)]
+    steps.close()
+    assert [t for t, _ in got] == [t for t, _ in expected] == device == host
+    np.testing.assert_allclose([lp for _, lp in got], [lp for _, lp in expected], atol=1e-4)
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(Cancelled):
+        next(ours.greedy_step(ours.new_cache(200), prompt, None, [], 32, cancel))
 
 
 def test_memory_reports_device_and_cache_bytes(tiny_llama):

@@ -53,6 +53,17 @@ class Cancelled(Exception):
     """Raised inside the generators when the caller's cancel event is set during prefill."""
 
 
+def reusable_prefix(cached: Sequence[int], tokens: Sequence[int]) -> int:
+    """How many leading ``tokens`` a cache holding ``cached`` can keep: their common prefix, short of the last
+    token (its logits are needed, so it is always recomputed)."""
+    common = 0
+    for a, b in zip(cached, tokens[:-1]):
+        if a != b:
+            break
+        common += 1
+    return common
+
+
 def prefill(backend: Backend, cache: KVCache, tokens: Sequence[int], chunk_size: int,
             cancel: threading.Event | None = None) -> np.ndarray:
     """Feed ``tokens`` to the cache in chunks, checking ``cancel`` between chunks; return the last logits."""

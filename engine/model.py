@@ -17,7 +17,7 @@ from .backends import create_backend
 from .chat_template import ChatTemplate
 from .config import ModelConfig
 from .context import fit_messages
-from .generate import GenerationEvent, generate_step, prefill, stream_generate
+from .generate import GenerationEvent, generate_step, prefill, reusable_prefix, stream_generate
 from .gguf_file import GGUFFile, read_gguf
 from .memory_estimate import kv_cache_bytes
 from .sampling import SamplingParams, make_sampler
@@ -129,11 +129,7 @@ class Model:
             raise ValueError(f"{len(ids)} tokens do not fit the context of {self.n_ctx}")
         if self._cache is None:
             self._cache = self.backend.new_cache(self.n_ctx)
-        common = 0
-        for a, b in zip(self._tokens, ids[:-1]):
-            if a != b:
-                break
-            common += 1
+        common = reusable_prefix(self._tokens, ids)
         self._cache.truncate(common)
         self._tokens = self._tokens[:common]
         return common

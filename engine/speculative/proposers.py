@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..backends.base import Backend, KVCache
-from ..generate import prefill
+from ..generate import prefill, reusable_prefix
 from ..sampling import SamplingParams, penalised_logits
 from .lookup import NgramIndex
 from .rejection import draw, sampling_distribution
@@ -139,11 +139,7 @@ class DraftModel(Proposer):
 
         Returns how many tokens were fed and the logits after the last one (one token is always recomputed).
         """
-        common = 0
-        for a, b in zip(self.tokens, history[:-1]):
-            if a != b:
-                break
-            common += 1
+        common = reusable_prefix(self.tokens, history)
         self.cache.truncate(common)
         logits = prefill(self.backend, self.cache, list(history[common:]), chunk_size, cancel)
         self.tokens = list(history)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 
 import platformdirs
 
@@ -61,3 +61,8 @@ def builtin_model_path() -> Path:
         if path.is_file():
             return path
     raise BuiltinModelMissingError(f"the package {BUILTIN_MODEL_DIST!r} is installed but holds no .gguf file")
+
+
+def file_name(path: str) -> str:
+    """The last part of ``path``, split at "/" and "\\" alike (paths from any OS, for messages)."""
+    return PureWindowsPath(path).name

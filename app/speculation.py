@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from pathlib import PureWindowsPath
 
 from engine.speculative import Speculator, draft_model_speculator, prompt_lookup_speculator
+
+from .paths import file_name
 
 LOOKUP, DRAFT = "lookup", "draft"
 
@@ -79,7 +80,7 @@ class Speculators:
         except Exception as exc:  # noqa: BLE001 - any reason a draft cannot be used leaves plain decoding
             self.close_draft()
             reason = str(exc).strip() or type(exc).__name__
-            notice = (f"The draft model {_basename(choice.draft_model)} cannot be used: {reason}. This answer was "
+            notice = (f"The draft model {file_name(choice.draft_model)} cannot be used: {reason}. This answer was "
                       "generated without speculative decoding.")
             self._failed[choice.draft_model] = notice
             return notice
@@ -87,7 +88,7 @@ class Speculators:
         return None
 
     def _draft_model(self, path: str, n_ctx: int):
-        self._announce(f"Loading the draft model {_basename(path)}…")
+        self._announce(f"Loading the draft model {file_name(path)}…")
         self._draft = self._load_model(path, n_ctx)
         return self._draft
 
@@ -131,7 +132,3 @@ def speculation_text(method: str, drafted: int, accepted: int, speedup: float | 
         return f"{method}: nothing drafted"
     text = f"{method}: {accepted:,} of {drafted:,} drafted tokens accepted ({accepted / drafted:.0%})"
     return text + (f", ~{speedup:.2f}× plain speed (estimated)" if speedup is not None else "")
-
-
-def _basename(path: str) -> str:
-    return PureWindowsPath(path).name  # splits at "/" and "\\" alike

@@ -24,6 +24,7 @@ from engine.sampling import NonFiniteLogitsError
 from engine.scheduler import decode_load
 from engine.thermal import Mode, StreamPacer, ThermalMonitor, default_provider
 
+from .paths import file_name
 from .qt_compat import emit
 from .snapshot_cache import ConversationStates, SnapshotCache
 from .speculation import SpeculationChoice, Speculators, speculation_stats
@@ -224,7 +225,7 @@ class EngineWorker(QObject):
         if self._model is not None:
             self._states.detach()
         self._close_model()
-        emit(self.progress, f"Loading {_basename(path)}…")
+        emit(self.progress, f"Loading {file_name(path)}…")
         rss_before = _rss()
         model = self._engine_factory(path, n_ctx)
         self._model, self._model_key = model, (path, n_ctx)
@@ -484,11 +485,7 @@ def _size(path: str) -> int:
     return os.path.getsize(path)
 
 
-def _basename(path: str) -> str:
-    return path.replace("\\", "/").rsplit("/", 1)[-1]
-
-
 def _summary(exc: BaseException) -> str:
     frame = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
-    where = f" at {_basename(frame[0].filename)}:{frame[0].lineno}" if frame else ""
+    where = f" at {file_name(frame[0].filename)}:{frame[0].lineno}" if frame else ""
     return f"{type(exc).__name__}: {exc}{where}"

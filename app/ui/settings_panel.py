@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import PureWindowsPath
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QFrame, QHBoxLayout, QLabel, QPlainTextEdit,
                                QPushButton, QScrollArea, QSpinBox, QVBoxLayout, QWidget)
 
 from ..chat_settings import MAX_DRAFT_LIMIT, ChatSettings
+from ..paths import file_name
 from ..qt_compat import emit
 from .theme import NOTICE_COLORS
 
@@ -161,7 +161,7 @@ class SettingsPanel(QFrame):
             self.draft_model.addItem(name, path)
             self.draft_model.setItemData(self.draft_model.count() - 1, path, Qt.ItemDataRole.ToolTipRole)
         if chosen and self.draft_model.findData(chosen) < 0:
-            self.draft_model.addItem(f"{PureWindowsPath(chosen).name} (not usable)", chosen)  # either separator
+            self.draft_model.addItem(f"{file_name(chosen)} (not usable)", chosen)
         self.draft_model.setCurrentIndex(self.draft_model.findData(chosen) if chosen else 0)
         self._show_speculation()
 

@@ -90,7 +90,8 @@ def test_edit_a_question_and_send_it_again(qtbot, make_session):
 
 def test_switching_conversations_while_an_answer_streams(qtbot, make_session):
     session = make_session()
-    configure(session, max_tokens=300, temperature=0.8)
+    # seeded plain sampling: a fixed answer that is still streaming after the wait below (300 tokens were not)
+    configure(session, max_tokens=3000, temperature=0.8, seed=7, speculation="off")
     c, window = session.controller, session.window
     with qtbot.waitSignal(c.reply_text, timeout=LONG * 6):
         type_and_send(qtbot, session, "Tell me everything about the history of tea.")

@@ -217,10 +217,10 @@ def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
         for j in range(per_byte):
             packed |= parts[..., j] << np.uint8(j * bits)
         return packed.view(np.uint32)
-    eights = codes.reshape(rows, cols // 8, 8).astype(np.uint64)  # 8 codes fill exactly ``bits`` bytes
+    eights = codes.reshape(rows, cols // 8, 8)  # 8 codes fill exactly ``bits`` bytes
     word = np.zeros((rows, cols // 8), np.uint64)
-    for j in range(8):
-        word |= eights[..., j] << np.uint64(j * bits)
+    for j in range(8):  # widened one code column at a time: a uint64 copy of every code would be 8x the codes
+        word |= eights[..., j].astype(np.uint64) << np.uint64(j * bits)
     stream = word.view(np.uint8).reshape(rows, cols // 8, 8)[..., :bits]
     return np.ascontiguousarray(stream).reshape(rows, cols * bits // 8).view(np.uint32)
 

@@ -3,7 +3,7 @@
 Tensor bytes are read with positional reads in chunks of rows, never through the file's memory map, so the
 file's pages stay in the page cache and do not count toward this process's resident memory; each chunk is
 repacked and written into a preallocated MLX array (the update reuses the array's buffer), so loading needs
-about the final size plus one chunk.
+about the final size plus one chunk's temporaries.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from gguf.quants import dequantize
 from ...gguf_file import GGUFFile, ModelFormatError
 from .repack import DENSE_ITEMSIZE, GROUP, REPACKS, repack_rows
 
-CHUNK_BYTES = 1 << 20  # raw bytes repacked at a time: keeps the NumPy temporaries to a few MB
+CHUNK_ELEMENTS = 1 << 18  # weights repacked at a time: each float32 temporary of a requantization is 1 MiB
 RESIDUAL_DTYPE = mx.float32  # the residual stream, embeddings, the main norms and the logits
 
 
@@ -142,7 +142,7 @@ def _quantized(reader: TensorReader, name: str, qtype: GGMLQuantizationType) -> 
     packed = mx.zeros((n_rows, cols * bits // 32), mx.uint32)
     scales = mx.zeros((n_rows, cols // GROUP), mx.float16)
     biases = mx.zeros((n_rows, cols // GROUP), mx.float16)
-    step = max(1, CHUNK_BYTES // reader.row_bytes(name))
+    step = max(1, CHUNK_ELEMENTS // cols)
     for start in range(0, n_rows, step):
         stop = min(n_rows, start + step)
         rows = repack_rows(reader.read_rows(name, start, stop), qtype)

@@ -138,6 +138,7 @@ class GGUFFile:
         except BaseException:
             self.close()
             raise
+        self._release_header_pages()
         self._array = np.frombuffer(self._map, dtype=np.uint8)
 
     def _map_file(self) -> mmap.mmap:
@@ -145,6 +146,15 @@ class GGUFFile:
             return mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
         except OSError as e:
             raise ModelFormatError(f"cannot memory-map {self.path}: {e.strerror}") from None
+
+    def _release_header_pages(self) -> None:
+        """Drop the parsed header's pages from this process's resident set (megabytes for a large vocabulary).
+
+        Everything parsed was copied out of the map, and the pages stay in the page cache, so a later read
+        of them (a tensor sharing the last page) only maps them again.
+        """
+        if hasattr(mmap, "MADV_DONTNEED"):
+            self._map.madvise(mmap.MADV_DONTNEED, 0, self.data_offset)
 
     # -- parsing ---------------------------------------------------------------------------------------
     def _parse(self) -> None:

@@ -101,6 +101,94 @@ DOT32X2(dot512_q5_0, HK_Q5_0)
 DOT32X2(dot512_q5_1, HK_Q5_1)
 DOT32X2(dot512_q8_0, HK_Q8_0)
 
+/* -- 16 rows at once for Q4_0 and Q4_1: one lane per row, so a token's activation word is broadcast to
+   every row and each of its scale products serves 16 rows. The rows' bytes are transposed in registers (no
+   repacked copy of the weights); the per-row arithmetic is the same for every tile width, so a batched
+   decode gives each sequence the logits it would get alone. */
+
+#define ROWS16_PREFETCH 256 /* bytes ahead in each row */
+
+/* Four 32-bit words at p + r * stride for rows r = 0..15, transposed: word k of row r in lane r of t[k]. */
+INLINE void rows16_words(const uint8_t *p, ptrdiff_t stride, __m512i t[4]) {
+    __m512i z[4];
+    for (int j = 0; j < 4; j++) { /* z[j]: rows j, j + 4, j + 8, j + 12 in its four 128-bit lanes */
+        __m512i v = _mm512_castsi128_si512(loadu128(p + j * stride));
+        v = _mm512_inserti32x4(v, loadu128(p + (j + 4) * stride), 1);
+        v = _mm512_inserti32x4(v, loadu128(p + (j + 8) * stride), 2);
+        z[j] = _mm512_inserti32x4(v, loadu128(p + (j + 12) * stride), 3);
+    }
+    __m512i a = _mm512_unpacklo_epi32(z[0], z[1]), b = _mm512_unpackhi_epi32(z[0], z[1]);
+    __m512i c = _mm512_unpacklo_epi32(z[2], z[3]), d = _mm512_unpackhi_epi32(z[2], z[3]);
+    t[0] = _mm512_unpacklo_epi64(a, c);
+    t[1] = _mm512_unpackhi_epi64(a, c);
+    t[2] = _mm512_unpacklo_epi64(b, d);
+    t[3] = _mm512_unpackhi_epi64(b, d);
+}
+
+INLINE __m512i bcast32(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* out[t * os + r] = row r . a[t] for 16 rows stride bytes apart. Codes are unsigned bytes in q[k] (lane r:
+   elements 4k..4k+3 of row r's block); the offset (Q4_0's -8, Q4_1's min) goes through the activations'
+   block sums, as in dot32x2_nt. */
+INLINE void rows16_nt(const int type, int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, const int nt,
+                      float *out, ptrdiff_t os) {
+    const int ts = size32(type);
+    const __m512i offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                               _mm512_set1_epi32((int)stride));
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[HK_MAX_NT];
+    HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    const int lines_every = 64 / ts; /* blocks per prefetched line: no line of a row is skipped */
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = w + (size_t)b * ts;
+        if (b % lines_every == 0) /* 16 interleaved streams are more than the hardware prefetcher follows */
+            for (int r = 0; r < 16; r++) _mm_prefetch((const char *)blk + r * stride + ROWS16_PREFETCH, _MM_HINT_T0);
+        __m512i head = _mm512_i32gather_epi32(offsets, blk, 1), words[4], q[8]; /* head: each row's d (and m) */
+        __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+        __m512 cw = type == HK_Q4_1 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)))
+                                    : _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f));
+        rows16_words(blk + (type == HK_Q4_1 ? 4 : 2), stride, words);
+        for (int k = 0; k < 4; k++) {
+            q[k] = _mm512_and_si512(words[k], m4);                            /* elements 4k..4k+3 */
+            q[k + 4] = _mm512_and_si512(_mm512_srli_epi32(words[k], 4), m4); /* 16 + 4k..16 + 4k + 3 */
+        }
+        HK_UNROLL for (int t = 0; t < nt; t++) {
+            const int8_t *aq = a[t].qs + b * HK_QK;
+            __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+            for (int k = 0; k < 8; k += 2) {
+                even = _mm512_dpbusd_epi32(even, q[k], bcast32(aq + 4 * k));
+                odd = _mm512_dpbusd_epi32(odd, q[k + 1], bcast32(aq + 4 * k + 4));
+            }
+            __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
+            acc[t] = _mm512_fmadd_ps(sum, _mm512_mul_ps(dw, _mm512_set1_ps(a[t].d[b])), acc[t]);
+            acc[t] = _mm512_fmadd_ps(cw, _mm512_set1_ps(a[t].ds[b]), acc[t]);
+        }
+    }
+    HK_UNROLL for (int t = 0; t < nt; t++) _mm512_storeu_ps(out + t * os, acc[t]);
+}
+
+#define ROWS16(name, type)                                                                                   \
+    static void name(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int nt, float *out, ptrdiff_t os) { \
+        switch (nt) {                                                                                        \
+        case 1: rows16_nt(type, nb, w, stride, a, 1, out, os); break;                                        \
+        case 2: rows16_nt(type, nb, w, stride, a, 2, out, os); break;                                        \
+        case 3: rows16_nt(type, nb, w, stride, a, 3, out, os); break;                                        \
+        case 4: rows16_nt(type, nb, w, stride, a, 4, out, os); break;                                        \
+        case 5: rows16_nt(type, nb, w, stride, a, 5, out, os); break;                                        \
+        case 6: rows16_nt(type, nb, w, stride, a, 6, out, os); break;                                        \
+        case 7: rows16_nt(type, nb, w, stride, a, 7, out, os); break;                                        \
+        case 8: rows16_nt(type, nb, w, stride, a, 8, out, os); break;                                        \
+        default: break;                                                                                      \
+        }                                                                                                    \
+    }
+
+ROWS16(rows16_q4_0, HK_Q4_0)
+ROWS16(rows16_q4_1, HK_Q4_1)
+
 /* -- Q4_K and Q5_K with one 64-element chunk (two sub-blocks) per 512-bit vector */
 
 /* int16 lanes 0-15 equal to byte i of the k4_scales vector, lanes 16-31 to byte i + 1. */
@@ -161,6 +249,7 @@ const hk_isa hk_isa_avx512 = {
         [HK_Q2_K] = FN(dot_q2_k), [HK_Q3_K] = FN(dot_q3_k), [HK_Q4_K] = FN(dot512_q4_k), [HK_Q5_K] = FN(dot512_q5_k),
         [HK_Q6_K] = FN(dot_q6_k), [HK_TQ1_0] = FN(dot_tq1_0), [HK_TQ2_0] = FN(dot_tq2_0),
     },
+    .dot16 = {[HK_Q4_0] = rows16_q4_0, [HK_Q4_1] = rows16_q4_1},
     .tile = { /* 8 tokens where it measured faster than 4 (64-token products, one thread) */
         [HK_Q4_0] = 8, [HK_Q4_1] = 8, [HK_Q5_0] = 8, [HK_Q5_1] = 8, [HK_Q4_K] = 8, [HK_Q5_K] = 8, [HK_TQ1_0] = 8,
         [HK_TQ2_0] = 8,

@@ -98,10 +98,6 @@ const char *hk_usable_isa_names(void) {
     return buf;
 }
 
-static hk_dot_fn dot_for(int type) { return ACTIVE->dot[type] ? ACTIVE->dot[type] : hk_isa_scalar.dot[type]; }
-
-static int tile_for(int type) { return ACTIVE->dot[type] && ACTIVE->tile[type] ? ACTIVE->tile[type] : HK_TILE; }
-
 /* -- scratch: quantized activations of every token, grown on demand and never shrunk */
 
 static void *SCRATCH;
@@ -146,12 +142,55 @@ void hk_quantize_act(const hk_isa *isa, hk_act_kind kind, const float *x, int co
 
 /* -- the product */
 
+/* -- the row loop every product runs */
+
+static hk_dot_fn dot_of(const hk_isa *isa, int type) { return isa->dot[type] ? isa->dot[type] : hk_isa_scalar.dot[type]; }
+
+static int tile_of(const hk_isa *isa, int type) { return isa->dot[type] && isa->tile[type] ? isa->tile[type] : HK_TILE; }
+
+void hk_dot_rows(const hk_isa *isa, int type, const uint8_t *w, ptrdiff_t stride, int r0, int r1, int cols,
+                 const hk_act *acts, int n, float *out, int rows) {
+    const hk_type *ti = hk_type_info(type);
+    const hk_dot_fn dot = dot_of(isa, type);
+    const hk_dot16_fn dot16 = isa->dot16[type];
+    const int tile = tile_of(isa, type), nb = cols / ti->block;
+    for (int t0 = 0; t0 < n; t0 += tile) {
+        int nt = n - t0 < tile ? n - t0 : tile, r = r0;
+        float *o = out + (size_t)t0 * rows;
+        if (dot16)
+            for (; r + 16 <= r1; r += 16) dot16(nb, w + (ptrdiff_t)r * stride, stride, acts + t0, nt, o + r, rows);
+        for (; r < r1; r++) dot(nb, w + (ptrdiff_t)r * stride, acts + t0, nt, o + r, rows);
+    }
+}
+
+#define TASK_MIN_BYTES 16384   /* a task with less weight than this costs more to hand out than it saves */
+#define TILE_CHUNK_BYTES 24576 /* several tiles of tokens: a chunk of weights that stays in L1 across them */
+
+int hk_chunk_rows(const hk_isa *isa, int type, int rows, int n, int cols) {
+    const hk_type *ti = hk_type_info(type);
+    size_t rb = (size_t)cols / ti->block * ti->type_size;
+    int c;
+    if (rb == 0) rb = 1;
+    if (n <= tile_of(isa, type)) { /* bandwidth-bound: enough tasks to balance a noisy machine, none too small */
+        int min_rows = (int)((TASK_MIN_BYTES + rb - 1) / rb);
+        c = rows / (hk_pool_threads() * 8);
+        c = c > min_rows ? c : min_rows;
+    } else {
+        size_t l1 = TILE_CHUNK_BYTES / rb;
+        c = (int)(l1 < 4 ? 4 : l1 > 64 ? 64 : l1);
+    }
+    return isa->dot16[type] ? (c + 15) / 16 * 16 : c;
+}
+
+/* -- the product */
+
 typedef struct {
-    hk_dot_fn dot;
+    const hk_isa *isa;
+    int type;
     hk_act_kind kind;
     const uint8_t *w;
     ptrdiff_t w_stride;
-    int nb, rows, cols, n, chunk, tile;
+    int rows, cols, n, chunk;
     const float *x;
     uint8_t *act_mem;
     size_t act_size;
@@ -161,39 +200,20 @@ typedef struct {
 
 static void quantize_task(void *ctx, int t) {
     mm_job *j = ctx;
-    hk_quantize_act(ACTIVE, j->kind, j->x + (size_t)t * j->cols, j->cols, j->act_mem + (size_t)t * j->act_size, &j->acts[t]);
+    hk_quantize_act(j->isa, j->kind, j->x + (size_t)t * j->cols, j->cols, j->act_mem + (size_t)t * j->act_size, &j->acts[t]);
 }
 
 /* One chunk of rows against every token, a tile of tokens at a time; the chunk stays in L1/L2 across tiles. */
 static void rows_task(void *ctx, int task) {
     mm_job *j = ctx;
     int r0 = task * j->chunk, r1 = r0 + j->chunk < j->rows ? r0 + j->chunk : j->rows;
-    for (int t0 = 0; t0 < j->n; t0 += j->tile) {
-        int nt = j->n - t0 < j->tile ? j->n - t0 : j->tile;
-        for (int r = r0; r < r1; r++)
-            j->dot(j->nb, j->w + (ptrdiff_t)r * j->w_stride, j->acts + t0, nt, j->out + (size_t)t0 * j->rows + r, j->rows);
-    }
-}
-
-#define TASK_MIN_BYTES 16384   /* a task with less weight than this costs more to hand out than it saves */
-#define TILE_CHUNK_BYTES 24576 /* prefill: a chunk of weights that stays in L1 across the token tiles */
-
-static int chunk_rows(int rows, int n, size_t row_bytes) {
-    size_t rb = row_bytes ? row_bytes : 1;
-    if (n == 1) { /* bandwidth-bound: enough tasks to balance a noisy machine, none too small */
-        int c = rows / (hk_pool_threads() * 8), min_rows = (int)((TASK_MIN_BYTES + rb - 1) / rb);
-        return c > min_rows ? c : min_rows;
-    }
-    size_t c = TILE_CHUNK_BYTES / rb;
-    if (c < 4) c = 4;
-    if (c > 64) c = 64;
-    return (int)c;
+    hk_dot_rows(j->isa, j->type, j->w, j->w_stride, r0, r1, j->cols, j->acts, j->n, j->out, j->rows);
 }
 
 int hk_matmul(int type, const uint8_t *w, ptrdiff_t w_stride, int rows, int cols, const float *x, int n, float *out) {
     const hk_type *ti = hk_type_info(type);
-    mm_job j = {.dot = dot_for(type), .kind = ti->act, .tile = tile_for(type), .w = w, .w_stride = w_stride, .nb = cols / ti->block,
-                .rows = rows, .cols = cols, .n = n, .x = x, .out = out};
+    mm_job j = {.isa = ACTIVE, .type = type, .kind = ti->act, .w = w, .w_stride = w_stride, .rows = rows, .cols = cols,
+                .n = n, .x = x, .out = out};
     if (rows == 0 || n == 0) return 0;
     j.act_size = hk_act_bytes(j.kind, cols);
     size_t acts_bytes = align64(sizeof(hk_act) * (size_t)n);
@@ -205,7 +225,7 @@ int hk_matmul(int type, const uint8_t *w, ptrdiff_t w_stride, int rows, int cols
         for (int t = 0; t < n; t++) quantize_task(&j, t);
     else
         hk_pool_run(quantize_task, &j, n);
-    j.chunk = chunk_rows(rows, n, (size_t)cols / ti->block * ti->type_size);
+    j.chunk = hk_chunk_rows(ACTIVE, type, rows, n, cols);
     hk_pool_run(rows_task, &j, (rows + j.chunk - 1) / j.chunk);
     return 0;
 }

@@ -24,6 +24,14 @@ size_t hk_act_bytes(int kind, int cols);
 /* Quantize one token (x, cols elements) into mem (hk_act_bytes(kind, cols) bytes) and describe it in a. */
 void hk_quantize_act(const hk_isa *isa, hk_act_kind kind, const float *x, int cols, uint8_t *mem, hk_act *a);
 
+/* Rows [r0, r1) of W (cols elements each, stride bytes apart) against n tokens: out[t * rows + r] = W[r] . acts[t],
+   a tile of tokens at a time, 16 rows per call where the ISA has a 16-row kernel. */
+void hk_dot_rows(const hk_isa *isa, int type, const uint8_t *w, ptrdiff_t stride, int r0, int r1, int cols,
+                 const hk_act *acts, int n, float *out, int rows);
+/* Rows per task of a product of rows x cols weights with n tokens: decode-sized products cut for balance,
+   larger ones for L1 reuse across token tiles; a multiple of 16 where the 16-row kernel runs. */
+int hk_chunk_rows(const hk_isa *isa, int type, int rows, int n, int cols);
+
 /* out (n, rows) = x (n, cols) @ W.T for W given as rows of packed blocks, w_stride bytes apart.
    Returns 0, or -1 when the scratch buffer could not grow. Not re-entrant: callers serialise. */
 int hk_matmul(int type, const uint8_t *w, ptrdiff_t w_stride, int rows, int cols, const float *x, int n, float *out);

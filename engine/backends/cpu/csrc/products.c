@@ -6,9 +6,6 @@
 #include "matmul.h"
 #include "pool.h"
 
-#define TASK_MIN_BYTES 16384   /* as matmul.c: a decode chunk smaller than this costs more to hand out than it saves */
-#define TILE_CHUNK_BYTES 24576 /* as matmul.c: prefill weight rows that stay in L1 across the token tiles */
-
 static int imin(int a, int b) { return a < b ? a : b; }
 
 /* matmul.c keeps its pointer private; the name says which table it is. */
@@ -40,26 +37,12 @@ void hk_prepare_acts(const hk_isa *isa, const hk_act_rows *rows, const float *x,
             hk_quantize_act(isa, (hk_act_kind)kind, x, cols, rows->mem[kind] + (size_t)r * rows->stride[kind], &rows->acts[kind][r]);
 }
 
-/* Rows per chunk, as matmul.c cuts them: bandwidth-bound decode chunks for balance, prefill chunks for L1. */
-static int chunk_rows(int rows, int n, size_t row_bytes) {
-    size_t rb = row_bytes ? row_bytes : 1;
-    if (n == 1) {
-        int c = rows / (hk_pool_threads() * 8), min_rows = (int)((TASK_MIN_BYTES + rb - 1) / rb);
-        return c > min_rows ? c : min_rows;
-    }
-    size_t c = TILE_CHUNK_BYTES / rb;
-    return (int)(c < 4 ? 4 : c > 64 ? 64 : c);
-}
-
 static void part_init(hk_product_part *p, const hk_isa *isa, const hk_act_rows *rows, const hk_matrix *w, float *out, int n) {
-    const hk_type *ti = hk_type_info(w->type);
+    p->isa = isa;
     p->w = w;
     p->out = out;
-    p->acts = rows->acts[ti->act];
-    p->dot = isa->dot[w->type] ? isa->dot[w->type] : hk_isa_scalar.dot[w->type];
-    p->tile = isa->dot[w->type] && isa->tile[w->type] ? isa->tile[w->type] : HK_TILE;
-    p->nb = w->cols / ti->block;
-    p->chunk = chunk_rows(w->rows, n, (size_t)p->nb * ti->type_size);
+    p->acts = rows->acts[hk_type_info(w->type)->act];
+    p->chunk = hk_chunk_rows(isa, w->type, w->rows, n, w->cols);
     p->n_chunks = (w->rows + p->chunk - 1) / p->chunk;
 }
 
@@ -82,11 +65,7 @@ void hk_product_init(hk_product *p, const hk_isa *isa, const hk_vecops *vo, cons
 
 static void part_rows(const hk_product_part *p, int r0, int r1, int n) {
     const hk_matrix *w = p->w;
-    for (int t0 = 0; t0 < n; t0 += p->tile) {
-        int nt = imin(p->tile, n - t0);
-        for (int r = r0; r < r1; r++)
-            p->dot(p->nb, w->data + (ptrdiff_t)r * w->stride, p->acts + t0, nt, p->out + (size_t)t0 * w->rows + r, w->rows);
-    }
+    hk_dot_rows(p->isa, w->type, w->data, w->stride, r0, r1, w->cols, p->acts, n, p->out, w->rows);
 }
 
 void hk_product_unit(const hk_product *p, int unit) {

@@ -28,11 +28,11 @@ typedef struct {
 void hk_prepare_acts(const hk_isa *isa, const hk_act_rows *rows, const float *x, int cols, unsigned kinds, int r);
 
 typedef struct {
+    const hk_isa *isa;
     const hk_matrix *w;
     float *out; /* (n, w->rows) */
     const hk_act *acts;
-    hk_dot_fn dot;
-    int nb, tile, chunk, n_chunks;
+    int chunk, n_chunks;
 } hk_product_part;
 
 typedef struct {

@@ -12,6 +12,7 @@ import numpy as np
 
 from .backends import BACKENDS
 from .gguf_file import ModelFormatError, read_gguf
+from .packed_strings import PackedStrings
 
 _ARRAY_PREVIEW = 8
 
@@ -101,9 +102,9 @@ def _emit(args, data, text: str) -> None:
 def _metadata_summary(value):
     if isinstance(value, np.ndarray):
         value = value.tolist()
-    if isinstance(value, list) and len(value) > _ARRAY_PREVIEW:
+    if isinstance(value, (list, PackedStrings)) and len(value) > _ARRAY_PREVIEW:
         return {"array_length": len(value), "first": value[:_ARRAY_PREVIEW]}
-    return value
+    return list(value) if isinstance(value, PackedStrings) else value
 
 
 def cmd_inspect(args) -> int:

@@ -10,6 +10,7 @@ import dataclasses
 import math
 
 from .gguf_file import GGUFFile, ModelFormatError
+from .packed_strings import PackedStrings
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "gemma3")
 MAX_LAYERS = 1024
@@ -105,7 +106,7 @@ class ModelConfig:
         if embd.shape[0] != n_embd or fields["n_vocab"] <= 0:
             raise ModelFormatError(f"token_embd.weight has shape {embd.shape}, expected ({n_embd}, n_vocab)")
         tokens = gguf.metadata.get("tokenizer.ggml.tokens")
-        if isinstance(tokens, list) and len(tokens) > fields["n_vocab"]:  # fewer is fine: padded embeddings
+        if isinstance(tokens, PackedStrings) and len(tokens) > fields["n_vocab"]:  # fewer is fine: padded embeddings
             raise ModelFormatError(f"the tokenizer has {len(tokens)} tokens but token_embd.weight has only "
                                    f"{fields['n_vocab']} rows: token ids from {fields['n_vocab']} on have no embedding")
         if gguf.get(f"{arch}.rope.scaling.type", str, "none") == "linear":

@@ -8,6 +8,7 @@ read-only memory map. Type tables (block sizes) come from the ``gguf`` package.
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import mmap
 import os
@@ -18,6 +19,8 @@ from typing import Any
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from .packed_strings import PackedStrings
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -93,29 +96,59 @@ class _Cursor:
         except UnicodeDecodeError as e:
             raise ModelFormatError(f"{what} is not valid UTF-8 ({e.reason} at byte {e.start})") from None
 
-    def strings(self, count: int, what: str) -> list[str]:
-        """``count`` strings; the loop avoids per-element message formatting (vocabularies are ~10^5 long)."""
-        buf, size, pos = self.buf, self.size, self.pos
+    def strings(self, count: int, what: str) -> PackedStrings:
+        """``count`` strings, packed; the loop only reads lengths (vocabularies are ~10^5 long)."""
+        buf, size, start = self.buf, self.size, self.pos
         unpack = _U64.unpack_from
-        out: list[str] = []
-        append = out.append
-        try:
-            for _ in range(count):
-                if pos + 8 > size:
-                    break
-                (n,) = unpack(buf, pos)
-                end = pos + 8 + n
-                if end > size:
-                    break
-                append(buf[pos + 8:end].decode("utf-8"))
-                pos = end
-        except UnicodeDecodeError as e:
-            self.pos = pos
-            raise ModelFormatError(f"element {len(out)} of {what} is not valid UTF-8 ({e.reason} at byte {e.start})") from None
+        lengths = array.array("Q")
+        append, pos = lengths.append, start
+        for _ in range(count):
+            if pos + 8 > size:
+                break
+            (n,) = unpack(buf, pos)
+            if pos + 8 + n > size:
+                break
+            append(n)
+            pos += 8 + n
+        data = _without_length_prefixes(buf, start, pos, lengths)
+        _check_utf8(data, lengths, what)
         self.pos = pos
-        if len(out) < count:  # the loop stopped at an element that runs past the end: re-read it for the message
-            self.string(f"element {len(out)} of {what}")
-        return out
+        if len(lengths) < count:  # the loop stopped at an element that runs past the end: re-read it for the message
+            self.string(f"element {len(lengths)} of {what}")
+        return PackedStrings(data, np.cumsum(lengths, dtype=np.uint64))
+
+
+def _without_length_prefixes(buf, start: int, end: int, lengths: array.array) -> bytes:
+    """The bytes of ``buf[start:end]``, a run of (u64 length, bytes) elements, without the lengths."""
+    if not lengths:
+        return b""
+    region = np.frombuffer(buf, np.uint8, count=end - start, offset=start)
+    runs = np.column_stack([np.full(len(lengths), 8), np.frombuffer(lengths, np.uint64).astype(np.int64)])
+    keep = np.repeat(np.tile(np.array([False, True]), len(lengths)), runs.ravel())
+    return region[keep].tobytes()
+
+
+def _check_utf8(data: bytes, lengths: array.array, what: str) -> None:
+    """Raise ModelFormatError naming the first element of ``data`` (cut by ``lengths``) that is not UTF-8.
+
+    Each element is valid exactly when the whole is and every non-empty element starts a character (not on a
+    continuation byte), so the elements are only decoded one by one to name a bad one.
+    """
+    sizes = np.frombuffer(lengths, np.uint64).astype(np.int64)
+    starts = (np.cumsum(sizes) - sizes)[sizes > 0]
+    try:
+        data.decode("utf-8")
+        if not np.any((np.frombuffer(data, np.uint8)[starts] & 0xC0) == 0x80):
+            return
+    except UnicodeDecodeError:
+        pass
+    offset = 0
+    for i, n in enumerate(lengths):
+        try:
+            data[offset:offset + n].decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ModelFormatError(f"element {i} of {what} is not valid UTF-8 ({e.reason} at byte {e.start})") from None
+        offset += n
 
 
 class GGUFFile:
@@ -210,7 +243,7 @@ class GGUFFile:
             return bool(value)
         return value
 
-    def _read_array(self, cur: _Cursor, key: str) -> np.ndarray | list[str]:
+    def _read_array(self, cur: _Cursor, key: str) -> np.ndarray | PackedStrings:
         etype = cur.u32(f"element type of {key!r}")
         count = cur.u64(f"length of {key!r}")
         if etype == _STRING:

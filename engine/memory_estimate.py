@@ -10,9 +10,8 @@ The estimate has three parts:
   ``n_ctx`` like any other; a backend with rings (MLX) keeps only ``sliding_window`` positions there.
 * **overhead** — a runtime baseline plus scratch:
 
-  - runtime baseline: the parsed metadata (tokenizer vocabulary, merges and scores held as Python objects
-    and arrays, sized with ``sys.getsizeof``) plus the file header pages that parsing made resident. Measured
-    on the three test models this is 85–95 % of the RSS that ``read_gguf`` adds; the rest is allocator slack.
+  - runtime baseline: the parsed metadata (tokenizer vocabulary and merges packed into UTF-8 buffers, scores
+    and token types as arrays; the reader drops the header's pages once parsed).
   - scratch: float32 activations of one micro-batch of ``min(n_ctx, 512)`` tokens — hidden state, residual
     and normed copies (3 × n_embd), q/k/v and the attention output, the FFN gate, up and product
     (3 × n_ff) — plus the attention scores of one head for that micro-batch over ``n_ctx`` positions and one
@@ -32,6 +31,7 @@ import psutil
 
 from .config import ModelConfig
 from .gguf_file import GGUFFile
+from .packed_strings import PackedStrings
 
 MICRO_BATCH = 512  # tokens per prefill step assumed for the scratch buffers
 FLOAT32_BYTES = 4
@@ -122,11 +122,11 @@ def kv_cache_bytes(config: ModelConfig, n_ctx: int, bytes_per_element: int, slid
 
 
 def metadata_bytes(gguf: GGUFFile) -> int:
-    """The parsed metadata as Python objects, plus the header pages parsing made resident."""
-    total = gguf.data_offset
+    """The parsed metadata as Python objects and arrays (the reader drops the header's pages once parsed)."""
+    total = 0
     for value in gguf.metadata.values():
-        if isinstance(value, list):
-            total += sys.getsizeof(value) + sum(sys.getsizeof(v) for v in value)
+        if isinstance(value, PackedStrings):
+            total += value.nbytes + sys.getsizeof(value)
         elif isinstance(value, np.ndarray):
             total += value.nbytes + sys.getsizeof(value[:0])
         else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import codecs
 import functools
 import heapq
@@ -10,6 +11,7 @@ import re
 from typing import Iterable
 
 from engine.gguf_file import GGUFFile, ModelFormatError
+from engine.packed_strings import StringIndex
 from engine.pretokenizer import PreTokenizer
 from engine.vocab import BYTE, CONTROL, LSTRIP, NORMAL, RSTRIP, UNKNOWN, USER_DEFINED, Vocab, load_vocab
 
@@ -133,8 +135,8 @@ class Tokenizer:
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
         """Cut out special tokens written in the text, longest first (llama.cpp's tokenizer_st_partition)."""
         fragments: list[str | int] = [text]
-        for tid in self._special_tokens_in(text, parse_special):
-            token, attr = self._texts[tid], self._attrs[tid]
+        for tid, token in self._special_tokens_in(text, parse_special):
+            attr = self._attrs[tid]
             cut: list[str | int] = []
             for fragment in fragments:
                 if isinstance(fragment, int) or token not in fragment:
@@ -144,26 +146,24 @@ class Tokenizer:
             fragments = cut
         return fragments
 
-    def _special_tokens_in(self, text: str, parse_special: bool) -> list[int]:
+    def _special_tokens_in(self, text: str, parse_special: bool) -> list[tuple[int, str]]:
         present = {text[i:i + 2] for i in range(len(text) - 1)} | set(text)
         candidates = self._special_order[parse_special]
-        return [tid for tid in candidates
-                if self._texts[tid][:2] in present and self._texts[tid] in text]
+        return [(tid, token) for tid, token in candidates if token[:2] in present and token in text]
 
     @functools.cached_property
-    def _special_order(self) -> dict[bool, list[int]]:
-        """Special token ids, longest text first: all of them, and those matched without parse_special."""
-        special = [i for i, a in enumerate(self._attrs) if a & (CONTROL | USER_DEFINED | UNKNOWN)]
-        special.sort(key=lambda i: -len(self._texts[i].encode("utf-8")))
-        plain = [i for i in special if not self._attrs[i] & (CONTROL | UNKNOWN)]
+    def _special_order(self) -> dict[bool, list[tuple[int, str]]]:
+        """Special tokens (id, text), longest first: all of them, and those matched without parse_special."""
+        special = [(i, self._texts[i]) for i, a in enumerate(self._attrs) if a & (CONTROL | USER_DEFINED | UNKNOWN)]
+        special.sort(key=lambda token: -len(token[1].encode("utf-8")))
+        plain = [token for token in special if not self._attrs[token[0]] & (CONTROL | UNKNOWN)]
         return {True: special, False: plain}
 
     # -- byte-level BPE --------------------------------------------------------------------------------
     @functools.cached_property
-    def _merge_ranks(self) -> dict[str, int]:
+    def _merge_ranks(self) -> StringIndex:
         """Merge rank keyed by "left right"; the first of duplicate merges wins, as in llama.cpp."""
-        merges = self._vocab.merges
-        return dict(zip(reversed(merges), range(len(merges) - 1, -1, -1)))
+        return StringIndex(self._vocab.merges)
 
     def _bpe_word_uncached(self, word: str) -> tuple[int, ...]:
         encoded = word.encode("utf-8", "surrogatepass").decode("latin-1").translate(_LATIN1_TO_BYTE_LEVEL)
@@ -181,8 +181,9 @@ class Tokenizer:
 
     # -- SentencePiece ---------------------------------------------------------------------------------
     @functools.cached_property
-    def _scores(self) -> list[float]:
-        return self._vocab.scores.tolist()
+    def _scores(self) -> array.array:
+        """The scores as an array.array: indexing it gives Python floats without a list of 10^5 of them."""
+        return array.array("f", self._vocab.scores.astype("float32").tobytes())
 
     def _spm(self, text: str) -> list[int]:
         token_to_id = self._vocab.token_to_id
@@ -332,7 +333,7 @@ def _split_on_token(fragment: str, token: str, tid: int, attr: int, out: list[st
         out.append(fragment[pos:])
 
 
-def _bpe_merge(symbols: list[str], ranks: dict[str, int]) -> list[str]:
+def _bpe_merge(symbols: list[str], ranks: StringIndex) -> list[str]:
     """Apply merges lowest rank first, leftmost first among equals (llama.cpp's llm_tokenizer_bpe)."""
     n = len(symbols)
     if n < 2:
@@ -362,7 +363,7 @@ def _bpe_merge(symbols: list[str], ranks: dict[str, int]) -> list[str]:
     return [s for s in symbols if s]
 
 
-def _spm_merge(symbols: list[str], token_to_id: dict[str, int], scores: list[float]) -> list[str]:
+def _spm_merge(symbols: list[str], token_to_id: StringIndex, scores: array.array) -> list[str]:
     """Merge the pair forming the highest-scoring token first, leftmost among equals (llama.cpp's SPM)."""
     n = len(symbols)
     if n < 2:

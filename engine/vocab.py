@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import array
 import dataclasses
 from typing import Any
 
 import numpy as np
 
 from engine.gguf_file import ModelFormatError
+from engine.packed_strings import PackedStrings, StringIndex
 from engine.pretokenizer_rules import KINDS
 
 # llama.cpp's llama_token_attr bits
@@ -54,11 +56,11 @@ class Vocab:
 
     model: str  # "gpt2" (byte-level BPE) or "llama" (SentencePiece)
     pre: str
-    texts: list[str]
-    attrs: list[int]
+    texts: PackedStrings  # (n_vocab,)
+    attrs: array.array  # (n_vocab,) int32 llama_token_attr bits
     scores: np.ndarray  # (n_vocab,) float32
-    merges: list[str]
-    token_to_id: dict[str, int]
+    merges: PackedStrings  # "left right", rank order; empty for SentencePiece
+    token_to_id: StringIndex  # over texts
     special: dict[str, int | None]
     eog_ids: frozenset[int]
     add_bos: bool
@@ -75,9 +77,9 @@ def load_vocab(metadata: dict[str, Any]) -> Vocab:
         raise ModelFormatError(f"unsupported tokenizer model {model!r} (supported: 'gpt2', 'llama')")
     texts = _token_texts(metadata)
     n = len(texts)
-    token_to_id = dict(zip(texts, range(n)))
-    if len(token_to_id) != n:
-        raise ModelFormatError(f"{_KEY}tokens has duplicate tokens ({n - len(token_to_id)} repeated)")
+    token_to_id = StringIndex(texts)
+    if token_to_id.duplicates:
+        raise ModelFormatError(f"{_KEY}tokens has duplicate tokens ({token_to_id.duplicates} repeated)")
     pre, flags, special = _model_defaults(model, metadata)
     vocab = Vocab(model, pre, texts, _attributes(metadata, n), _scores(metadata, n), _merges(metadata, model),
                   token_to_id, special, frozenset(), **flags)
@@ -100,16 +102,24 @@ def _string(metadata: dict[str, Any], key: str, required: bool = False) -> str |
     return value
 
 
-def _token_texts(metadata: dict[str, Any]) -> list[str]:
-    texts = metadata.get(_KEY + "tokens")
-    if not isinstance(texts, list) or not set(map(type, texts)) <= {str}:
-        raise ModelFormatError(f"{_KEY}tokens is missing or not an array of strings")
-    if not texts:
+def _string_array(metadata: dict[str, Any], key: str) -> PackedStrings:
+    """A string array from the GGUF reader (packed) or from a hand-built metadata dict (a list of str)."""
+    value = metadata.get(_KEY + key)
+    if isinstance(value, list) and set(map(type, value)) <= {str}:
+        return PackedStrings.from_strings(value)
+    if not isinstance(value, PackedStrings):
+        raise ModelFormatError(f"{_KEY}{key} is missing or not an array of strings")
+    return value
+
+
+def _token_texts(metadata: dict[str, Any]) -> PackedStrings:
+    texts = _string_array(metadata, "tokens")
+    if not len(texts):
         raise ModelFormatError(f"{_KEY}tokens is empty")
-    if all(texts):
+    if not (texts.byte_lengths() == 0).any():
         return texts
     # llama.cpp keeps empty entries addressable under a placeholder name
-    return [t if t else f"[EMPTY_{i}]" for i, t in enumerate(texts)]
+    return PackedStrings.from_strings(t if t else f"[EMPTY_{i}]" for i, t in enumerate(texts))
 
 
 def _numeric_array(metadata: dict[str, Any], key: str, n: int, kinds: str) -> np.ndarray | None:
@@ -128,22 +138,20 @@ def _scores(metadata: dict[str, Any], n: int) -> np.ndarray:
     return np.zeros(n, np.float32) if scores is None else scores.astype(np.float32)
 
 
-def _attributes(metadata: dict[str, Any], n: int) -> list[int]:
+def _attributes(metadata: dict[str, Any], n: int) -> array.array:
     types = _numeric_array(metadata, "token_type", n, "iu")
     if types is None:
-        return [NORMAL] * n
-    attr_of_type = np.array([_ATTR_OF_TYPE.get(t, UNDEFINED) for t in range(8)], dtype=np.int64)
+        return array.array("i", [NORMAL]) * n
+    attr_of_type = np.array([_ATTR_OF_TYPE.get(t, UNDEFINED) for t in range(8)], dtype=np.int32)
     known = (types >= 0) & (types < 8)
-    return np.where(known, attr_of_type[np.where(known, types, 0)], UNDEFINED).tolist()
+    attrs = np.where(known, attr_of_type[np.where(known, types, 0)], UNDEFINED).astype(np.int32)
+    return array.array("i", attrs.tobytes())
 
 
-def _merges(metadata: dict[str, Any], model: str) -> list[str]:
-    merges = metadata.get(_KEY + "merges")
+def _merges(metadata: dict[str, Any], model: str) -> PackedStrings:
     if model != "gpt2":
-        return []
-    if not isinstance(merges, list) or not set(map(type, merges)) <= {str}:
-        raise ModelFormatError(f"{_KEY}merges is missing or not an array of strings")
-    return merges
+        return PackedStrings(b"", [])
+    return _string_array(metadata, "merges")
 
 
 def _model_defaults(model: str, metadata: dict[str, Any]) -> tuple[str, dict[str, bool], dict[str, int | None]]:

@@ -15,6 +15,7 @@ import pytest
 
 from engine.config import ModelConfig
 from engine.gguf_file import GGUFFile, ModelFormatError, read_gguf
+from engine.packed_strings import PackedStrings
 from tests.engine.conftest import CASE_CPU_SECONDS, CASE_MAX_BYTES, CaseGuard
 from tests.engine.gguf_builders import (
     ARRAY, BOOL, FLOAT32, FLOAT64, INT32, STRING, UINT8, UINT16, UINT32, UINT64, Q, RawGGUF, array, kv,
@@ -148,6 +149,14 @@ STRINGS = cases(
     ("string_element_one_past_eof", bare(key_and_type("k", ARRAY) + u32(STRING) + u64(2) + string("a")
                                          + string("bc", length=3)), r"element 1 of 'k' runs past the end"),
     ("string_element_not_utf8", with_kvs(key_and_type("k", ARRAY) + array(STRING, ["a", b"\xed\xa0\x80"])),
+     r"element 1 of 'k' is not valid UTF-8"),
+    # each element alone is cut mid-character, yet the elements run together are valid UTF-8 ("é")
+    ("string_elements_split_a_character", with_kvs(key_and_type("k", ARRAY) + array(STRING, ["a", b"\xc3", b"\xa9"])),
+     r"element 1 of 'k' is not valid UTF-8 \(unexpected end of data at byte 0\)"),
+    ("string_element_starts_mid_character", with_kvs(key_and_type("k", ARRAY) + array(STRING, [b"a\xc3", b"\xa9b"])),
+     r"element 0 of 'k' is not valid UTF-8"),
+    ("string_element_not_utf8_then_eof", bare(key_and_type("k", ARRAY) + u32(STRING) + u64(3) + string("a")
+                                              + string(b"\xff") + string("bc", length=3)),
      r"element 1 of 'k' is not valid UTF-8"),
 )
 
@@ -407,7 +416,8 @@ def test_valid_edge_cases_open(data: bytes, expected: dict, tmp_path: Path, case
 
     def load() -> dict:
         with read_gguf(path) as f:
-            return {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in f.metadata.items()}
+            return {k: v.tolist() if isinstance(v, np.ndarray) else list(v) if isinstance(v, PackedStrings) else v
+                    for k, v in f.metadata.items()}
 
     outcome = case_guard.run(request.node.callspec.id, load)
     assert outcome.error is None, f"a valid file was refused: {outcome.error}"
@@ -436,7 +446,7 @@ def test_tiny_model_is_a_llama_config(tiny_model_path: Path):
         assert (config.arch, config.n_layers, config.n_embd, config.n_heads, config.n_kv_heads, config.n_ff) == (
             "llama", 2, 64, 4, 2, 128)
         assert (config.head_dim, config.n_vocab, config.n_ctx_train, config.tied_embeddings) == (16, len(tokens), 256, True)
-        assert f.get("tokenizer.ggml.model", str) == "gpt2" and f.get("tokenizer.ggml.merges", list) == merges
+        assert f.get("tokenizer.ggml.model", str) == "gpt2" and f.get("tokenizer.ggml.merges", PackedStrings) == merges
         control = [tokens[i] for i in np.flatnonzero(f.metadata["tokenizer.ggml.token_type"] == 3)]
         assert control == ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
         assert tokens[f.get("tokenizer.ggml.eos_token_id", int)] == "<|im_end|>"

@@ -6,8 +6,8 @@ import pytest
 
 from engine.gguf_file import read_gguf
 import engine.model
-from engine.memory_estimate import (KV_LAYOUTS, estimate_memory, fit_verdict, kv_cache_bytes, scratch_bytes,
-                                    system_memory)
+from engine.memory_estimate import (KV_LAYOUTS, estimate_memory, fit_verdict, kv_cache_bytes, metadata_bytes,
+                                    scratch_bytes, system_memory)
 from engine.config import ModelConfig
 from tests.app.models.measure_memory import measure
 from tests.app.models.tiny_gguf import write_tiny_gguf
@@ -21,7 +21,8 @@ def test_kv_cache_counts_keys_and_values_of_every_layer(tmp_path):
         assert est.kv_cache_bytes == 2 * 3 * 100 * 2 * 8 * 2
         assert est.weights_bytes == sum(t.nbytes for t in g.tensors.values())
         assert est.total_bytes == est.weights_bytes + est.kv_cache_bytes + est.overhead_bytes
-        assert est.overhead_bytes >= scratch_bytes(ModelConfig.from_gguf(g), 100) + g.data_offset
+        assert est.overhead_bytes == scratch_bytes(ModelConfig.from_gguf(g), 100) + metadata_bytes(g)
+        assert metadata_bytes(g) > 0
 
 
 def test_sliding_window_layers_hold_only_the_window_where_the_backend_keeps_rings(tmp_path):

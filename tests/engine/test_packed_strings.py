@@ -1,0 +1,50 @@
+"""Packed string arrays and their hash index, which hold the vocabulary and merges of a GGUF tokenizer."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engine.packed_strings import PackedStrings, StringIndex
+
+WORDS = ["", "a", "ab", "é", "Ġthe", "\u2581hello", "<|im_end|>", "日本語", "\U0001f600", "a b", "ab"]
+
+
+def test_elements_read_back_as_the_strings():
+    packed = PackedStrings.from_strings(WORDS)
+    assert len(packed) == len(WORDS)
+    assert list(packed) == WORDS and packed == WORDS and packed != WORDS[:-1]
+    assert [packed[i] for i in range(-len(WORDS), len(WORDS))] == WORDS + WORDS
+    assert packed[2:5] == WORDS[2:5] and packed[::-3] == WORDS[::-3]
+    assert packed.byte_lengths().tolist() == [len(w.encode()) for w in WORDS]
+    assert packed.nbytes == sum(len(w.encode()) for w in WORDS) + 4 * (len(WORDS) + 1)
+    for outside in (len(WORDS), -len(WORDS) - 1):
+        with pytest.raises(IndexError):
+            packed[outside]
+
+
+def test_index_finds_every_string_and_nothing_else():
+    rng = random.Random(0)
+    words = list(dict.fromkeys("".join(rng.choices("abcĠé ", k=rng.randint(1, 8))) for _ in range(20_000)))
+    index = StringIndex(PackedStrings.from_strings(words))
+    assert len(index) == len(words) and index.duplicates == 0
+    assert all(index[w] == i for i, w in enumerate(words))
+    absent = ["z" + w for w in words[:2000]] + ["abcabcabc", "", "é" * 9]
+    assert all(index.get(w) is None and w not in index for w in absent)
+    assert index.get("missing", -1) == -1 and 5 not in index
+    with pytest.raises(KeyError):
+        index["missing"]
+
+
+def test_the_first_of_equal_strings_wins_and_the_rest_are_counted():
+    index = StringIndex(PackedStrings.from_strings(WORDS + ["a", "é"]))
+    assert index["ab"] == 2 and index["a"] == 1 and index["é"] == 3 and index[""] == 0
+    assert index.duplicates == 3 and len(index) == len(WORDS) - 1
+
+
+def test_an_empty_array_has_an_empty_index():
+    packed = PackedStrings(b"", [])
+    assert len(packed) == 0 and list(packed) == [] and packed == []
+    index = StringIndex(packed)
+    assert len(index) == 0 and index.get("a") is None

@@ -21,6 +21,7 @@ from .generate import GenerationEvent, generate_step, prefill, reusable_prefix, 
 from .gguf_file import GGUFFile, read_gguf
 from .memory_estimate import kv_cache_bytes
 from .sampling import SamplingParams, make_sampler
+from .scheduler import Request
 from .session import Session, SessionError, load_session, save_session
 from .tokenizer import IncrementalDecoder, Tokenizer
 
@@ -41,6 +42,13 @@ class KVCacheUsage:
     allocated_bytes: int  # held now; the cache grows in steps towards max_bytes
     bytes_per_position: int  # keys and values of one position in every layer
     max_bytes: int  # at max_positions (sliding-window layers stop growing at their window)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stream:
+    prompt_len: int
+    stop: tuple[str, ...]
+    skip_special: bool
 
 
 class Model:
@@ -68,6 +76,7 @@ class Model:
         self._cache = None
         self._tokens: list[int] = []  # the tokens whose keys and values are in self._cache
         self._history: list[int] = []  # the whole sequence: self._tokens plus a last token not yet fed back
+        self._stream: _Stream | None = None  # how the last generate_ids stream began, for continuation()
         self._sampler = None  # the last generation's sampler, whose state a snapshot keeps
         self._cancel = threading.Event()
 
@@ -118,7 +127,7 @@ class Model:
         """float32 logits (n_vocab,) for the token after ``ids``, reusing the cached prefix."""
         cached = self._reuse_prefix(list(ids))
         logits = prefill(self.backend, self._cache, list(ids[cached:]) or [ids[-1]], 512)
-        self._tokens, self._history = list(ids), list(ids)
+        self._tokens, self._history, self._stream = list(ids), list(ids), None
         return logits
 
     def _reuse_prefix(self, ids: list[int]) -> int:
@@ -171,6 +180,7 @@ class Model:
         self._cancel.clear()
         cached = self._reuse_prefix(ids)
         self._history = list(ids)
+        self._stream = _Stream(len(ids), tuple(stop), skip_special)
         self._sampler = make_sampler(params)
         if sampler_state is not None:
             self._sampler.set_state(sampler_state)
@@ -209,6 +219,12 @@ class Model:
         Returns:
             How many messages were dropped to fit, and the event stream.
         """
+        dropped, ids = self.fit_chat(messages, max_tokens, overflow)
+        return dropped, self.generate_ids(ids, params or SamplingParams(), max_tokens, stop, prefill_chunk,
+                                          skip_special=True, speculation=speculation)
+
+    def fit_chat(self, messages: list[dict], max_tokens: int, overflow: str = "drop_oldest") -> tuple[int, list[int]]:
+        """How many messages must be dropped (see ``chat``) for the prompt to leave room for the reply, and its ids."""
         reserve = min(max_tokens, self.n_ctx // 4)
         rendered: list[list[int]] = []
 
@@ -217,9 +233,47 @@ class Model:
             return len(rendered[-1])
 
         _, dropped = fit_messages(messages, count, self.n_ctx - reserve, overflow)
-        ids = rendered[-1]  # fit_messages counts the list it returns last
-        return dropped, self.generate_ids(ids, params or SamplingParams(), max_tokens, stop, prefill_chunk,
-                                          skip_special=True, speculation=speculation)
+        return dropped, rendered[-1]  # fit_messages counts the list it returns last
+
+    # -- several replies at once (engine.scheduler) ----------------------------------------------------
+    def chat_request(self, messages: list[dict], params: SamplingParams, max_tokens: int, priority: int = 0,
+                     overflow: str = "drop_oldest") -> tuple[int, Request]:
+        """A chat reply as a scheduler Request on a cache of its own (this model's cache is left alone).
+
+        Returns how many messages were dropped to fit, and the request."""
+        dropped, ids = self.fit_chat(messages, max_tokens, overflow)
+        return dropped, Request(tuple(ids), make_sampler(params), max_tokens, priority, frozenset(self.tokenizer.eog_ids),
+                                decoder=IncrementalDecoder(self.tokenizer, skip_special=True))
+
+    def continuation(self, max_tokens: int, priority: int = 0) -> Request:
+        """The reply the last ``generate_ids`` stream was producing, as a scheduler Request that goes on in this
+        model's cache: every token so far is its prompt (all but the last sampled one are cached), its sampler
+        is the stream's (a seeded reply draws what it would have drawn), its decoder has seen the reply's tokens
+        (a character split across the hand-over comes out whole). Close the stream first; the scheduler then owns
+        the cache until the request ends, and ``settle`` records what it holds.
+
+        Raises:
+            ValueError: there is no stream to continue, or it had stop strings (their matcher's state stays behind).
+        """
+        stream = self._stream
+        if stream is None or self._cache is None or len(self._history) <= stream.prompt_len:
+            raise ValueError("no reply to continue: the last stream generated nothing")
+        if stream.stop:
+            raise ValueError("a stream with stop strings cannot be handed over")
+        if self._cache.n_past >= len(self._history):  # a pipelined step fed the last token already: redo it
+            self._cache.truncate(len(self._history) - 1)
+        decoder = IncrementalDecoder(self.tokenizer, stream.skip_special)
+        for token in self._history[stream.prompt_len:]:
+            decoder.add(token)
+        return Request(tuple(self._history), self._sampler, max_tokens, priority, frozenset(self.tokenizer.eog_ids),
+                       decoder=decoder, cache=self._cache)
+
+    def settle(self, sequence: Sequence[int]) -> None:
+        """After a ``continuation`` ran under a scheduler: ``sequence`` is its prompt and every token it generated,
+        of which this model's cache now holds the first ``n_past``; later replies reuse that prefix."""
+        self._history = list(sequence)
+        self._tokens = self._history[:self._cache.n_past]
+        self._stream = None
 
     def chat_ids(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         """Token ids of the rendered conversation, with one BOS even when the template writes it too."""
@@ -259,7 +313,7 @@ class Model:
             raise SessionError(f"the session has {len(session.tokens)} tokens; this model's context is {self.n_ctx}")
         cache = self.backend.new_cache(self.n_ctx)
         cache.import_state(session.kv)
-        self._cache, self._history = cache, list(session.tokens)
+        self._cache, self._history, self._stream = cache, list(session.tokens), None
         self._tokens = self._history[:cache.n_past]
         return session
 

@@ -53,6 +53,7 @@ class Request:
     eog_ids: frozenset[int] = frozenset()
     stop: tuple[str, ...] = ()
     decoder: TokenDecoder | None = None  # without one, events carry no text
+    cache: KVCache | None = None  # a cache of this backend holding the first cache.n_past prompt tokens, to go on from
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,6 +195,9 @@ class Scheduler:
             raise ValueError(f"max_tokens must be positive, got {request.max_tokens}")
         if len(request.prompt_ids) >= self.n_ctx:
             raise ValueError(f"the prompt of {len(request.prompt_ids)} tokens leaves no room in n_ctx {self.n_ctx}")
+        if request.cache is not None and request.cache.n_past >= len(request.prompt_ids):
+            raise ValueError(f"the cache holds {request.cache.n_past} positions: at least the last of the "
+                             f"{len(request.prompt_ids)} prompt tokens must be left to feed")
         handle = RequestHandle(next(self._ids))
         self._post("submit", handle.id, (request, handle))
         return handle
@@ -259,7 +263,7 @@ class Scheduler:
             if kind == "submit":
                 request, handle = payload
                 seq = _Sequence(request_id, request, request_id, request.priority, list(request.prompt_ids),
-                                StopMatcher(request.stop), now)
+                                StopMatcher(request.stop), now, cache=request.cache)
                 self._sequences.append(seq)
                 self._handles[request_id] = handle
                 by_id[request_id] = seq

@@ -352,6 +352,21 @@ def test_decode_timings_reach_the_drift_detector_keyed_by_load():
     assert decode_load(1, 256) == (1, 1) and decode_load(1, 767) == (1, 1) and decode_load(1, 768) == (1, 2)
 
 
+def test_a_request_goes_on_from_the_cache_it_brings():
+    backend = FakeBackend()
+    prompt = [5, 9, 2, 7, 1]
+    cache = backend.new_cache(64)
+    backend.forward(prompt[:3], cache)  # the caller prefilled part of the prompt already
+    scheduler = Scheduler(backend, 64)
+    handle = scheduler.submit(request(prompt, max_tokens=4, cache=cache))
+    reports = run_to_end(scheduler)
+    assert tokens_of(reports, handle.id) == solo(prompt, 4)
+    assert backend.calls[1] == ("prefill", 2)  # only the two tokens the cache lacked
+    assert cache.tokens == prompt + solo(prompt, 4)[:-1]  # the caller's cache went on
+    with pytest.raises(ValueError, match="left to feed"):
+        scheduler.submit(request(prompt[:3], cache=cache))
+
+
 def test_run_serves_requests_from_another_thread_until_stopped():
     scheduler = Scheduler(FakeBackend(), n_ctx=64)
     stop = threading.Event()

@@ -1,7 +1,8 @@
 """The chat controller: turns the user's intents into store writes and engine requests; no widgets.
 
-It owns the conversation being shown and the one reply being generated (which may belong to another
-conversation when the user switches away mid-answer), and saves that reply as it streams.
+It owns the conversation being shown and the replies being generated, at most one per conversation (the
+others keep streaming when the user switches away, and replies on the same model run together, batched by the
+engine's scheduler), and saves each reply as it streams.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class _Reply:
     request_id: int
     conversation_id: int
     writer: ReplyWriter
+    model: tuple[str, int]  # the model path and context length it runs on
     streaming: bool = False  # the first text has arrived
 
 
@@ -68,7 +70,7 @@ class ChatController(QObject):
         self.builtin_path = builtin_path
         self.current_id: int | None = None
         self.model_info: dict = {}
-        self._reply: _Reply | None = None
+        self._replies: dict[int, _Reply] = {}  # by conversation id
         host.loaded.connect(self._on_loaded)
         host.load_failed.connect(self._on_load_failed)
         host.tokens.connect(self._on_tokens)
@@ -100,8 +102,9 @@ class ChatController(QObject):
         if self.current_id is None:
             return []
         messages = self.store.messages(self.current_id)
-        if self._reply and self._reply.conversation_id == self.current_id:
-            live = self._reply.writer
+        reply = self._replies.get(self.current_id)
+        if reply is not None:
+            live = reply.writer
             messages = [dataclasses.replace(m, content=live.text) if m.id == live.message_id else m for m in messages]
         return messages
 
@@ -127,10 +130,13 @@ class ChatController(QObject):
         return path.replace("\\", "/").rsplit("/", 1)[-1]
 
     def is_generating(self) -> bool:
-        return self._reply is not None and self._reply.conversation_id == self.current_id
+        """Whether the shown conversation has a reply being generated."""
+        return self.current_id in self._replies
 
     def streaming_message_id(self) -> int | None:
-        return self._reply.writer.message_id if self._reply else None
+        """The shown conversation's streaming reply, if any."""
+        reply = self._replies.get(self.current_id)
+        return reply.writer.message_id if reply else None
 
     # -- conversations -------------------------------------------------------------------------------
     def new_conversation(self) -> int:
@@ -160,8 +166,8 @@ class ChatController(QObject):
 
     def delete_conversation(self, conversation_id: int) -> None:
         """Delete (undoably); the shown conversation moves to the next one or a new one."""
-        if self._reply and self._reply.conversation_id == conversation_id:
-            self.stop()
+        if conversation_id in self._replies:
+            self.stop(conversation_id)
         title = self.store.conversation(conversation_id).title
         self.store.delete_conversation(conversation_id)
         emit(self.conversations_changed)
@@ -211,15 +217,17 @@ class ChatController(QObject):
         self._generate()
         return True
 
-    def stop(self) -> None:
-        """Stop the answer. Before its first text (the prompt is still being read, which the engine only
-        notices between prefill chunks) the window is freed at once and the empty answer dropped."""
-        if self._reply is None:
+    def stop(self, conversation_id: int | None = None) -> None:
+        """Stop the answer of the shown conversation (or of ``conversation_id``). Before its first text (the
+        prompt is still being read, which the engine only notices between prefill chunks) the window is freed at
+        once and the empty answer dropped."""
+        reply = self._replies.get(self.current_id if conversation_id is None else conversation_id)
+        if reply is None:
             return
-        if self._reply.writer.text:
-            self.host.stop(self._reply.request_id)
+        if reply.writer.text:
+            self.host.stop(reply.request_id)
         else:
-            self.stop_and_forget()
+            self.stop_and_forget(reply.conversation_id)
 
     def regenerate(self) -> None:
         """Replace the last answer of the shown conversation with a new one."""
@@ -238,7 +246,7 @@ class ChatController(QObject):
         message = self.store.message(message_id)
         if not text or message.role != "user":
             return
-        self.stop_and_forget()
+        self.stop_and_forget(message.conversation_id)
         self.store.update_message(message_id, content=text)
         self.store.delete_messages_after(message.conversation_id, message.seq)
         emit(self.messages_changed, message.conversation_id)
@@ -246,15 +254,16 @@ class ChatController(QObject):
 
     def delete_message(self, message_id: int) -> None:
         message = self.store.message(message_id)
-        if self._reply and self._reply.writer.message_id == message_id:
-            self.stop_and_forget()
+        if any(r.writer.message_id == message_id for r in self._replies.values()):
+            self.stop_and_forget(message.conversation_id)
         self.store.delete_message(message_id)
         emit(self.messages_changed, message.conversation_id)
         self._emit_context_usage()
 
-    def stop_and_forget(self) -> None:
-        """Stop the running reply and detach from it: its remaining events are ignored, its text is kept."""
-        reply, self._reply = self._reply, None
+    def stop_and_forget(self, conversation_id: int | None = None) -> None:
+        """Stop the reply of the shown conversation (or of ``conversation_id``) and detach from it: its remaining
+        events are ignored, its text is kept."""
+        reply = self._replies.pop(self.current_id if conversation_id is None else conversation_id, None)
         if reply is None:
             return
         self.host.stop(reply.request_id)
@@ -263,7 +272,8 @@ class ChatController(QObject):
         else:
             self.store.delete_message(reply.writer.message_id)
         emit(self.status, "Stopped")
-        emit(self.generating_changed, False)
+        if reply.conversation_id == self.current_id:
+            emit(self.generating_changed, False)
         emit(self.messages_changed, reply.conversation_id)
 
     def history(self, conversation_id: int) -> list[dict]:
@@ -283,20 +293,22 @@ class ChatController(QObject):
         if not path:
             emit(self.notice, "error", "No model to answer with. Open a GGUF file on the Models page.")
             return
+        model = (path, conv.settings.n_ctx)
+        for other in [r for r in self._replies.values() if r.model != model]:  # one model at a time
+            self.stop_and_forget(other.conversation_id)
         history = self.history(conv.id)
         options = {**conv.settings.sampling_kwargs(), "max_tokens": conv.settings.max_tokens,
                    "speculation": conv.settings.speculation_options(), "conversation_id": conv.id,
                    "thermal_mode": self.thermal_mode()}
         writer = self.store.begin_reply(conv.id)
         request_id = self.host.generate(path, conv.settings.n_ctx, history, options)
-        self._reply = _Reply(request_id, conv.id, writer)
+        self._replies[conv.id] = _Reply(request_id, conv.id, writer, model)
         emit(self.messages_changed, conv.id)
         emit(self.generating_changed, True)
         emit(self.status, "Thinking…")
 
     def _current_reply(self, request_id: int) -> _Reply | None:
-        reply = self._reply
-        return reply if reply is not None and reply.request_id == request_id else None
+        return next((r for r in self._replies.values() if r.request_id == request_id), None)
 
     @Slot(int, str)
     def _on_tokens(self, request_id: int, text: str) -> None:
@@ -315,7 +327,7 @@ class ChatController(QObject):
         reply = self._current_reply(request_id)
         if reply is None:
             return
-        self._reply = None
+        del self._replies[reply.conversation_id]
         state = "stopped" if stats.get("finish_reason") == "cancelled" else "complete"
         reply.writer.finish(state, stats)
         if stats.get("dropped"):
@@ -330,13 +342,13 @@ class ChatController(QObject):
         reply = self._current_reply(request_id)
         if reply is None:
             return
-        self._reply = None
+        del self._replies[reply.conversation_id]
         reply.writer.finish("error", {"error": message})
         emit(self.notice, "error", message)
         self._after_reply(reply, {"error": message})
 
     def _after_reply(self, reply: _Reply, stats: dict) -> None:
-        emit(self.status, "Ready")
+        emit(self.status, "Ready" if not self._replies else "Answering…")
         emit(self.reply_finished, reply.writer.message_id, stats)
         emit(self.conversations_changed)
         if reply.conversation_id == self.current_id:

@@ -81,7 +81,7 @@ class EngineSample:
 
 
 def read_engine(model, phase: str, now: float, request_id: int = 0, event=None, decode_tps_now: float = 0.0,
-                generating: bool = False, speculation=None, prefill_chunk: int = CHAT_PREFILL_CHUNK) -> EngineSample:
+                batch: int = 0, speculation=None, prefill_chunk: int = CHAT_PREFILL_CHUNK) -> EngineSample:
     """An EngineSample of ``model`` (an engine.model.Model, or None); call it on the thread that runs the model.
 
     ``speculation`` is the reply's ``(engine.speculative.Speculator, method)``, or None."""
@@ -99,7 +99,7 @@ def read_engine(model, phase: str, now: float, request_id: int = 0, event=None, 
         timings.update(speculation=method, drafted_tokens=s.proposed, accepted_tokens=s.accepted,
                        speedup_estimate=estimated_speedup(event.decode_tps, speculator.controller.costs.step_s))
     return EngineSample(now, phase, model.name, model.backend.name, request_id, **timings,
-                        decode_tps_now=decode_tps_now, prefill_chunk=prefill_chunk, batch=int(generating),
+                        decode_tps_now=decode_tps_now, prefill_chunk=prefill_chunk, batch=batch,
                         weights_bytes=memory.weights_bytes, scratch_bytes=memory.scratch_bytes,
                         device_active_bytes=memory.device_active_bytes, device_peak_bytes=memory.device_peak_bytes,
                         device_cache_bytes=memory.device_cache_bytes, kv=model.kv_cache_usage)
@@ -129,7 +129,7 @@ class EngineProbe:
         self._request_id, self._started_at, self._first_at, self._last_event = request_id, self.clock(), None, None
         self._speculation = (speculator, method) if speculator is not None else None
         self._prefill_chunk = prefill_chunk
-        self.send(read_engine(model, "prefill", self._started_at, request_id, generating=True,
+        self.send(read_engine(model, "prefill", self._started_at, request_id, batch=1,
                               prefill_chunk=prefill_chunk))
 
     def event(self, model, event) -> None:
@@ -141,9 +141,14 @@ class EngineProbe:
         elif now - self._sent_at < self.interval_s:
             return
         rate = 0.0 if first else _decode_rate(self._last_event, event)
-        self.send(read_engine(model, "decode", now, self._request_id, event, rate, generating=True,
+        self.send(read_engine(model, "decode", now, self._request_id, event, rate, batch=1,
                               speculation=self._speculation, prefill_chunk=self._prefill_chunk))
         self._sent_at, self._last_event = now, event
+
+    def batched(self, model, request_id: int, decode_tps: float, batch: int) -> None:
+        """Replies decode together (app/batched.py): ``decode_tps`` is their aggregate rate over the last interval,
+        ``batch`` how many sequences the last step decoded; ``request_id`` the reply on screen (0: none)."""
+        self.send(read_engine(model, "decode", self.clock(), request_id, decode_tps_now=decode_tps, batch=batch))
 
     def finished(self, model, last_event) -> dict:
         """The reply ended; returns the stats it adds: ``time_to_first_token_s`` (from the start of the request)."""

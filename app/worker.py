@@ -1,13 +1,16 @@
 """The engine worker: a QObject on its own QThread that loads models and streams replies; and its host.
 
-The GUI thread talks to the worker only through queued signals. The one direct call is ``request_stop``,
-which sets a flag the generation loop checks every token and calls ``Model.cancel`` (documented
-thread-safe by the engine) so a long prefill stops at its next chunk too.
+The GUI thread talks to the worker through queued signals, and a few thread-safe direct calls: ``request_stop``
+(and ``stop_all``), which mark a request stopped for the generation loop to see at its next token and call
+``Model.cancel`` (documented thread-safe by the engine) so a long prefill stops at its next chunk too; ``offer``,
+which hands a new request to the replies streaming now so it can join them (app/batched.py) instead of waiting
+in the queue; and ``note_shown``, the conversation on screen, whose reply decodes first.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -24,6 +27,7 @@ from engine.sampling import NonFiniteLogitsError
 from engine.scheduler import decode_load
 from engine.thermal import Mode, StreamPacer, ThermalMonitor, default_provider
 
+from .batched import COALESCE_S, SHOWN_PRIORITY, BatchedReply, BatchRunner, Hooks
 from .paths import file_name
 from .qt_compat import emit
 from .snapshot_cache import ConversationStates, SnapshotCache
@@ -34,8 +38,6 @@ from .telemetry import EngineProbe
 # computes NaN is a property of its file: a restart would load it and fail the same way.
 EXPECTED_ERRORS = (ModelFormatError, BackendUnavailableError, ContextOverflowError, TemplateError, OSError,
                    NonFiniteLogitsError)
-
-COALESCE_S = 0.03  # emit streamed text at most this often, so the GUI repaints at ~30 Hz at most
 
 EngineFactory = Callable[[str, int], object]  # (gguf path, n_ctx) -> engine.model.Model
 
@@ -120,15 +122,41 @@ class EngineWorker(QObject):
         self._shown: int | None = None  # the conversation the window shows; its state is restored after a load
         self._model = None
         self._model_key: tuple[str, int] | None = None
-        self._stopped_through = -1  # every request id up to this one was asked to stop
+        self._stopped: set[int] = set()  # request ids the user stopped
+        self._stopped_through = -1  # every request id up to this one is stopped (shutdown)
+        self._running = 0  # the lone reply streaming through Model.chat, whose prefill Model.cancel interrupts
+        self._lock = threading.Lock()  # guards _busy and _offers, shared with the GUI thread
+        self._busy = False  # in generate: requests offered now join the running reply
+        self._offers: list[tuple] = []  # generate arguments offered while busy, oldest first
+        self._shown_now: int | None = None  # the conversation on screen, told directly (the queue waits)
 
     # -- called from the GUI thread --------------------------------------------------------------------
     def request_stop(self, request_id: int) -> None:
-        """Stop request ``request_id`` (and any earlier one); thread-safe."""
-        self._stopped_through = max(self._stopped_through, request_id)
+        """Stop request ``request_id``; thread-safe."""
+        self._stopped.add(request_id)
+        model = self._model
+        if model is not None and request_id == self._running:
+            model.cancel()
+
+    def stop_all(self) -> None:
+        """Stop every request, running or queued; thread-safe."""
+        self._stopped_through = 1 << 62
         model = self._model
         if model is not None:
             model.cancel()
+
+    def offer(self, request_id: int, path: str, n_ctx: int, messages: list, options: dict) -> bool:
+        """Give a new request to the replies streaming now, to run beside them when it is for the same model
+        (or right after them); False when nothing streams and the request must be sent as a queued call."""
+        with self._lock:
+            if not self._busy:
+                return False
+            self._offers.append((request_id, path, n_ctx, messages, options))
+            return True
+
+    def note_shown(self, conversation_id: int | None) -> None:
+        """The conversation on screen, for the priorities of replies running together; thread-safe."""
+        self._shown_now = conversation_id
 
     # -- slots, run on the engine thread ------------------------------------------------------------
     @Slot(str, int)
@@ -185,10 +213,29 @@ class EngineWorker(QObject):
     @Slot(int, str, int, object, object)
     def generate(self, request_id: int, path: str, n_ctx: int, messages: list, options: dict) -> None:
         """Stream a reply to ``messages``; options: max_tokens, the sampling parameters and, optionally,
-        conversation_id (whose KV state is swapped in first) and speculation (``SpeculationChoice.from_options``)."""
+        conversation_id (whose KV state is swapped in first) and speculation (``SpeculationChoice.from_options``).
+
+        Requests ``offer``ed meanwhile for the same model join it (app/batched.py); the others run after it."""
+        with self._lock:
+            self._busy = True
+        try:
+            self._generate(request_id, path, n_ctx, messages, options)
+        finally:
+            while True:
+                with self._lock:
+                    if not self._offers:
+                        self._busy = False
+                        break
+                    offer = self._offers.pop(0)
+                self._generate(*offer)
+
+    def _is_stopped(self, request_id: int) -> bool:
+        return request_id in self._stopped or request_id <= self._stopped_through
+
+    def _generate(self, request_id: int, path: str, n_ctx: int, messages: list, options: dict) -> None:
         options = dict(options)
         conversation_id = options.pop("conversation_id", None)
-        if self._stopped_through >= request_id:
+        if self._is_stopped(request_id):
             emit(self.finished, request_id, {"finish_reason": "cancelled", "generated_tokens": 0})
             return
         try:
@@ -198,11 +245,12 @@ class EngineWorker(QObject):
             emit(self.load_failed, path, describe(exc))
             emit(self.error, request_id, f"Could not load the model: {describe(exc)}")
             return
-        if self._stopped_through >= request_id:  # stopped while the model loaded: Model.cancel could not reach it
+        if self._is_stopped(request_id):  # stopped while the model loaded: Model.cancel could not reach it
             emit(self.finished, request_id, {"finish_reason": "cancelled", "generated_tokens": 0})
             return
         try:
             self._switch(conversation_id)
+            self._running = request_id
             self._stream(request_id, messages, options, conversation_id)
         except Exception as exc:  # noqa: BLE001
             self._probe.model_changed(self._model)  # back to idle (or "none" once closed below)
@@ -210,6 +258,8 @@ class EngineWorker(QObject):
             if not classify(exc):
                 self._close_model()
                 emit(self.crashed, _summary(exc))
+        finally:
+            self._running = 0
 
     def shutdown(self) -> None:
         """Keep the live conversation's state on disk for the next run, then close the model; called by the host
@@ -265,11 +315,18 @@ class EngineWorker(QObject):
         dropped, events = self._model.chat(messages, params=self._params_factory(options), max_tokens=max_tokens,
                                            overflow="drop_oldest", prefill_chunk=chunk, speculation=speculator)
         try:
-            last = self._emit_coalesced(request_id, events, timed=speculator is None)
+            last, hand_over = self._emit_coalesced(request_id, events, timed=speculator is None)
         finally:
             events.close()  # runs the engine's clean-up now, also when we stopped early
             note = self._states.take_note()
             self._states.changed(conversation_id)
+        if hand_over:  # another request for this model arrived: go on together
+            self._running = 0
+            self._probe.finished(self._model, last)
+            self._run_batched(BatchedReply(request_id, conversation_id, self._model.continuation(
+                max_tokens - last.generated_tokens, self._priority(conversation_id)), dropped, before=last))
+            self._states.changed(conversation_id)
+            return
         timing = self._probe.finished(self._model, last)
         stats = {**self._stats(last, dropped, request_id), **(note or {}), **timing}
         if speculator is not None and last is not None:  # (cancelled during prefill: the stats are the last reply's)
@@ -279,12 +336,13 @@ class EngineWorker(QObject):
         emit(self.finished, request_id, stats)
 
     def _emit_coalesced(self, request_id: int, events, timed: bool = True):
-        """Emit the events' text in batches at most COALESCE_S apart; stop when asked. Returns the last event.
+        """Emit the events' text in batches at most COALESCE_S apart; stop when asked. Returns the last event, and
+        True when it stopped to hand the reply over because a request for this model was offered meanwhile.
 
         Between tokens the thermal pacer rests if the policy says so; with ``timed`` each token's time also feeds
         its drift detector (not with speculation, whose tokens arrive several per verify pass)."""
-        pending, last_emit, last, rested = "", time.monotonic(), None, 0.0
-        stopped = lambda: self._stopped_through >= request_id  # noqa: E731
+        pending, last_emit, last, rested, hand_over = "", time.monotonic(), None, 0.0, False
+        stopped = lambda: self._is_stopped(request_id)  # noqa: E731
         for event in events:
             if last is not None:  # the time between two tokens holds the rest taken after the first: not compute
                 seconds = event.decode_s - last.decode_s - rested if timed else None
@@ -294,18 +352,75 @@ class EngineWorker(QObject):
             pending += event.text
             if stopped():
                 break
+            self._answer_stopped_offers()
+            if event.finish_reason is None and self._compatible_offer():
+                hand_over = True
+                break
             if pending and time.monotonic() - last_emit >= COALESCE_S:
                 emit(self.tokens, request_id, pending)
                 pending, last_emit = "", time.monotonic()
         if pending:
             emit(self.tokens, request_id, pending)
-        return last
+        return last, hand_over
+
+    # -- several replies at once ----------------------------------------------------------------------
+    def _compatible_offer(self) -> bool:
+        """An offered request for the loaded model (path and context length) is waiting."""
+        with self._lock:
+            return any((path, n_ctx) == self._model_key for _, path, n_ctx, _, _ in self._offers)
+
+    def _answer_stopped_offers(self) -> None:
+        """Offered requests stopped before they started end now, not after the reply streaming meanwhile."""
+        with self._lock:
+            stopped = [o for o in self._offers if self._is_stopped(o[0])]
+            self._offers = [o for o in self._offers if not self._is_stopped(o[0])]
+        for request_id, *_ in stopped:
+            emit(self.finished, request_id, {"finish_reason": "cancelled", "generated_tokens": 0})
+
+    def _priority(self, conversation_id: int | None) -> int:
+        return SHOWN_PRIORITY if conversation_id is not None and conversation_id == self._shown_now else 0
+
+    def _run_batched(self, first: BatchedReply) -> None:
+        """Run ``first`` (handed over from the lone stream) and the offered requests for this model together."""
+        model = self._model
+        hooks = Hooks(tokens=lambda rid, text: emit(self.tokens, rid, text),
+                      finished=lambda rid, stats: emit(self.finished, rid, stats),
+                      failed=lambda rid, message: emit(self.error, rid, message),
+                      stopped=self._is_stopped, shown=lambda: self._shown_now, admit=self._admit_offers,
+                      sample=lambda rid, rate, batch: self._probe.batched(model, rid, rate, batch))
+        runner = BatchRunner(model, self._pacer.monitor, hooks)
+        runner.add(first)
+        emit(self.progress, "Answering several conversations at once…")
+        try:
+            runner.run()
+        finally:
+            model.settle(first.sequence)  # the model's cache holds the handed-over reply
+            self._probe.model_changed(model)
+
+    def _admit_offers(self, runner: BatchRunner) -> None:
+        """Move the offered requests for this model into ``runner``; the others wait for the next generate."""
+        self._answer_stopped_offers()
+        with self._lock:
+            mine = [o for o in self._offers if (o[1], o[2]) == self._model_key]
+            self._offers = [o for o in self._offers if (o[1], o[2]) != self._model_key]
+        for request_id, _path, _n_ctx, messages, options in mine:
+            options = dict(options)
+            conversation_id = options.pop("conversation_id", None)
+            max_tokens = int(options.pop("max_tokens", 512))
+            for key in ("speculation", "thermal_mode"):  # one model pass per step for all: no drafts
+                options.pop(key, None)
+            try:
+                dropped, request = self._model.chat_request(messages, self._params_factory(options), max_tokens,
+                                                            self._priority(conversation_id))
+                runner.add(BatchedReply(request_id, conversation_id, request, dropped))
+            except Exception as exc:  # noqa: BLE001 - a bad prompt or template fails its own request only
+                emit(self.error, request_id, describe(exc))
 
     def _stats(self, last, dropped: int, request_id: int) -> dict:
         stats = {"dropped": dropped, "n_ctx": self._model.n_ctx, "model": self._model.name}
         if last is None:  # cancelled during prefill
             return {**stats, "finish_reason": "cancelled", "generated_tokens": 0}
-        reason = last.finish_reason or ("cancelled" if self._stopped_through >= request_id else "length")
+        reason = last.finish_reason or ("cancelled" if self._is_stopped(request_id) else "length")
         return {**stats, "finish_reason": reason, "generated_tokens": last.generated_tokens,
                 "prompt_tokens": last.prompt_tokens, "cached_tokens": last.cached_tokens,
                 "prefill_s": round(last.prefill_s, 4), "decode_s": round(last.decode_s, 4),
@@ -374,6 +489,7 @@ class EngineHost(QObject):
         self._thread.setObjectName("hearth-engine")
         self._worker = EngineWorker(self._engine_factory, self._params_factory, self._snapshots, self.thermal)
         self._worker.moveToThread(self._thread)
+        self._worker.note_shown(self._shown)
         w = self._worker
         links = [(self.load_requested, w.load), (self.prompt_requested, w.generate),
                  (self.unload_requested, w.unload), (w.crashed, self._on_crashed),
@@ -390,7 +506,7 @@ class EngineHost(QObject):
         worker, thread = self._worker, self._thread
         if thread is None:
             return
-        worker.request_stop(self._next_id)
+        worker.stop_all()
         for connection in self._connections:
             # by connection handle: PySide6 6.12's signal.disconnect(slot) corrupts the refcount of False
             QObject.disconnect(connection)
@@ -413,12 +529,16 @@ class EngineHost(QObject):
         self._next_id += 1
         self._unanswered.add(self._next_id)
         self._last_load = (path, n_ctx)
-        emit(self.prompt_requested, self._next_id, path, n_ctx, [dict(m) for m in messages], dict(options))
+        args = (self._next_id, path, n_ctx, [dict(m) for m in messages], dict(options))
+        if self._worker is None or not self._worker.offer(*args):  # offered: it joins the replies streaming now
+            emit(self.prompt_requested, *args)
         return self._next_id
 
     def activate(self, conversation_id: int | None) -> None:
         """Tell the worker which conversation is shown, so it swaps that conversation's KV state in early."""
         self._shown = conversation_id
+        if self._worker is not None:
+            self._worker.note_shown(conversation_id)
         emit(self.activate_requested, conversation_id)
 
     def save_state(self, conversation_id: int, model_path: str, n_ctx: int, path: str, messages: list[dict],

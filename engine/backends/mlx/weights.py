@@ -19,7 +19,7 @@ from gguf.quants import dequantize
 from ...gguf_file import GGUFFile, ModelFormatError
 from .repack import DENSE_ITEMSIZE, GROUP, REPACKS, repack_rows
 
-CHUNK_ELEMENTS = 1 << 18  # weights repacked at a time: each float32 temporary of a requantization is 1 MiB
+CHUNK_ELEMENTS = 1 << 16  # weights repacked at a time: each float32 temporary of a requantization is 256 KiB
 RESIDUAL_DTYPE = mx.float32  # the residual stream, embeddings, the main norms and the logits
 
 

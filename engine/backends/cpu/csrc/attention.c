@@ -12,7 +12,7 @@
 #include <string.h>
 
 #define ROWS_PER_TASK 16     /* prefill rows per task, all heads of one kv head: they share each key block */
-#define KV_BUF_FLOATS 16384  /* a converted float16 key block and value block (64 KiB on the stack) */
+#define KV_BUF_FLOATS 16384  /* a float16 key block and value block converted, where they are not read in place */
 #define DECODE_SLOT(dv) ((size_t)(dv) + 2)  /* m, l, O[dv] */
 #define PREFILL_SLOT(dv) ((size_t)(dv) + 4) /* m, l, O[dv] of the chunk, then M, L of the row */
 
@@ -59,15 +59,40 @@ void hk_attention_layout(const hk_model *m, const hk_seq *seqs, int n_seqs, size
     }
 }
 
-/* Keys (which 0) or values (1) [j0, j1) of kv head kvh, as float32: the cache itself, or converted into buf. */
-static const float *kv_block(const hk_att *a, const hk_seq *s, int kvh, int which, int j0, int j1, float *buf) {
+/* Keys and values [j0, j1) of one kv head as the products read them: k and v point at key j0 and value j0,
+   float16 (f16) or float32. A float16 cache is read in place where the vector table has float16 products,
+   else converted into buf (room for the block's keys, then its values). */
+typedef struct {
+    const void *k, *v;
+    int f16;
+} kv_span;
+
+static kv_span kv_block(const hk_att *a, const hk_seq *s, int kvh, int j0, int j1, float *buf) {
     const hk_config *c = &a->m->c;
-    int dim = which ? c->v_head_dim : c->head_dim;
-    size_t off = (((size_t)a->layer * c->n_kv_heads + kvh) * s->capacity + j0) * dim;
-    const void *base = which ? s->v : s->k;
-    if (!s->kv_f16) return (const float *)base + off;
-    a->vo->f16_to_f32((const uint16_t *)base + off, buf, (j1 - j0) * dim);
-    return buf;
+    const int d = c->head_dim, dv = c->v_head_dim;
+    const size_t row = ((size_t)a->layer * c->n_kv_heads + kvh) * s->capacity + j0;
+    if (!s->kv_f16) return (kv_span){(const float *)s->k + row * d, (const float *)s->v + row * dv, 0};
+    const uint16_t *k = (const uint16_t *)s->k + row * d, *v = (const uint16_t *)s->v + row * dv;
+    if (a->vo->scores_f16 && a->vo->pv_f16) return (kv_span){k, v, 1};
+    float *vbuf = buf + (size_t)(j1 - j0) * d;
+    a->vo->f16_to_f32(k, buf, (j1 - j0) * d);
+    a->vo->f16_to_f32(v, vbuf, (j1 - j0) * dv);
+    return (kv_span){buf, vbuf, 0};
+}
+
+/* The span from key i of kv on (i < the block's length). */
+static kv_span kv_from(kv_span kv, int i, int d, int dv) {
+    size_t es = kv.f16 ? 2 : 4;
+    return (kv_span){(const char *)kv.k + (size_t)i * d * es, (const char *)kv.v + (size_t)i * dv * es, kv.f16};
+}
+
+/* Ask for keys (which 0) or values (1) [j0, j1) of kv head kvh ahead of their use: a decode row reads each
+   sequence's cache once per layer, from memory, and the hardware prefetcher starts late on every new block. */
+static void prefetch_kv(const hk_att *a, const hk_seq *s, int kvh, int which, int j0, int j1) {
+    const hk_config *c = &a->m->c;
+    const size_t dim = which ? c->v_head_dim : c->head_dim, elt = s->kv_f16 ? 2 : 4;
+    const char *p = (const char *)(which ? s->v : s->k) + (((size_t)a->layer * c->n_kv_heads + kvh) * s->capacity + j0) * dim * elt;
+    for (size_t off = 0, n = (size_t)(j1 - j0) * dim * elt; off < n; off += 64) __builtin_prefetch(p + off, 0, 3);
 }
 
 #define HEADS_PER_PASS 16 /* query heads of one kv head folded together (their scores on the stack) */
@@ -75,10 +100,12 @@ static const float *kv_block(const hk_att *a, const hk_seq *s, int kvh, int whic
 /* Fold n keys into the online-softmax states of nr <= HEADS_PER_PASS query heads of one position: head i's
    query at q + i * d, its state (m, l, O[dv]) at st + i * stride. The rows share every key and value load;
    each row's arithmetic is what it would be alone. */
-static void update(const hk_vecops *vo, const float *q, int nr, const float *k, const float *v, int n, int d, int dv,
-                   float *st, size_t stride) {
+static void update(const hk_vecops *vo, const float *q, int nr, kv_span kv, int n, int d, int dv, float *st, size_t stride) {
     float s[HEADS_PER_PASS * 64];
-    vo->scores(q, d, nr, k, d, n, s, 64);
+    if (kv.f16)
+        vo->scores_f16(q, d, nr, kv.k, d, n, s, 64);
+    else
+        vo->scores(q, d, nr, kv.k, d, n, s, 64);
     for (int i = 0; i < nr; i++) {
         float *m = st + i * stride, *l = m + 1, *si = s + i * 64;
         float mb = vo->max(si, n);
@@ -92,15 +119,18 @@ static void update(const hk_vecops *vo, const float *q, int nr, const float *k, 
         }
         *l += vo->exp_sum(si, n, *m);
     }
-    vo->pv(s, 64, nr, v, dv, n, st + 2, (int)stride);
+    if (kv.f16)
+        vo->pv_f16(s, 64, nr, kv.v, dv, n, st + 2, (int)stride);
+    else
+        vo->pv(s, 64, nr, kv.v, dv, n, st + 2, (int)stride);
 }
 
 /* update() for all the query heads [h0, h1) of one kv head, HEADS_PER_PASS at a time. */
-static void update_heads(const hk_att *a, int r, int h0, int h1, const float *k, const float *v, int n, float *st, size_t stride) {
+static void update_heads(const hk_att *a, int r, int h0, int h1, kv_span kv, int n, float *st, size_t stride) {
     const hk_config *c = &a->m->c;
     for (int h = h0; h < h1; h += HEADS_PER_PASS) {
         int nr = h1 - h < HEADS_PER_PASS ? h1 - h : HEADS_PER_PASS;
-        update(a->vo, a->q + ((size_t)r * c->n_heads + h) * c->head_dim, nr, k, v, n, c->head_dim, c->v_head_dim,
+        update(a->vo, a->q + ((size_t)r * c->n_heads + h) * c->head_dim, nr, kv, n, c->head_dim, c->v_head_dim,
                st + (size_t)(h - h0) * stride, stride);
     }
 }
@@ -122,11 +152,10 @@ static void merge(const hk_vecops *vo, float *M, float *L, float *o, float mc, f
 static void decode_task(const hk_att *a, const hk_att_task *t) {
     const hk_config *c = &a->m->c;
     const hk_seq *s = &a->seqs[t->seq];
-    const int d = c->head_dim, dv = c->v_head_dim, group = c->n_heads / c->n_kv_heads, bk = block_keys(c);
+    const int dv = c->v_head_dim, group = c->n_heads / c->n_kv_heads, bk = block_keys(c);
     const int r = t->row0, p = a->row_pos[r], nch = p / HK_ATT_CHUNK + 1;
     const int start = imax(lowest_key(p, a->window), t->chunk * HK_ATT_CHUNK), end = imin(p + 1, (t->chunk + 1) * HK_ATT_CHUNK);
-    float kbuf[KV_BUF_FLOATS];
-    float *vbuf = kbuf + bk * d;
+    float buf[KV_BUF_FLOATS];
     for (int h = t->kvh * group; h < (t->kvh + 1) * group; h++) {
         float *st = a->partial + a->row_slot[r] + ((size_t)h * nch + t->chunk) * DECODE_SLOT(dv);
         st[0] = -INFINITY;
@@ -135,9 +164,13 @@ static void decode_task(const hk_att *a, const hk_att_task *t) {
     }
     for (int j0 = start / bk * bk; j0 < end; j0 += bk) {
         int ka = imax(j0, start), kb = imin(j0 + bk, end);
-        const float *K = kv_block(a, s, t->kvh, 0, ka, kb, kbuf), *V = kv_block(a, s, t->kvh, 1, ka, kb, vbuf);
+        if (kb < end) { /* the next block, while this one is computed */
+            prefetch_kv(a, s, t->kvh, 0, kb, imin(kb + bk, end));
+            prefetch_kv(a, s, t->kvh, 1, kb, imin(kb + bk, end));
+        }
+        kv_span kv = kv_block(a, s, t->kvh, ka, kb, buf);
         float *st = a->partial + a->row_slot[r] + ((size_t)t->kvh * group * nch + t->chunk) * DECODE_SLOT(dv);
-        update_heads(a, r, t->kvh * group, (t->kvh + 1) * group, K, V, kb - ka, st, (size_t)nch * DECODE_SLOT(dv));
+        update_heads(a, r, t->kvh * group, (t->kvh + 1) * group, kv, kb - ka, st, (size_t)nch * DECODE_SLOT(dv));
     }
 }
 
@@ -147,8 +180,7 @@ static void prefill_task(const hk_att *a, const hk_att_task *t) {
     const int d = c->head_dim, dv = c->v_head_dim, group = c->n_heads / c->n_kv_heads, bk = block_keys(c);
     const int h0 = t->kvh * group, h1 = h0 + group;
     const int lo_first = lowest_key(a->row_pos[t->row0], a->window), p_last = a->row_pos[t->row1 - 1];
-    float kbuf[KV_BUF_FLOATS];
-    float *vbuf = kbuf + bk * d;
+    float buf[KV_BUF_FLOATS];
 #define SLOT(r, h) (a->partial + a->row_slot[r] + (size_t)(h) * PREFILL_SLOT(dv))
 #define OUT(r, h) (a->att + ((size_t)(r) * c->n_heads + (h)) * dv)
     for (int r = t->row0; r < t->row1; r++)
@@ -167,12 +199,11 @@ static void prefill_task(const hk_att *a, const hk_att_task *t) {
             }
         for (int j0 = cs / bk * bk; j0 < ce; j0 += bk) {
             int ka = imax(j0, cs), kb = imin(j0 + bk, ce);
-            const float *K = kv_block(a, s, t->kvh, 0, ka, kb, kbuf), *V = kv_block(a, s, t->kvh, 1, ka, kb, vbuf);
+            kv_span kv = kv_block(a, s, t->kvh, ka, kb, buf);
             for (int r = t->row0; r < t->row1; r++) {
                 int p = a->row_pos[r], ra = imax(j0, lowest_key(p, a->window)), rb = imin(j0 + bk, p + 1);
                 if (ra >= rb) continue;
-                update_heads(a, r, h0, h1, K + (size_t)(ra - ka) * d, V + (size_t)(ra - ka) * dv, rb - ra, SLOT(r, h0),
-                             PREFILL_SLOT(dv));
+                update_heads(a, r, h0, h1, kv_from(kv, ra - ka, d, dv), rb - ra, SLOT(r, h0), PREFILL_SLOT(dv));
             }
         }
         for (int r = t->row0; r < t->row1; r++)

@@ -18,6 +18,9 @@ typedef struct {
     /* o[r * os + (0:dv)] += sum_j p[r * ps + j] * v[j * dv ...] for r < nr, j < n; a row's result does not
        depend on nr */
     void (*pv)(const float *p, int ps, int nr, const float *v, int dv, int n, float *o, int os);
+    /* scores and pv on float16 keys and values, converted as they load (NULL: convert a block first) */
+    void (*scores_f16)(const float *q, int qs, int nr, const uint16_t *k, int d, int n, float *s, int ss);
+    void (*pv_f16)(const float *p, int ps, int nr, const uint16_t *v, int dv, int n, float *o, int os);
     /* o = o * a + x * b */
     void (*axpby)(float *o, float a, const float *x, float b, int n);
     void (*scale)(float *x, int n, float s);

@@ -1,7 +1,7 @@
 """StreamPacer: the thermal limits applied to one stream generated outside the Scheduler.
 
-The app's chat replies run through ``Model.chat`` one at a time; the pacer gives each reply the prefill chunk the
-policy allows, feeds every decode step's time to the drift detector, caps a speculator's draft length, and rests
+A lone chat reply in the app runs through ``Model.chat`` (replies that overlap run under the Scheduler, which
+applies the limits itself); the pacer gives that reply the prefill chunk the policy allows, feeds every decode step's time to the drift detector, caps a speculator's draft length, and rests
 between tokens when the policy asks for a pause (at "critical"), in short slices so Stop still acts at once.
 """
 

@@ -16,6 +16,7 @@ from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
 
 from engine.backends.mlx.kv_cache import MAX_CHUNK, sliding_slots
+from engine.backends.mlx.weights import QuantizedMatrix, QuantizedRows, mlx_weight_bytes
 from engine.backends.mlx_backend import MlxBackend
 from engine.backends.numpy_backend import NumpyBackend
 from engine.config import ModelConfig
@@ -147,6 +148,19 @@ def test_linear_rope_scaling_and_untied_dense_output_match_numpy(tmp_path):
     ours, ref = load_pair(path)
     assert ours.config.rope_scale == 4.0 and not ours.config.tied_embeddings
     ids = token_ids(30, ours.config.n_vocab, seed=3)
+    np.testing.assert_allclose(ours.forward(ids, ours.new_cache(32), all_logits=True),
+                               ref.forward(ids, ref.new_cache(32), all_logits=True), atol=TINY_TOLERANCE, rtol=0)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q5_0", "Q8_0"])
+def test_untied_embedding_keeps_no_biases_and_matches_numpy(qtype, tmp_path):
+    """An untied embedding is only read by rows: its biases (-zero_code * scale) are made for those rows."""
+    path = write_tiny_llama(tmp_path / f"untied-{qtype}.gguf", tie_embeddings=False,
+                            tensor_types={"token_embd.weight": qtype, "output.weight": "Q8_0"})
+    ours, ref = load_pair(path)
+    assert isinstance(ours.token_embd, QuantizedRows) and isinstance(ours.output, QuantizedMatrix)
+    assert ours.weights_nbytes() == mlx_weight_bytes(read_gguf(path))
+    ids = token_ids(30, ours.config.n_vocab, seed=5)
     np.testing.assert_allclose(ours.forward(ids, ours.new_cache(32), all_logits=True),
                                ref.forward(ids, ref.new_cache(32), all_logits=True), atol=TINY_TOLERANCE, rtol=0)
 
@@ -428,6 +442,7 @@ def test_greedy_decode_one_token_at_a_time_matches_llama_cpp(real):
 
 MEMORY_SCRIPT = """
 import json, sys, psutil, mlx.core as mx
+from engine.backends.mlx.weights import QuantizedMatrix, QuantizedRows, mlx_weight_bytes
 from engine.backends.mlx_backend import MlxBackend
 from engine.backends.mlx.weights import mlx_weight_bytes
 from engine.config import ModelConfig

@@ -133,3 +133,19 @@ def test_legacy_types_match_what_mx_load_reads_from_gguf(tiny_model_path):
 def test_unsupported_type_is_refused():
     with pytest.raises(ValueError, match="IQ2_XXS"):
         repack_rows(np.zeros((1, 66), np.uint8), Q.IQ2_XXS)
+
+
+@pytest.mark.parametrize("qtype", [t for t, r in REPACKS.items() if r.zero_code is not None], ids=lambda t: t.name)
+def test_types_with_a_zero_code_have_biases_of_minus_zero_code_scales(qtype):
+    """What lets an untied embedding drop its biases (QuantizedRows): the rows it gives are the same, bit for bit."""
+    from engine.backends.mlx.weights import QuantizedMatrix, QuantizedRows
+
+    block = GGML_QUANT_SIZES[qtype][0]
+    a = repack_rows(random_blocks(qtype, rows=6, blocks_per_row=max(1, 256 // block)), qtype)
+    zero_code, bits = REPACKS[qtype].zero_code, REPACKS[qtype].bits
+    np.testing.assert_array_equal(a.biases, (a.scales * -zero_code).astype(np.float16))
+    packed, scales, ids = mx.array(a.packed), mx.array(a.scales), mx.array([5, 0, 3, 3])
+    full = QuantizedMatrix(packed, scales, mx.array(a.biases), bits).rows(ids)
+    rows_only = QuantizedRows(packed, scales, zero_code, bits)
+    np.testing.assert_array_equal(np.array(rows_only.rows(ids)), np.array(full))
+    np.testing.assert_array_equal(np.array(rows_only.biases), a.biases)

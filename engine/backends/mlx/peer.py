@@ -1,7 +1,8 @@
 """The benchmark peer: mlx-lm's own model code for the same architecture, holding this backend's weight arrays.
 
 The peer gets the very same quantized arrays (no copy), mapped to mlx-lm's parameter names, so a benchmark
-compares the decoders, not the weights. mlx-lm computes in the dtype its embedding lookup returns (float16,
+compares the decoders, not the weights; only an untied embedding's biases, which this backend does not keep
+(weights.QuantizedRows), are made for it. mlx-lm computes in the dtype its embedding lookup returns (float16,
 the scales' dtype), which is what this backend's products use on the GPU; on the CPU, where this backend
 computes in float32, the peer's embedding lookup is cast to float32 too (float16 is an order of magnitude
 slower on MLX's CPU device, which would flatter us). Needs the optional ``mlx-lm`` package.
@@ -84,6 +85,7 @@ def build_peer(backend) -> nn.Module:
     bits = {name.rsplit(".", 1)[0]: _bits(backend, name) for name in weights if name.endswith(".scales")}
     nn.quantize(model, class_predicate=lambda path, _: path in bits and {"group_size": GROUP, "bits": bits[path]})
     model.load_weights(list(weights.items()), strict=True)
+    mx.eval(model.parameters())  # biases made for the peer are held from here on, not at its first step
     if backend.dtype == mx.float32:
         model.model.embed_tokens = _Float32Embedding(model.model.embed_tokens)
     model.eval()

@@ -39,6 +39,7 @@ class Repack:
     bits: int
     exactness: str  # "exact", "fp16-scales" or "requantized": what the tests hold each type to
     unpack: Callable[[np.ndarray], Unpacked]
+    zero_code: int | None = None  # the code of 0 when every bias is -zero_code * scale (None: biases are free)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,13 +188,13 @@ def _requantize(sub: Callable, src_bits: int, bits: int) -> Callable[[np.ndarray
 
 
 REPACKS: dict[GGMLQuantizationType, Repack] = {
-    Q.Q4_0: Repack(4, "exact", _q4_0),
+    Q.Q4_0: Repack(4, "exact", _q4_0, zero_code=8),
     Q.Q4_1: Repack(4, "exact", _q4_1),
-    Q.Q5_0: Repack(5, "exact", _q5_0),
+    Q.Q5_0: Repack(5, "exact", _q5_0, zero_code=16),
     Q.Q5_1: Repack(5, "exact", _q5_1),
-    Q.Q8_0: Repack(8, "exact", _q8_0),
-    Q.TQ1_0: Repack(2, "exact", _ternary(Q.TQ1_0)),
-    Q.TQ2_0: Repack(2, "exact", _ternary(Q.TQ2_0)),
+    Q.Q8_0: Repack(8, "exact", _q8_0, zero_code=128),
+    Q.TQ1_0: Repack(2, "exact", _ternary(Q.TQ1_0), zero_code=1),
+    Q.TQ2_0: Repack(2, "exact", _ternary(Q.TQ2_0), zero_code=1),
     Q.Q4_K: Repack(4, "fp16-scales", _q4_k),
     Q.Q5_K: Repack(5, "fp16-scales", _q5_k),
     Q.Q6_K: Repack(8, "requantized", _requantize(_q6_k_sub, 6, 8)),

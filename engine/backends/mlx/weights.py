@@ -58,6 +58,33 @@ class QuantizedMatrix:
 
 
 @dataclasses.dataclass(frozen=True)
+class QuantizedRows:
+    """A (rows, cols) weight only ever read by rows (an untied token embedding) whose GGML type has biases of
+    ``-zero_code * scale`` (Q4_0, Q5_0, Q8_0, TQ1_0, TQ2_0): MLX's codes and scales without the biases, which
+    are made for the rows read: half a bit per weight less than a QuantizedMatrix, the same rows.
+    """
+
+    packed: mx.array  # (rows, cols * bits // 32) uint32
+    scales: mx.array  # (rows, cols // GROUP) float16
+    zero_code: int  # a power of two (or 1), so -zero_code * scale is exact in float16 and float32
+    bits: int
+
+    def rows(self, ids: mx.array) -> mx.array:
+        """Rows ``ids`` dequantized to float32, (n, cols), as QuantizedMatrix.rows gives them."""
+        scales = self.scales[ids].astype(mx.float32)
+        return mx.dequantize(self.packed[ids], scales, scales * -self.zero_code, group_size=GROUP, bits=self.bits)
+
+    @property
+    def biases(self) -> mx.array:
+        """The biases a QuantizedMatrix would hold, (rows, cols // GROUP) float16, made anew (for mlx-lm's peer)."""
+        return self.scales * -self.zero_code
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes + self.scales.nbytes
+
+
+@dataclasses.dataclass(frozen=True)
 class DenseMatrix:
     """A (rows, cols) weight kept in its stored float type (float32, float16 or bfloat16)."""
 
@@ -110,6 +137,7 @@ class TensorReader:
 
 def mlx_weight_bytes(gguf: GGUFFile) -> int:
     """The bytes the MLX backend will allocate for ``gguf``'s weights, from the tensor table alone."""
+    rows_only = "token_embd.weight" if "output.weight" in gguf.tensors else None  # untied: see load_rows
     total = 0
     for info in gguf.tensors.values():
         n = info.n_elements
@@ -118,7 +146,9 @@ def mlx_weight_bytes(gguf: GGUFFile) -> int:
         elif info.qtype in DENSE_ITEMSIZE:
             total += DENSE_ITEMSIZE[info.qtype] * n
         elif info.qtype in REPACKS:
-            total += n * REPACKS[info.qtype].bits // 8 + n // GROUP * 4  # codes, float16 scale and bias
+            repack = REPACKS[info.qtype]
+            per_group = 2 if info.name == rows_only and repack.zero_code is not None else 4  # float16 scale, bias
+            total += n * repack.bits // 8 + n // GROUP * per_group
         else:
             total += info.nbytes  # refused at load anyway
     return total
@@ -131,26 +161,37 @@ def load_matrix(reader: TensorReader, name: str) -> Matrix:
         return DenseMatrix(_dense(reader, name, qtype))
     if qtype not in REPACKS:
         raise ModelFormatError(f"tensor {name!r} has type {qtype.name}, which the MLX backend does not support")
-    return _quantized(reader, name, qtype)
+    return QuantizedMatrix(*_repacked(reader, name, qtype), REPACKS[qtype].bits)
 
 
-def _quantized(reader: TensorReader, name: str, qtype: GGMLQuantizationType) -> QuantizedMatrix:
+def load_rows(reader: TensorReader, name: str) -> Matrix | QuantizedRows:
+    """Tensor ``name`` for row lookups only: a QuantizedRows where its type's biases follow from its scales."""
+    qtype = reader.gguf.tensor(name).qtype
+    zero_code = REPACKS[qtype].zero_code if qtype in REPACKS else None
+    if zero_code is None:
+        return load_matrix(reader, name)
+    packed, scales, _ = _repacked(reader, name, qtype, with_biases=False)
+    return QuantizedRows(packed, scales, zero_code, REPACKS[qtype].bits)
+
+
+def _repacked(reader: TensorReader, name: str, qtype: GGMLQuantizationType,
+              with_biases: bool = True) -> tuple[mx.array, mx.array, mx.array | None]:
+    """(packed, scales, biases or None) of tensor ``name`` in MLX affine form, repacked chunk by chunk."""
     info, bits = reader.gguf.tensor(name), REPACKS[qtype].bits
     n_rows, cols = int(np.prod(info.shape[1:])), info.shape[0]
     if cols % GROUP:
         raise ModelFormatError(f"tensor {name!r}: row length {cols} is not a multiple of {GROUP}")
-    packed = mx.zeros((n_rows, cols * bits // 32), mx.uint32)
-    scales = mx.zeros((n_rows, cols // GROUP), mx.float16)
-    biases = mx.zeros((n_rows, cols // GROUP), mx.float16)
+    arrays = [mx.zeros((n_rows, cols * bits // 32), mx.uint32), mx.zeros((n_rows, cols // GROUP), mx.float16)]
+    if with_biases:
+        arrays.append(mx.zeros((n_rows, cols // GROUP), mx.float16))
     step = max(1, CHUNK_ELEMENTS // cols)
     for start in range(0, n_rows, step):
         stop = min(n_rows, start + step)
-        rows = repack_rows(reader.read_rows(name, start, stop), qtype)
-        packed[start:stop] = mx.array(rows.packed)
-        scales[start:stop] = mx.array(rows.scales)
-        biases[start:stop] = mx.array(rows.biases)
-        mx.eval(packed, scales, biases)  # write in place now, so only one chunk is ever pending
-    return QuantizedMatrix(packed, scales, biases, bits)
+        chunk = repack_rows(reader.read_rows(name, start, stop), qtype)
+        for array, part in zip(arrays, (chunk.packed, chunk.scales, chunk.biases)):
+            array[start:stop] = mx.array(part)
+        mx.eval(arrays)  # write in place now, so only one chunk is ever pending
+    return arrays[0], arrays[1], arrays[2] if with_biases else None
 
 
 def _dense(reader: TensorReader, name: str, qtype: GGMLQuantizationType) -> mx.array:

@@ -10,18 +10,25 @@ after it. Every rate is also given per second of this process's CPU time (``*_cp
 run on its worker threads, so that clock counts the engines' own work and not the other processes of a
 shared machine, which is what decides whether our code adds work over mlx-lm's.
 
-Memory is measured before the peer exists: RSS before the backend's load (the Python runtime, MLX and the
-parsed GGUF metadata, vocabulary included), after it, and the peak through it; ``peak_rss_mb_after_runs``
-includes the peer's modules (which hold our arrays, not copies) and both engines' KV caches.
+Memory is measured in fresh processes, one per engine, so neither the other engine nor the timed runs
+count: RSS once the runtime and MLX are up (``rss_before_load_mb``), after reading the GGUF and loading the
+backend (``rss_after_load_mb``), the process's peak through it (``peak_rss_mb``: VmHWM on Linux, ru_maxrss
+elsewhere) and MLX's active memory (``mlx_active_mb``). ``with_tokenizer.*`` is the same for the engine's
+whole model (tokenizer and chat template too, after a first encode); ``peer.*`` for mlx-lm's model built on
+the loaded backend (its arrays, not copies, plus mlx-lm's modules). ``peak_rss_mb_after_runs`` is this
+process's peak after the timed runs: both engines and their KV caches.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import time
+from pathlib import Path
 from collections.abc import Callable, Iterator
 
 import mlx.core as mx
@@ -34,6 +41,8 @@ from .mlx_backend import MlxBackend
 
 
 SEGMENT = 16  # decode tokens per engine turn: short turns cancel the drift of a shared machine's load
+LOADS = {"": "backend", "with_tokenizer.": "model", "peer.": "peer"}  # report prefix -> what a fresh process loads
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # where ``import engine`` resolves, for the child processes
 
 
 def run_mlx_bench(model_path: str | os.PathLike, prompt_tokens: int = 512, gen_tokens: int = 128, compare: bool = True,
@@ -46,21 +55,24 @@ def run_mlx_bench(model_path: str | os.PathLike, prompt_tokens: int = 512, gen_t
     Returns:
         A flat dict: ``prefill_tps``, ``decode_tps`` (the engine's path: NumPy logits per token),
         ``pipelined.prefill_tps``, ``pipelined.decode_tps`` (sampling on the device, ``decode_pipelined``), the
-        same per CPU second (``prefill_cpu_tps``, ``decode_cpu_tps``, ...), ``load_s``, ``gguf_mb``,
-        ``rss_before_load_mb``, ``rss_after_load_mb``, ``peak_rss_mb`` (through the load), ``mlx_active_mb``,
-        their ratios to the file size (``*_per_gguf``) and, when comparing, the ``peer.`` rates and
-        ``ratio.prefill``, ``ratio.decode``, ``ratio.decode_pipelined`` and their ``_cpu`` twins (ours / peer;
-        medians over the repeats).
+        same per CPU second (``prefill_cpu_tps``, ``decode_cpu_tps``, ...), ``load_s``, ``gguf_mb``, the load's
+        memory (``load_memory``) for the backend, ``with_tokenizer.`` for the engine's whole model and, when
+        comparing, ``peer.`` for mlx-lm's, and then the ``peer.`` rates and ``ratio.prefill``, ``ratio.decode``,
+        ``ratio.decode_pipelined`` and their ``_cpu`` twins (ours / peer; medians over the repeats).
     """
     if prompt_tokens < 1 or gen_tokens < 2 or repeats < 1:
         raise ValueError("need prompt_tokens >= 1, gen_tokens >= 2 and repeats >= 1")
+    report = {}
+    for prefix, what in LOADS.items():
+        if compare or what != "peer":
+            report.update({f"{prefix}{key}": value for key, value in load_memory(model_path, what).items()
+                           if not (prefix and key == "gguf_mb")})
     gguf = read_gguf(model_path)
-    rss_before = _rss_bytes()
     start = time.perf_counter()
     backend = MlxBackend(gguf, ModelConfig.from_gguf(gguf))
-    report = {"model": gguf.path.name, "device": str(mx.default_device()),
-              "load_s": round(time.perf_counter() - start, 3), **_load_memory(gguf.file_size, rss_before),
-              "prompt_tokens": prompt_tokens, "gen_tokens": gen_tokens, "repeats": repeats}
+    report.update({"model": gguf.path.name, "device": str(mx.default_device()),
+                   "load_s": round(time.perf_counter() - start, 3), "prompt_tokens": prompt_tokens,
+                   "gen_tokens": gen_tokens, "repeats": repeats})
     prompt = np.random.default_rng(0).integers(0, backend.config.n_vocab, prompt_tokens).tolist()
     engines: dict[str, Callable[[], Iterator[int]]] = {
         "": lambda: _ours(backend, prompt, gen_tokens),
@@ -135,14 +147,51 @@ def _ratios(report: dict) -> dict[str, float]:
     return out
 
 
-def _load_memory(gguf_bytes: int, rss_before: int) -> dict[str, float]:
-    """Resident memory around the backend's load (before any peer exists), in MB and per byte of the GGUF file."""
-    rss_after, peak, active = _rss_bytes(), _peak_rss_bytes(), mx.get_active_memory()
-    return {"gguf_mb": round(gguf_bytes / 1e6, 1), "rss_before_load_mb": round(rss_before / 1e6, 1),
-            "rss_after_load_mb": round(rss_after / 1e6, 1), "peak_rss_mb": round(peak / 1e6, 1),
-            "mlx_active_mb": round(active / 1e6, 1), "peak_rss_per_gguf": round(peak / gguf_bytes, 3),
-            "load_rss_growth_per_gguf": round((rss_after - rss_before) / gguf_bytes, 3),
-            "mlx_active_per_gguf": round(active / gguf_bytes, 3)}
+def load_memory(model_path: str | os.PathLike, what: str = "backend") -> dict[str, float]:
+    """Resident memory of a fresh process loading ``model_path`` on MLX, in MB and per byte of the GGUF file.
+
+    Args:
+        what: "backend" (read the GGUF, load MlxBackend: what the benchmark times), "model" (``engine.model.load``:
+            tokenizer and chat template too, then one short encode) or "peer" (the backend, then mlx-lm's model
+            built on its arrays).
+
+    Returns:
+        ``gguf_mb``, ``rss_before_load_mb`` (runtime and MLX up), ``rss_after_load_mb``, ``peak_rss_mb`` (the
+        process's peak so far), ``mlx_active_mb`` and ``rss_after_load_per_gguf``, ``peak_rss_per_gguf``,
+        ``load_rss_growth_per_gguf``, ``mlx_active_per_gguf``.
+    """
+    code = f"from engine.backends.mlx_bench import _print_load_memory; _print_load_memory({what!r})"
+    out = subprocess.run([sys.executable, "-c", code, os.fspath(model_path)], capture_output=True, text=True,
+                         check=True, cwd=_PACKAGE_ROOT)
+    m = json.loads(out.stdout.splitlines()[-1])
+    size = m["gguf"]
+    report = {"gguf_mb": size, "rss_before_load_mb": m["before"], "rss_after_load_mb": m["after"],
+              "peak_rss_mb": m["peak"], "mlx_active_mb": m["active"]}
+    report = {key: round(value / 1e6, 1) for key, value in report.items()}
+    report.update({"rss_after_load_per_gguf": round(m["after"] / size, 3),
+                   "peak_rss_per_gguf": round(m["peak"] / size, 3),
+                   "load_rss_growth_per_gguf": round((m["after"] - m["before"]) / size, 3),
+                   "mlx_active_per_gguf": round(m["active"] / size, 3)})
+    return report
+
+
+def _print_load_memory(what: str) -> None:
+    """In the child process of ``load_memory``: load ``sys.argv[1]`` and print the byte counts as JSON."""
+    mx.eval(mx.zeros(1) + 1)  # MLX's device up before the baseline
+    before = _rss_bytes()
+    if what == "model":
+        from ..model import load
+        model = load(sys.argv[1], "mlx")
+        model.tokenize("Measure the resident memory after the load.")
+        size = model.gguf.file_size
+    else:
+        gguf = read_gguf(sys.argv[1])
+        backend, size = MlxBackend(gguf, ModelConfig.from_gguf(gguf)), gguf.file_size
+        if what == "peer":
+            from .mlx.peer import build_peer
+            peer = build_peer(backend)
+    print(json.dumps({"gguf": size, "before": before, "after": _rss_bytes(), "peak": _peak_rss_bytes(),
+                      "active": mx.get_active_memory()}))
 
 
 def _settle(streams: list) -> None:
@@ -155,9 +204,13 @@ def _rss_bytes() -> int:
 
 
 def _peak_rss_bytes() -> int:
-    """The peak RSS so far; Linux updates the high-water mark lazily, so it can trail the current RSS."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return max(_rss_bytes(), peak if sys.platform == "darwin" else peak * 1024)  # bytes on macOS, KiB on Linux
+    """The peak RSS so far: VmHWM on Linux (ru_maxrss there can be the parent's, inherited over fork + exec)."""
+    if sys.platform.startswith("linux"):
+        with open("/proc/self/status", encoding="ascii") as f:
+            peak = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # bytes on macOS
+    return max(_rss_bytes(), peak)
 
 
 def _ours(backend: MlxBackend, prompt: list[int], gen_tokens: int) -> Iterator[int]:

@@ -9,7 +9,7 @@ import pytest
 
 import engine.model
 from engine.context import ContextOverflowError, fit_messages
-from engine.generate import StopMatcher
+from engine.generate import GenerationEvent, StopMatcher
 from engine.kv_cache import GROWTH_STEP
 from engine.sampling import SamplingParams
 
@@ -163,3 +163,35 @@ def test_chat_drops_old_turns_to_fit(tiny_model_path):
     dropped, events = model.chat(messages, SamplingParams(temperature=0.0), max_tokens=8)
     assert dropped > 0
     assert len(list(events)) > 0
+
+
+def test_a_stream_handed_over_to_the_scheduler_goes_on_as_it_would_have(tiny, tiny_model_path):
+    from engine.scheduler import Scheduler
+
+    params = SamplingParams(temperature=0.9, seed=5)
+    alone = [e.id for e in tiny.generate_ids([5, 6, 7], params, 12)]
+    stream = tiny.generate_ids([5, 6, 7], params, 12)
+    first = [next(stream).id for _ in range(4)]
+    stream.close()
+    request = tiny.continuation(8)
+    assert request.prompt_ids == (5, 6, 7, *first) and request.cache.n_past == 6  # all but the last sampled token
+    scheduler = Scheduler(tiny.backend, tiny.n_ctx)
+    handle = scheduler.submit(request)
+    while scheduler.has_work:
+        scheduler.step()
+    rest = [e.id for e in handle.stream(0) if isinstance(e, GenerationEvent)]
+    assert first + rest == alone
+    tiny.settle([5, 6, 7, *first, *rest])
+    assert tiny.sequence == [5, 6, 7, *alone]
+    follow_up = [5, 6, 7, *alone, 9]
+    fresh = engine.model.load(tiny_model_path, backend="numpy", n_ctx=1024)
+    np.testing.assert_allclose(tiny.next_token_logits(follow_up), fresh.next_token_logits(follow_up), rtol=1e-4, atol=1e-6)
+
+
+def test_nothing_to_continue_is_a_clear_error(tiny):
+    tiny.next_token_logits([5, 6, 7])
+    with pytest.raises(ValueError, match="no reply to continue"):
+        tiny.continuation(4)
+    list(tiny.generate_ids([5, 6, 7], SamplingParams(temperature=0.0), 3, stop=["zz"]))
+    with pytest.raises(ValueError, match="stop strings"):
+        tiny.continuation(4)

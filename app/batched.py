@@ -90,7 +90,7 @@ class BatchRunner:
 
     def run(self) -> None:
         """Step until every reply has ended; on an exception, every unfinished reply gets an error first."""
-        decoded, since = 0, self.clock()
+        decoded, since, batch = 0, self.clock(), -1
         try:
             while self._replies:
                 self.hooks.admit(self)
@@ -99,9 +99,11 @@ class BatchRunner:
                 self._deliver()
                 decoded += report.decode_batch
                 now = self.clock()
-                if now - since >= self.sample_interval_s:
-                    self.hooks.sample(self._shown_request(), decoded / (now - since), report.decode_batch)
-                    decoded, since = 0, now
+                # every interval, and at once when the number of replies decoding together changes
+                if report.decode_batch != batch or now - since >= self.sample_interval_s:
+                    rate = decoded / (now - since) if now > since else 0.0
+                    self.hooks.sample(self._shown_request(), rate, report.decode_batch)
+                    decoded, since, batch = 0, now, report.decode_batch
                 self._rest(report.pause_s)
         except Exception as exc:
             for reply in self._replies.values():

@@ -36,7 +36,7 @@ class ChatController(QObject):
     """Conversation logic between the views, the store and the engine host.
 
     Signals:
-        conversations_changed(): the list of conversations (titles, order, membership) changed.
+        conversations_changed(): the list of conversations (titles, order, membership, which are answering) changed.
         conversation_opened(int): the shown conversation changed; views reload ``messages()``.
         messages_changed(int): a conversation's messages were added, edited or deleted.
         reply_text(int, str): message id and the whole text so far of the streaming reply.
@@ -132,6 +132,10 @@ class ChatController(QObject):
     def is_generating(self) -> bool:
         """Whether the shown conversation has a reply being generated."""
         return self.current_id in self._replies
+
+    def answering(self) -> frozenset[int]:
+        """The conversations whose reply is being generated (the shown one and any in the background)."""
+        return frozenset(self._replies)
 
     def streaming_message_id(self) -> int | None:
         """The shown conversation's streaming reply, if any."""
@@ -272,6 +276,7 @@ class ChatController(QObject):
         else:
             self.store.delete_message(reply.writer.message_id)
         emit(self.status, "Stopped")
+        emit(self.conversations_changed)
         if reply.conversation_id == self.current_id:
             emit(self.generating_changed, False)
         emit(self.messages_changed, reply.conversation_id)
@@ -303,6 +308,7 @@ class ChatController(QObject):
         writer = self.store.begin_reply(conv.id)
         request_id = self.host.generate(path, conv.settings.n_ctx, history, options)
         self._replies[conv.id] = _Reply(request_id, conv.id, writer, model)
+        emit(self.conversations_changed)  # the sidebar marks the conversations that are answering
         emit(self.messages_changed, conv.id)
         emit(self.generating_changed, True)
         emit(self.status, "Thinking…")

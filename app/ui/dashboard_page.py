@@ -327,6 +327,8 @@ class DashboardPage(QScrollArea):
 
 
 def _decode_text(rate: float, e: EngineSample) -> str:
+    if e.phase == "decode" and e.batch > 1:
+        return f"{rate:.1f} tok/s in all · {e.batch} replies decoding together"
     if e.phase == "decode":
         return f"{rate:.1f} tok/s · {e.generated_tokens:,} tokens" + _speculation_text(e)
     if e.phase == "prefill":

@@ -316,7 +316,7 @@ class MainWindow(QMainWindow):
 
     def _refresh_conversations(self) -> None:
         c = self.controller
-        self.sidebar.set_conversations(c.store.conversations(self.sidebar.search.text()), c.current_id)
+        self.sidebar.set_conversations(c.store.conversations(self.sidebar.search.text()), c.current_id, c.answering())
         if c.current_id is not None:
             title = c.store.conversation(c.current_id).title
             self.title.setText(title)

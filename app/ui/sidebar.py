@@ -68,13 +68,17 @@ class Sidebar(QFrame):
         layout.addWidget(self.list, 1)
         self._filling = False
 
-    def set_conversations(self, conversations: list[Conversation], current_id: int | None) -> None:
+    def set_conversations(self, conversations: list[Conversation], current_id: int | None,
+                          answering: frozenset[int] = frozenset()) -> None:
+        """List ``conversations``, select ``current_id``, and mark those whose reply is being generated."""
         self._filling = True
         self.list.clear()
         for conv in conversations:
             item = QListWidgetItem(conv.title)
             item.setData(ID_ROLE, conv.id)
-            item.setToolTip(conv.title)
+            item.setToolTip(f"{conv.title} (answering…)" if conv.id in answering else conv.title)
+            if conv.id in answering:
+                item.setIcon(icon("answering", "muted"))
             item.setSizeHint(QSize(0, 34))
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
             self.list.addItem(item)

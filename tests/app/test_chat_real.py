@@ -104,13 +104,18 @@ def test_switching_conversations_while_an_answer_streams(qtbot, make_session):
     configure(session, max_tokens=8, temperature=0.0)
     stats = {}
     c.reply_finished.connect(lambda mid, s: stats.update({mid: s}))
+    batches = []
+    session.telemetry.engine_sampled.connect(lambda sample: batches.append(sample.batch))
     type_and_send(qtbot, session, "Say hi.")  # joins the first answer: both decode in one batched pass per step
     qtbot.waitUntil(lambda: any(m.state == "complete" and m.role == "assistant" for m in c.store.messages(second)),
                     timeout=120000)
     (here,) = [m for m in c.store.messages(second) if m.role == "assistant"]
     assert here.content.strip() and stats[here.id]["batched"] and stats[here.id]["generated_tokens"] >= 1
+    assert 2 in batches  # the dashboard was told two replies decoded together
     (background,) = [m for m in c.store.messages(first) if m.role == "assistant"]
     assert background.id not in stats  # still streaming beside it, and after it
+    assert c.answering() == {first} and not window.sidebar.item_for(first).icon().isNull()
+    assert window.sidebar.item_for(second).icon().isNull()
     c.open_conversation(first)
     assert window.composer.generating
     qtbot.waitUntil(lambda: len(c.messages()[-1].content) > len(background.content), timeout=LONG)
@@ -118,6 +123,7 @@ def test_switching_conversations_while_an_answer_streams(qtbot, make_session):
         qtbot.keyClick(window.composer.edit, Qt.Key.Key_Escape)
     background = c.store.message(background.id)
     assert background.state == "stopped" and background.content.strip() and stats[background.id]["batched"]
+    assert not c.answering() and window.sidebar.item_for(first).icon().isNull()
     assert window.chat_view.widgets[background.id].body.markdown == background.content
     qtbot.mouseClick(window.sidebar.new_button, Qt.MouseButton.LeftButton)
     assert c.current_id not in (first, second)

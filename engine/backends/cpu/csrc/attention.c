@@ -164,9 +164,9 @@ static void decode_task(const hk_att *a, const hk_att_task *t) {
     }
     for (int j0 = start / bk * bk; j0 < end; j0 += bk) {
         int ka = imax(j0, start), kb = imin(j0 + bk, end);
-        if (kb < end) { /* the next block, while this one is computed */
-            prefetch_kv(a, s, t->kvh, 0, kb, imin(kb + bk, end));
-            prefetch_kv(a, s, t->kvh, 1, kb, imin(kb + bk, end));
+        if (j0 == start / bk * bk) { /* the first block; the products ask for the rest as they go */
+            prefetch_kv(a, s, t->kvh, 0, ka, kb);
+            prefetch_kv(a, s, t->kvh, 1, ka, kb);
         }
         kv_span kv = kv_block(a, s, t->kvh, ka, kb, buf);
         float *st = a->partial + a->row_slot[r] + ((size_t)t->kvh * group * nch + t->chunk) * DECODE_SLOT(dv);

@@ -9,6 +9,7 @@ from engine.backends.base import MemoryStats
 from engine.generate import GenerationEvent
 from engine.model import KVCacheUsage
 from engine.session import SessionError
+from engine.thermal import ScriptedProvider, ThermalMonitor, ThermalState
 
 
 class FakeBackend:
@@ -89,3 +90,21 @@ class FakeFactory:
         if isinstance(model, BaseException):
             raise model
         return model
+
+
+class SteadyMachine:
+    """A drift detector that never infers throttling."""
+
+    throttled = False
+
+    def observe(self, seconds, load) -> None:
+        pass
+
+
+def make_cool(monitor: ThermalMonitor) -> ThermalMonitor:
+    """Pin ``monitor`` to a cool machine: nominal sensors, no inferred throttling. For tests that run real replies
+    and are not about the thermal policy, which on a shared or hot CI machine may rightly allow one sequence at a
+    time. Call it before any reply: the engine thread reads the monitor."""
+    monitor.provider = ScriptedProvider([(0.0, ThermalState.NOMINAL)], time.monotonic)
+    monitor.drift = SteadyMachine()
+    return monitor

@@ -9,8 +9,10 @@ from app.batched import BatchedReply, BatchRunner, Hooks
 from app.worker import EngineHost, load_engine_model, make_sampling_params
 from engine.model import load
 from engine.sampling import SamplingParams
-from engine.thermal import Limits
+from engine.thermal import Limits, ThermalMonitor, default_provider
 from tests.model_store import model_path
+
+from .fake_engine import make_cool
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +24,8 @@ SAMPLED = {"temperature": 0.8, "seed": 11, "max_tokens": 160}  # seeded: the sam
 
 @pytest.fixture
 def host(qtbot):
-    host = EngineHost(load_engine_model, make_sampling_params)
+    # a cool machine: on a hot or shared one the policy may rightly allow one sequence at a time (tested below)
+    host = EngineHost(load_engine_model, make_sampling_params, thermal=make_cool(ThermalMonitor(default_provider())))
     yield host
     host.shutdown()
 

@@ -33,7 +33,7 @@ class BatchedReply:
     dropped: int = 0  # messages left out to fit the context
     before: GenerationEvent | None = None  # the last event of the lone stream this reply was handed over from
     handle: RequestHandle | None = None
-    sequence: list[int] = dataclasses.field(default_factory=list)  # prompt and generated tokens
+    sequence: list[int] = dataclasses.field(init=False)  # prompt and generated tokens
     pending: str = ""
     emitted_at: float = 0.0
     last: GenerationEvent | None = None
@@ -77,10 +77,6 @@ class BatchRunner:
         self.sample_interval_s = sample_interval_s
         self._replies: dict[int, BatchedReply] = {}  # by the scheduler's request id
         self._priorities: dict[int, int] = {}
-
-    @property
-    def replies(self) -> list[BatchedReply]:
-        return list(self._replies.values())
 
     def add(self, reply: BatchedReply) -> None:
         """Submit ``reply``'s request (ValueError: it cannot run, e.g. its prompt leaves no room)."""

@@ -352,8 +352,9 @@ class EngineWorker(QObject):
             pending += event.text
             if stopped():
                 break
-            self._answer_stopped_offers()
-            if event.finish_reason is None and self._compatible_offer():
+            if self._offers:  # (read without the lock: an offer missed now is seen at the next token)
+                self._answer_stopped_offers()
+            if event.finish_reason is None and self._offers and self._compatible_offer():
                 hand_over = True
                 break
             if pending and time.monotonic() - last_emit >= COALESCE_S:

@@ -9,7 +9,7 @@ from engine.backends.base import MemoryStats
 from engine.generate import GenerationEvent
 from engine.model import KVCacheUsage
 from engine.session import SessionError
-from engine.thermal import ScriptedProvider, ThermalMonitor, ThermalState
+from engine.thermal import Limits, ScriptedProvider, ThermalMonitor, ThermalState
 
 
 class FakeBackend:
@@ -108,3 +108,16 @@ def make_cool(monitor: ThermalMonitor) -> ThermalMonitor:
     monitor.provider = ScriptedProvider([(0.0, ThermalState.NOMINAL)], time.monotonic)
     monitor.drift = SteadyMachine()
     return monitor
+
+
+class FixedMonitor:
+    """The scheduler's view of a thermal monitor, with fixed limits and no drift detector."""
+
+    def __init__(self, limits: Limits):
+        self.fixed = limits
+
+    def limits(self) -> Limits:
+        return self.fixed
+
+    def observe_decode(self, seconds, load) -> None:
+        pass

@@ -10,23 +10,14 @@ from engine.scheduler import Request
 from engine.thermal import Limits
 from tests.engine.test_scheduler import FakeBackend, greedy, solo
 
+from .fake_engine import FixedMonitor
+
 
 class FakeModel:
     name, n_ctx = "fake", 256
 
     def __init__(self):
         self.backend = FakeBackend()
-
-
-class FixedMonitor:
-    def __init__(self, limits: Limits):
-        self.limit = limits
-
-    def limits(self) -> Limits:
-        return self.limit
-
-    def observe_decode(self, seconds, load) -> None:
-        pass
 
 
 class Decoder:

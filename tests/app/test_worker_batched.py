@@ -12,7 +12,7 @@ from engine.sampling import SamplingParams
 from engine.thermal import Limits, ThermalMonitor, default_provider
 from tests.model_store import model_path
 
-from .fake_engine import make_cool
+from .fake_engine import FixedMonitor, make_cool
 
 pytestmark = pytest.mark.slow
 
@@ -78,16 +78,6 @@ def test_stop_ends_only_the_reply_it_names(qtbot, host):
     assert done[first]["finish_reason"] == "cancelled" and done[first]["batched"]
 
 
-class FixedMonitor:
-    """The scheduler's view of a thermal monitor: limits that allow one sequence at a time."""
-
-    def limits(self) -> Limits:
-        return Limits(prefill_chunk=64, max_batch=1, pause_s=0.0)
-
-    def observe_decode(self, seconds, load) -> None:
-        pass
-
-
 def test_the_conversation_on_screen_decodes_first_when_one_sequence_is_allowed():
     model = load(model_path("smollm2"), "cpu", N_CTX)
     order, tokens = [], {}
@@ -96,7 +86,7 @@ def test_the_conversation_on_screen_decodes_first_when_one_sequence_is_allowed()
                   finished=lambda rid, stats: order.append(rid), failed=lambda rid, message: order.append(("failed", rid)),
                   stopped=lambda rid: False, shown=lambda: shown[0], admit=lambda runner: None,
                   sample=lambda rid, rate, batch: None)
-    runner = BatchRunner(model, FixedMonitor(), hooks)
+    runner = BatchRunner(model, FixedMonitor(Limits(prefill_chunk=64, max_batch=1, pause_s=0.0)), hooks)
     params = SamplingParams(temperature=0.0)
     for request_id, conversation, messages in ((10, 1, TEA), (20, 2, SEA)):
         dropped, request = model.chat_request(messages, params, 24)

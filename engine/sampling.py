@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import numbers
@@ -99,10 +100,13 @@ def apply_penalties(logits: np.ndarray, recent_ids: Sequence[int], repeat_penalt
     """
     if len(recent_ids) == 0 or (repeat_penalty == 1.0 and presence_penalty == 0.0 and frequency_penalty == 0.0):
         return logits
-    ids, counts = np.unique(np.asarray(recent_ids, dtype=np.int64), return_counts=True)
-    if ids[0] < 0 or ids[-1] >= logits.shape[-1]:
-        raise ValueError(f"token id {ids[0] if ids[0] < 0 else ids[-1]} in the history is outside the vocabulary "
+    counted = collections.Counter(recent_ids)  # a few dozen ids: counted in Python faster than np.unique sorts them
+    low, high = min(counted), max(counted)
+    if low < 0 or high >= logits.shape[-1]:
+        raise ValueError(f"token id {low if low < 0 else high} in the history is outside the vocabulary "
                          f"of {logits.shape[-1]}")
+    ids = np.fromiter(counted.keys(), np.int64, len(counted))
+    counts = np.fromiter(counted.values(), np.int64, len(counted))
     seen = logits[ids]
     seen = np.where(seen > 0, seen / repeat_penalty, seen * repeat_penalty)
     seen = seen - (counts * frequency_penalty + presence_penalty)
@@ -166,9 +170,10 @@ def _exp_shifted(logits: np.ndarray) -> np.ndarray:
     return np.exp(logits - np.max(logits), dtype=np.float32)
 
 
-def _log_softmax_at(logits: np.ndarray, index: int) -> float:
-    top = float(np.max(logits))
-    return float(logits[index]) - top - math.log(_exp_shifted(logits).sum(dtype=np.float64))
+def _log_softmax_at(logits: np.ndarray, index: int, top: float) -> float:
+    """log softmax(logits)[index], given ``top`` = max(logits). The sum is float32: NumPy sums pairwise (relative
+    error about 1e-7 over a 262k vocabulary) in half the time of a float64 sum."""
+    return float(logits[index]) - top - math.log(float(np.exp(logits - top).sum()))
 
 
 # -- the sampler -----------------------------------------------------------------------------------------
@@ -204,12 +209,13 @@ class Sampler:
         logits = np.asarray(logits, dtype=np.float32)
         if logits.ndim != 1 or logits.size == 0:
             raise ValueError(f"logits must be a non-empty 1-D array, got shape {logits.shape}")
-        _check_finite(np.max(logits))  # NaN propagates through max; +inf or all -inf is as broken
+        top = float(np.max(logits))
+        _check_finite(top)  # NaN propagates through max; +inf or all -inf is as broken
         penalised = penalised_logits(logits, history, self.params)
         if self.params.greedy:
             token = int(np.argmax(penalised))
             _check_finite(penalised[token])
-            return token, _log_softmax_at(logits, token)
+            return token, _log_softmax_at(logits, token, top)
         candidates, scores = filtered_scores(penalised, self.params)
         index, logprob = self._draw(scores)
         return (int(candidates[index]) if candidates is not None else index), logprob

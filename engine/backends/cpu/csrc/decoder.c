@@ -179,12 +179,26 @@ static void row_embed(const fwd *f, int layer, int r) {
         }
 }
 
+/* Ask for the cache lines row_qkv_post will write this row's keys and values into, while the q/k/v product
+   runs: a decode row's slot is a cold line in every kv head of every layer of its sequence's cache. */
+static void prefetch_kv_slots(const fwd *f, int layer, int r) {
+    const hk_config *c = f->c;
+    const hk_seq *s = &f->seqs[f->row_seq[r]];
+    const size_t es = s->kv_f16 ? 2 : 4, kb = (size_t)c->head_dim * es, vb = (size_t)c->v_head_dim * es;
+    for (int h = 0; h < c->n_kv_heads; h++) {
+        size_t at = ((size_t)layer * c->n_kv_heads + h) * s->capacity + f->row_pos[r];
+        for (size_t b = 0; b < kb; b += 64) __builtin_prefetch((const char *)s->k + at * kb + b, 1, 3);
+        for (size_t b = 0; b < vb; b += 64) __builtin_prefetch((const char *)s->v + at * vb + b, 1, 3);
+    }
+}
+
 static void row_attn_in(const fwd *f, int layer, int r) {
     const hk_layer *L = &f->m->layers[layer];
     const int n_embd = f->c->n_embd;
     float *h = f->h + (size_t)r * n_embd;
     rms_norm(f, f->x + (size_t)r * n_embd, L->attn_norm, h, n_embd);
     hk_prepare_acts(f->isa, &f->acts, h, n_embd, hk_act_kinds(&L->wq, &L->wk, &L->wv), r);
+    prefetch_kv_slots(f, layer, r);
 }
 
 /* Rotate x (head_dim) by the angles whose cos and sin are given (rope_dim / 2 of each). */

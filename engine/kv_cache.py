@@ -19,8 +19,11 @@ class SteppedKVCache(KVCache):
 
     A subclass holds the arrays: ``_grow_to`` reallocates them for ``capacity`` positions keeping the filled
     ones (none on the first call, from ``__init__``), and ``layers`` gives each layer's keys and values as
-    ``(n_kv_heads, capacity, dim)`` views.
+    ``(n_kv_heads, capacity, dim)`` views. Their arrays come from ``np.zeros``, whose large allocations are
+    pages the OS maps only when written, so reserving room ahead costs no memory (``room_is_free``).
     """
+
+    room_is_free = True
 
     def __init__(self, config: ModelConfig, n_ctx: int, dtype):
         if n_ctx <= 0:

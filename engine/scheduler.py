@@ -308,9 +308,8 @@ class Scheduler:
         seq.active = True
         if seq.cache is None:
             seq.cache = self.backend.new_cache(min(self.n_ctx, seq.prompt_len + seq.request.max_tokens))
-            # all the room the request can use, now: grown step by step, a cache copies what it holds at every
-            # step, and in a batch those copies land inside decode steps (CPU caches are zero pages until written)
-            seq.cache.reserve(seq.cache.n_ctx)
+            if seq.cache.room_is_free:  # all the room the request can use, now: grown step by step, a cache
+                seq.cache.reserve(seq.cache.n_ctx)  # copies what it holds, and in a batch inside decode steps
         kind = "resumed" if seq.preemptions else "started"
         events.append((seq.id, RequestEvent(seq.id, kind, now)))
 

@@ -37,6 +37,7 @@ class KVCache(abc.ABC):
     """Keys and values of one sequence for every layer; positions ``0 .. n_past-1`` are filled."""
 
     n_ctx: int  # the most positions this cache will ever hold
+    room_is_free = False  # True: room reserved ahead takes no memory until written (zero pages)
 
     @property
     @abc.abstractmethod

@@ -382,6 +382,21 @@ def test_run_serves_requests_from_another_thread_until_stopped():
     assert [e.id for e in events if isinstance(e, GenerationEvent)] == solo([1, 2, 3], 5)
 
 
+def test_a_fresh_zero_page_cache_gets_all_the_room_of_its_request_at_the_start(tiny_model_path):
+    """Reserved ahead, room costs a NumPy cache nothing until written; grown in steps, it would be copied inside
+    a decode step (of every sequence in a batch)."""
+    gguf = read_gguf(tiny_model_path)
+    backend = NumpyBackend(gguf, ModelConfig.from_gguf(gguf))
+    caches = []
+    make_cache = backend.new_cache
+    backend.new_cache = lambda n_ctx: caches.append(make_cache(n_ctx)) or caches[-1]
+    scheduler = Scheduler(backend, n_ctx=1024)
+    scheduler.submit(request([1, 2, 3], 300))
+    scheduler.step()
+    assert caches[0].room_is_free and caches[0].n_past == 3
+    assert caches[0].capacity == 303  # not GROWTH_STEP's 256
+
+
 def test_the_real_decoder_batched_through_the_scheduler_matches_solo_decoding(tiny_model_path):
     gguf = read_gguf(tiny_model_path)
     backend = NumpyBackend(gguf, ModelConfig.from_gguf(gguf))

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from .ggml_types import GGML_QUANT_SIZES, GGMLQuantizationType
 from .packed_strings import PackedStrings
 
 GGUF_MAGIC = b"GGUF"

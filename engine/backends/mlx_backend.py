@@ -24,8 +24,8 @@ from ..model_tensors import layer_tensor_names, output_tensor_name
 from . import platform_mlx
 from .base import Backend, KVCache, MemoryStats
 from .mlx.kv_cache import MAX_CHUNK, MlxKVCache
-from .mlx.weights import (RESIDUAL_DTYPE, Matrix, TensorReader, default_matmul_dtype, load_matrix, load_rows,
-                          load_vector, mlx_weight_bytes)
+from .mlx.weights import (RESIDUAL_DTYPE, Matrix, TensorReader, default_matmul_dtype, load_matrix, load_vector,
+                          mlx_weight_bytes)
 
 GELU_COEF = 0.7978845608028654  # sqrt(2 / pi)
 
@@ -105,8 +105,7 @@ class MlxBackend(Backend):
             self.output_norm = load_vector(reader, "output_norm.weight")  # (n_embd,)
             output = output_tensor_name(gguf, config)
             tied = output == "token_embd.weight"
-            # (n_vocab, n_embd); untied, it is only ever read by rows
-            self.token_embd = load_matrix(reader, output) if tied else load_rows(reader, "token_embd.weight")
+            self.token_embd = load_matrix(reader, "token_embd.weight")  # (n_vocab, n_embd)
             self.output = self.token_embd if tied else load_matrix(reader, output)
             self.rope_freqs = self._rope_freqs(reader)
         finally:
@@ -114,6 +113,7 @@ class MlxBackend(Backend):
         self.gated_activation = GATED_ACTIVATIONS[config.activation]
         self._caches: weakref.WeakSet[MlxKVCache] = weakref.WeakSet()
         mx.clear_cache()  # the load's chunk buffers
+        platform_mlx.release_free_heap()
         self._previous_wired_limit = platform_mlx.wire_memory(weight_bytes)
 
     def _load_layer(self, reader: TensorReader, i: int) -> LayerWeights:

@@ -8,6 +8,7 @@ macOS does not page it out between tokens. Off Metal (MLX's CPU device) the limi
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import platform
 import sys
@@ -97,3 +98,19 @@ def restore_wired_limit(previous: int | None) -> None:
     if previous is not None:
         import mlx.core as mx
         mx.set_wired_limit(previous)
+
+
+def release_free_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc on Linux; elsewhere nothing to do).
+
+    A load frees its chunk temporaries into the heap, where glibc keeps them resident; ``malloc_trim`` returns
+    them, so the resident memory after a load is the weights and not what reading them needed on the way.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError):  # not glibc (musl has no malloc_trim)
+        return
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)

@@ -137,15 +137,18 @@ def test_unsupported_type_is_refused():
 
 @pytest.mark.parametrize("qtype", [t for t, r in REPACKS.items() if r.zero_code is not None], ids=lambda t: t.name)
 def test_types_with_a_zero_code_have_biases_of_minus_zero_code_scales(qtype):
-    """What lets an untied embedding drop its biases (QuantizedRows): the rows it gives are the same, bit for bit."""
-    from engine.backends.mlx.weights import QuantizedMatrix, QuantizedRows
+    """What lets a SymmetricMatrix drop its biases: the rows and products it gives are the same, bit for bit."""
+    from engine.backends.mlx.weights import QuantizedMatrix, SymmetricMatrix
 
     block = GGML_QUANT_SIZES[qtype][0]
     a = repack_rows(random_blocks(qtype, rows=6, blocks_per_row=max(1, 256 // block)), qtype)
     zero_code, bits = REPACKS[qtype].zero_code, REPACKS[qtype].bits
     np.testing.assert_array_equal(a.biases, (a.scales * -zero_code).astype(np.float16))
     packed, scales, ids = mx.array(a.packed), mx.array(a.scales), mx.array([5, 0, 3, 3])
-    full = QuantizedMatrix(packed, scales, mx.array(a.biases), bits).rows(ids)
-    rows_only = QuantizedRows(packed, scales, zero_code, bits)
-    np.testing.assert_array_equal(np.array(rows_only.rows(ids)), np.array(full))
-    np.testing.assert_array_equal(np.array(rows_only.biases), a.biases)
+    full = QuantizedMatrix(packed, scales, mx.array(a.biases), bits)
+    symmetric = SymmetricMatrix(packed, scales, zero_code, bits)
+    np.testing.assert_array_equal(np.array(symmetric.rows(ids)), np.array(full.rows(ids)))
+    np.testing.assert_array_equal(np.array(symmetric.biases), a.biases)
+    for n, dtype in ((1, mx.float32), (5, mx.float32), (3, mx.float16)):
+        x = mx.array(np.random.default_rng(n).standard_normal((n, a.packed.shape[1] * 32 // bits)), dtype)
+        np.testing.assert_array_equal(np.array(symmetric.matmul(x)), np.array(full.matmul(x)))

@@ -1,11 +1,12 @@
 """The benchmark peer: mlx-lm's own model code for the same architecture, holding this backend's weight arrays.
 
 The peer gets the very same quantized arrays (no copy), mapped to mlx-lm's parameter names, so a benchmark
-compares the decoders, not the weights; only an untied embedding's biases, which this backend does not keep
-(weights.QuantizedRows), are made for it. mlx-lm computes in the dtype its embedding lookup returns (float16,
-the scales' dtype), which is what this backend's products use on the GPU; on the CPU, where this backend
-computes in float32, the peer's embedding lookup is cast to float32 too (float16 is an order of magnitude
-slower on MLX's CPU device, which would flatter us). Needs the optional ``mlx-lm`` package.
+compares the decoders, not the weights; only the biases of symmetric types (Q4_0, Q5_0, Q8_0, ...), which this
+backend makes at each product instead of keeping them (weights.SymmetricMatrix), are made for it, once. mlx-lm
+computes in the dtype its embedding lookup returns (float16, the scales' dtype), which is what this backend's
+products use on the GPU; on the CPU, where this backend computes in float32, the peer's embedding lookup is cast
+to float32 too (float16 is an order of magnitude slower on MLX's CPU device, which would flatter us). Needs the
+optional ``mlx-lm`` package.
 """
 
 from __future__ import annotations

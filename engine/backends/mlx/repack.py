@@ -20,8 +20,7 @@ import dataclasses
 from collections.abc import Callable
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-from gguf.quants import dequantize
+from ...ggml_types import GGML_QUANT_SIZES, GGMLQuantizationType
 
 Q = GGMLQuantizationType
 GROUP = 32  # MLX group size used for every type: the largest group every GGML type can be cut into
@@ -98,6 +97,8 @@ def _q8_0(b: np.ndarray) -> Unpacked:
 def _ternary(qtype: GGMLQuantizationType) -> Callable[[np.ndarray], Unpacked]:
     """TQ1_0 / TQ2_0: values d * {-1, 0, 1} with d the block's last two bytes; codes from the gguf dequantizer."""
     def unpack(b: np.ndarray) -> Unpacked:
+        from gguf.quants import dequantize  # here: the gguf package costs every process about 6 MB resident
+
         d = _f16(b[:, -2:])  # (n, 1)
         values = dequantize(b, qtype).reshape(b.shape[0], -1)
         safe = np.where(d == 0, 1, d)

@@ -13,9 +13,7 @@ import os
 
 import mlx.core as mx
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-from gguf.quants import dequantize
-
+from ...ggml_types import GGML_QUANT_SIZES, GGMLQuantizationType
 from ...gguf_file import GGUFFile, ModelFormatError
 from .repack import DENSE_ITEMSIZE, GROUP, REPACKS, repack_rows
 
@@ -58,16 +56,26 @@ class QuantizedMatrix:
 
 
 @dataclasses.dataclass(frozen=True)
-class QuantizedRows:
-    """A (rows, cols) weight only ever read by rows (an untied token embedding) whose GGML type has biases of
-    ``-zero_code * scale`` (Q4_0, Q5_0, Q8_0, TQ1_0, TQ2_0): MLX's codes and scales without the biases, which
-    are made for the rows read: half a bit per weight less than a QuantizedMatrix, the same rows.
+class SymmetricMatrix:
+    """A QuantizedMatrix whose GGML type has biases of ``-zero_code * scale`` (Q4_0, Q5_0, Q8_0, TQ1_0,
+    TQ2_0): MLX's codes and scales without the biases, which each product or lookup makes from the scales it
+    reads: half a bit per weight less than a QuantizedMatrix, the same products and rows, bit for bit.
     """
 
     packed: mx.array  # (rows, cols * bits // 32) uint32
     scales: mx.array  # (rows, cols // GROUP) float16
     zero_code: int  # a power of two (or 1), so -zero_code * scale is exact in float16 and float32
     bits: int
+
+    def matmul(self, x: mx.array) -> mx.array:
+        """``x @ W.T`` for x (..., cols) -> (..., rows).
+
+        MLX casts scales and biases to the input's dtype for the product anyway; casting the scales first
+        makes the biases in that dtype, so the product costs one cast and one multiply instead of two casts.
+        """
+        scales = self.scales.astype(x.dtype)
+        return mx.quantized_matmul(x, self.packed, scales, scales * -self.zero_code, transpose=True,
+                                   group_size=GROUP, bits=self.bits)
 
     def rows(self, ids: mx.array) -> mx.array:
         """Rows ``ids`` dequantized to float32, (n, cols), as QuantizedMatrix.rows gives them."""
@@ -101,7 +109,7 @@ class DenseMatrix:
         return self.weight.nbytes
 
 
-Matrix = QuantizedMatrix | DenseMatrix
+Matrix = QuantizedMatrix | SymmetricMatrix | DenseMatrix
 
 
 class TensorReader:
@@ -137,7 +145,6 @@ class TensorReader:
 
 def mlx_weight_bytes(gguf: GGUFFile) -> int:
     """The bytes the MLX backend will allocate for ``gguf``'s weights, from the tensor table alone."""
-    rows_only = "token_embd.weight" if "output.weight" in gguf.tensors else None  # untied: see load_rows
     total = 0
     for info in gguf.tensors.values():
         n = info.n_elements
@@ -147,7 +154,7 @@ def mlx_weight_bytes(gguf: GGUFFile) -> int:
             total += DENSE_ITEMSIZE[info.qtype] * n
         elif info.qtype in REPACKS:
             repack = REPACKS[info.qtype]
-            per_group = 2 if info.name == rows_only and repack.zero_code is not None else 4  # float16 scale, bias
+            per_group = 2 if repack.zero_code is not None else 4  # float16 scale and bias (SymmetricMatrix: no bias)
             total += n * repack.bits // 8 + n // GROUP * per_group
         else:
             total += info.nbytes  # refused at load anyway
@@ -161,17 +168,11 @@ def load_matrix(reader: TensorReader, name: str) -> Matrix:
         return DenseMatrix(_dense(reader, name, qtype))
     if qtype not in REPACKS:
         raise ModelFormatError(f"tensor {name!r} has type {qtype.name}, which the MLX backend does not support")
-    return QuantizedMatrix(*_repacked(reader, name, qtype), REPACKS[qtype].bits)
-
-
-def load_rows(reader: TensorReader, name: str) -> Matrix | QuantizedRows:
-    """Tensor ``name`` for row lookups only: a QuantizedRows where its type's biases follow from its scales."""
-    qtype = reader.gguf.tensor(name).qtype
-    zero_code = REPACKS[qtype].zero_code if qtype in REPACKS else None
-    if zero_code is None:
-        return load_matrix(reader, name)
-    packed, scales, _ = _repacked(reader, name, qtype, with_biases=False)
-    return QuantizedRows(packed, scales, zero_code, REPACKS[qtype].bits)
+    repack = REPACKS[qtype]
+    if repack.zero_code is not None:
+        packed, scales, _ = _repacked(reader, name, qtype, with_biases=False)
+        return SymmetricMatrix(packed, scales, repack.zero_code, repack.bits)
+    return QuantizedMatrix(*_repacked(reader, name, qtype), repack.bits)
 
 
 def _repacked(reader: TensorReader, name: str, qtype: GGMLQuantizationType,
@@ -210,4 +211,6 @@ def load_vector(reader: TensorReader, name: str, dtype: mx.Dtype = RESIDUAL_DTYP
     raw = reader.read_rows(name, 0, int(np.prod(info.shape[1:])))
     if info.qtype == GGMLQuantizationType.F32:
         return mx.array(raw.view(np.float32).reshape(-1), dtype)
+    from gguf.quants import dequantize  # here: the gguf package costs every process about 6 MB resident
+
     return mx.array(dequantize(raw, info.qtype).astype(np.float32).reshape(-1), dtype)

@@ -2,9 +2,10 @@
 
 Both run in this process on the same prompt of random token ids with greedy decoding, interleaved: prefills
 in turn, then decoding in turns of SEGMENT tokens, so a change in the machine's load hits every engine alike;
-medians over the repeats are reported. Ours is timed through the engine's host path (``forward`` returning
-NumPy logits, argmax on the host: what sampling and penalties use) and through ``decode_pipelined`` (what
-``Model`` uses for greedy decoding without penalties, via ``MlxBackend.greedy_step``); the peer through
+medians over the repeats are reported. Ours is timed as the engine decodes greedily, which is the peer's job:
+``decode_pipelined`` with the argmax on the device (what ``Model`` uses for greedy decoding without penalties,
+via ``MlxBackend.greedy_step``), and, under ``host.``, through the host path (``forward`` returning NumPy
+logits, argmax on the host: what sampling with penalties uses); the peer through
 ``mlx_lm.generate.generate_step``. Prefill time is time to the first token; decode speed counts the tokens
 after it. Every rate is also given per second of this process's CPU time (``*_cpu_tps``): MLX's CPU kernels
 run on its worker threads, so that clock counts the engines' own work and not the other processes of a
@@ -53,12 +54,13 @@ def run_mlx_bench(model_path: str | os.PathLike, prompt_tokens: int = 512, gen_t
     decodes ``gen_tokens`` with them taking turns of SEGMENT tokens; each engine is timed on its own turns.
 
     Returns:
-        A flat dict: ``prefill_tps``, ``decode_tps`` (the engine's path: NumPy logits per token),
-        ``pipelined.prefill_tps``, ``pipelined.decode_tps`` (sampling on the device, ``decode_pipelined``), the
-        same per CPU second (``prefill_cpu_tps``, ``decode_cpu_tps``, ...), ``load_s``, ``gguf_mb``, the load's
-        memory (``load_memory``) for the backend, ``with_tokenizer.`` for the engine's whole model and, when
-        comparing, ``peer.`` for mlx-lm's, and then the ``peer.`` rates and ``ratio.prefill``, ``ratio.decode``,
-        ``ratio.decode_pipelined`` and their ``_cpu`` twins (ours / peer; medians over the repeats).
+        A flat dict: ``prefill_tps``, ``decode_tps`` (greedy decoding as the engine runs it: the argmax on the
+        device, ``decode_pipelined``), ``host.prefill_tps``, ``host.decode_tps`` (the host path: NumPy logits
+        per token), the same per CPU second (``prefill_cpu_tps``, ``decode_cpu_tps``, ...), ``load_s``,
+        ``gguf_mb``, the load's memory (``load_memory``) for the backend, ``with_tokenizer.`` for the engine's
+        whole model and, when comparing, ``peer.`` for mlx-lm's, and then the ``peer.`` rates and
+        ``ratio.prefill``, ``ratio.decode``, ``ratio.decode_host`` and their ``_cpu`` twins (ours / peer;
+        medians over the repeats).
     """
     if prompt_tokens < 1 or gen_tokens < 2 or repeats < 1:
         raise ValueError("need prompt_tokens >= 1, gen_tokens >= 2 and repeats >= 1")
@@ -75,8 +77,8 @@ def run_mlx_bench(model_path: str | os.PathLike, prompt_tokens: int = 512, gen_t
                    "gen_tokens": gen_tokens, "repeats": repeats})
     prompt = np.random.default_rng(0).integers(0, backend.config.n_vocab, prompt_tokens).tolist()
     engines: dict[str, Callable[[], Iterator[int]]] = {
-        "": lambda: _ours(backend, prompt, gen_tokens),
-        "pipelined.": lambda: _ours_pipelined(backend, prompt, gen_tokens),
+        "": lambda: _ours_pipelined(backend, prompt, gen_tokens),
+        "host.": lambda: _ours_host(backend, prompt, gen_tokens),
     }
     streams = [mx.default_stream(mx.default_device())]
     if compare:
@@ -143,7 +145,7 @@ def _ratios(report: dict) -> dict[str, float]:
         peer_prefill, peer_decode = report[f"peer.prefill{clock}_tps"], report[f"peer.decode{clock}_tps"]
         out[f"ratio.prefill{clock}"] = round(report[f"prefill{clock}_tps"] / peer_prefill, 3)
         out[f"ratio.decode{clock}"] = round(report[f"decode{clock}_tps"] / peer_decode, 3)
-        out[f"ratio.decode_pipelined{clock}"] = round(report[f"pipelined.decode{clock}_tps"] / peer_decode, 3)
+        out[f"ratio.decode_host{clock}"] = round(report[f"host.decode{clock}_tps"] / peer_decode, 3)
     return out
 
 
@@ -213,8 +215,8 @@ def _peak_rss_bytes() -> int:
     return max(_rss_bytes(), peak)
 
 
-def _ours(backend: MlxBackend, prompt: list[int], gen_tokens: int) -> Iterator[int]:
-    """The engine's path: forward -> NumPy logits -> argmax on the host, one token at a time."""
+def _ours_host(backend: MlxBackend, prompt: list[int], gen_tokens: int) -> Iterator[int]:
+    """The host path: forward -> NumPy logits -> argmax on the host, one token at a time."""
     cache = backend.new_cache(len(prompt) + gen_tokens)
     token = int(np.argmax(backend.forward(prompt, cache)))
     while True:
@@ -223,7 +225,8 @@ def _ours(backend: MlxBackend, prompt: list[int], gen_tokens: int) -> Iterator[i
 
 
 def _ours_pipelined(backend: MlxBackend, prompt: list[int], gen_tokens: int) -> Iterator[int]:
-    """Greedy decoding on the device, the next step queued before the current token is read."""
+    """Greedy decoding as the engine runs it: the argmax on the device, the next step queued before the
+    current token is read."""
     cache = backend.new_cache(len(prompt) + gen_tokens + 1)
     for token, _ in backend.decode_pipelined(prompt, cache, lambda logits: mx.argmax(logits, axis=-1)):
         yield token

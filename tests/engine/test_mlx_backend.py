@@ -501,15 +501,16 @@ def test_bench_reports_both_engines(tiny_model_path):
     from engine.backends.mlx_bench import run_mlx_bench
 
     report = run_mlx_bench(tiny_model_path, prompt_tokens=16, gen_tokens=4, compare=True, repeats=1)
-    for key in ("prefill_tps", "decode_tps", "pipelined.decode_tps", "peer.prefill_tps", "peer.decode_tps",
+    for key in ("prefill_tps", "decode_tps", "host.decode_tps", "peer.prefill_tps", "peer.decode_tps",
                 "ratio.prefill", "ratio.decode", "load_s", "peak_rss_mb", "mlx_active_mb", "gguf_mb",
                 "rss_before_load_mb", "rss_after_load_mb", "decode_cpu_tps", "peer.decode_cpu_tps",
-                "ratio.decode_cpu", "ratio.decode_pipelined_cpu", "peak_rss_per_gguf", "with_tokenizer.peak_rss_mb",
+                "ratio.decode_cpu", "ratio.decode_host_cpu", "peak_rss_per_gguf", "with_tokenizer.peak_rss_mb",
                 "peer.rss_after_load_mb", "peer.peak_rss_mb", "peer.mlx_active_mb", "peak_rss_mb_after_runs"):
         assert report[key] > 0, key
     # each load in a fresh process: the peer's imports (mlx-lm) are not in ours, the runs are in neither
     assert report["peer.rss_after_load_mb"] > report["rss_after_load_mb"] >= report["mlx_active_mb"]
     assert report["peak_rss_mb"] >= report["rss_after_load_mb"] > report["rss_before_load_mb"]
     assert report["ratio.decode"] == pytest.approx(report["decode_tps"] / report["peer.decode_tps"], rel=0.01)
+    assert report["ratio.decode_host"] == pytest.approx(report["host.decode_tps"] / report["peer.decode_tps"], rel=0.01)
     assert report["ratio.decode_cpu"] == pytest.approx(report["decode_cpu_tps"] / report["peer.decode_cpu_tps"],
                                                        rel=0.01)

@@ -179,6 +179,11 @@ static void row_embed(const fwd *f, int layer, int r) {
         }
 }
 
+/* The cache slot (in positions) of row r's key and value for kv head h of a layer. */
+static size_t kv_slot(const fwd *f, const hk_seq *s, int layer, int h, int r) {
+    return ((size_t)layer * f->c->n_kv_heads + h) * s->capacity + f->row_pos[r];
+}
+
 /* Ask for the cache lines row_qkv_post will write this row's keys and values into, while the q/k/v product
    runs: a decode row's slot is a cold line in every kv head of every layer of its sequence's cache. */
 static void prefetch_kv_slots(const fwd *f, int layer, int r) {
@@ -186,7 +191,7 @@ static void prefetch_kv_slots(const fwd *f, int layer, int r) {
     const hk_seq *s = &f->seqs[f->row_seq[r]];
     const size_t es = s->kv_f16 ? 2 : 4, kb = (size_t)c->head_dim * es, vb = (size_t)c->v_head_dim * es;
     for (int h = 0; h < c->n_kv_heads; h++) {
-        size_t at = ((size_t)layer * c->n_kv_heads + h) * s->capacity + f->row_pos[r];
+        size_t at = kv_slot(f, s, layer, h, r);
         for (size_t b = 0; b < kb; b += 64) __builtin_prefetch((const char *)s->k + at * kb + b, 1, 3);
         for (size_t b = 0; b < vb; b += 64) __builtin_prefetch((const char *)s->v + at * vb + b, 1, 3);
     }
@@ -240,7 +245,7 @@ static void row_qkv_post(const fwd *f, int layer, int r) {
     for (int h = 0; h < c->n_kv_heads; h++) {
         if (L->k_norm) rms_norm(f, k + h * d, L->k_norm, k + h * d, d);
         rope(k + h * d, cs, sn, half, c->rope_neox);
-        size_t at = ((size_t)layer * c->n_kv_heads + h) * s->capacity + f->row_pos[r];
+        size_t at = kv_slot(f, s, layer, h, r);
         const float *vh = v + (size_t)h * c->v_head_dim;
         if (s->kv_f16) {
             f->vo->f32_to_f16(k + h * d, (uint16_t *)s->k + at * d, d);

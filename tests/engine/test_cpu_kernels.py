@@ -332,3 +332,22 @@ def test_whole_real_matrix_on_every_thread_count():
     np.testing.assert_array_equal(results[0], results[1])
     sample = np.arange(0, w.shape[0], 997)
     assert_matches(np.ascontiguousarray(w[sample]), T.Q8_0, x, results[0][:, sample])
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+def test_a_token_gets_the_same_products_alone_as_in_any_batch(qtype):
+    """Bit for bit in the C kernels, whatever the tile a token lands in: a batched decode step gives each sequence
+    the logits it would get alone (130 rows: the 16-row kernels and the rows after them). The NumPy fallback's
+    BLAS promises no such thing, only the same values to rounding."""
+    rng = np.random.default_rng(int(qtype) + 100)
+    unit = 256 if GGML_QUANT_SIZES[qtype][0] == 256 else 32
+    w = random_weights(qtype, 130, 3 * unit, rng)
+    x = rng.standard_normal((9, 3 * unit)).astype(np.float32)
+    batched = kernels.matmul(w, qtype, x)
+    for i in range(len(x)):
+        alone = kernels.matmul(w, qtype, x[i:i + 1])
+        if kernels.AVAILABLE:
+            np.testing.assert_array_equal(alone, batched[i:i + 1])
+        else:
+            np.testing.assert_allclose(alone, batched[i:i + 1], rtol=1e-4, atol=1e-4 * np.abs(batched).max())
+

@@ -101,12 +101,10 @@ DOT32X2(dot512_q5_0, HK_Q5_0)
 DOT32X2(dot512_q5_1, HK_Q5_1)
 DOT32X2(dot512_q8_0, HK_Q8_0)
 
-/* -- 16 rows at once for Q4_0 and Q4_1: one lane per row, so a token's activation word is broadcast to
+/* -- 16 rows at once for Q4_0, Q4_1 and Q8_0: one lane per row, so a token's activation word is broadcast to
    every row and each of its scale products serves 16 rows. The rows' bytes are transposed in registers (no
    repacked copy of the weights); the per-row arithmetic is the same for every tile width, so a batched
    decode gives each sequence the logits it would get alone. */
-
-#define ROWS16_PREFETCH 256 /* bytes ahead in each row */
 
 /* Four 32-bit words at p + r * stride for rows r = 0..15, transposed: word k of row r in lane r of t[k]. */
 INLINE void rows16_words(const uint8_t *p, ptrdiff_t stride, __m512i t[4]) {
@@ -132,8 +130,8 @@ INLINE __m512i bcast32(const int8_t *p) {
 }
 
 /* out[t * os + r] = row r . a[t] for 16 rows stride bytes apart. Codes are unsigned bytes in q[k] (lane r:
-   elements 4k..4k+3 of row r's block); the offset (Q4_0's -8, Q4_1's min) goes through the activations'
-   block sums, as in dot32x2_nt. */
+   elements 4k..4k+3 of row r's block); the offset (Q4_0's -8, Q4_1's min, and Q8_0's -128 after its signed
+   bytes are flipped to w + 128) goes through the activations' block sums, as in dot32x2_nt. */
 INLINE void rows16_nt(const int type, int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, const int nt,
                       float *out, ptrdiff_t os) {
     const int ts = size32(type);
@@ -142,19 +140,31 @@ INLINE void rows16_nt(const int type, int nb, const uint8_t *w, ptrdiff_t stride
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512 acc[HK_MAX_NT];
     HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
-    const int lines_every = 64 / ts; /* blocks per prefetched line: no line of a row is skipped */
+    /* 16 interleaved streams are more than the hardware prefetcher follows: the next 16 rows (the next
+       stretch of memory when rows are contiguous) are fetched into L2 while these compute, a few lines a
+       block. Prefetching each row's lines ahead into L1 as well measured slower. */
+    const char *next = (const char *)w + 16 * stride;
+    const size_t next_lines = ((size_t)16 * stride + 63) / 64;
+    size_t line = 0;
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = w + (size_t)b * ts;
-        if (b % lines_every == 0) /* 16 interleaved streams are more than the hardware prefetcher follows */
-            for (int r = 0; r < 16; r++) _mm_prefetch((const char *)blk + r * stride + ROWS16_PREFETCH, _MM_HINT_T0);
+        for (const size_t end = (size_t)(b + 1) * next_lines / nb; line < end; line++) _mm_prefetch(next + 64 * line, _MM_HINT_T1);
         __m512i head = _mm512_i32gather_epi32(offsets, blk, 1), words[4], q[8]; /* head: each row's d (and m) */
         __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
         __m512 cw = type == HK_Q4_1 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)))
-                                    : _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f));
-        rows16_words(blk + (type == HK_Q4_1 ? 4 : 2), stride, words);
-        for (int k = 0; k < 4; k++) {
-            q[k] = _mm512_and_si512(words[k], m4);                            /* elements 4k..4k+3 */
-            q[k + 4] = _mm512_and_si512(_mm512_srli_epi32(words[k], 4), m4); /* 16 + 4k..16 + 4k + 3 */
+                                    : _mm512_mul_ps(dw, _mm512_set1_ps(type == HK_Q8_0 ? -128.0f : -8.0f));
+        if (type == HK_Q8_0) { /* signed bytes to unsigned codes w + 128, elements 0-15 then 16-31 */
+            const __m512i flip = _mm512_set1_epi8((char)0x80);
+            rows16_words(blk + 2, stride, words);
+            for (int k = 0; k < 4; k++) q[k] = _mm512_xor_si512(words[k], flip);
+            rows16_words(blk + 18, stride, words);
+            for (int k = 0; k < 4; k++) q[k + 4] = _mm512_xor_si512(words[k], flip);
+        } else {
+            rows16_words(blk + (type == HK_Q4_1 ? 4 : 2), stride, words);
+            for (int k = 0; k < 4; k++) {
+                q[k] = _mm512_and_si512(words[k], m4);                            /* elements 4k..4k+3 */
+                q[k + 4] = _mm512_and_si512(_mm512_srli_epi32(words[k], 4), m4); /* 16 + 4k..16 + 4k + 3 */
+            }
         }
         HK_UNROLL for (int t = 0; t < nt; t++) {
             const int8_t *aq = a[t].qs + b * HK_QK;
@@ -188,6 +198,7 @@ INLINE void rows16_nt(const int type, int nb, const uint8_t *w, ptrdiff_t stride
 
 ROWS16(rows16_q4_0, HK_Q4_0)
 ROWS16(rows16_q4_1, HK_Q4_1)
+ROWS16(rows16_q8_0, HK_Q8_0)
 
 /* -- Q4_K and Q5_K with one 64-element chunk (two sub-blocks) per 512-bit vector */
 
@@ -249,7 +260,7 @@ const hk_isa hk_isa_avx512 = {
         [HK_Q2_K] = FN(dot_q2_k), [HK_Q3_K] = FN(dot_q3_k), [HK_Q4_K] = FN(dot512_q4_k), [HK_Q5_K] = FN(dot512_q5_k),
         [HK_Q6_K] = FN(dot_q6_k), [HK_TQ1_0] = FN(dot_tq1_0), [HK_TQ2_0] = FN(dot_tq2_0),
     },
-    .dot16 = {[HK_Q4_0] = rows16_q4_0, [HK_Q4_1] = rows16_q4_1},
+    .dot16 = {[HK_Q4_0] = rows16_q4_0, [HK_Q4_1] = rows16_q4_1, [HK_Q8_0] = rows16_q8_0},
     .tile = { /* 8 tokens where it measured faster than 4 (64-token products, one thread) */
         [HK_Q4_0] = 8, [HK_Q4_1] = 8, [HK_Q5_0] = 8, [HK_Q5_1] = 8, [HK_Q4_K] = 8, [HK_Q5_K] = 8, [HK_TQ1_0] = 8,
         [HK_TQ2_0] = 8,

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..backends.base import Backend, KVCache
 from ..generate import prefill, reusable_prefix
-from ..sampling import SamplingParams, penalised_logits
+from ..sampling import SamplingParams, greedy_token
 from .lookup import NgramIndex
 from .rejection import draw, sampling_distribution
 
@@ -92,7 +92,7 @@ def draft_token(logits: np.ndarray, history: Sequence[int], params: SamplingPara
                 rng: np.random.Generator) -> tuple[int, np.ndarray | None]:
     """The draft model's next token and the distribution it was drawn from (None for greedy: the argmax)."""
     if params.greedy:
-        return int(np.argmax(penalised_logits(np.asarray(logits, dtype=np.float32), history, params))), None
+        return greedy_token(np.asarray(logits, dtype=np.float32), history, params), None
     q = sampling_distribution(logits, history, params)
     return draw(q, rng.random()), q
 

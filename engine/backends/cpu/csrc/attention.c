@@ -15,6 +15,8 @@
 #define KV_BUF_FLOATS 16384  /* a float16 key block and value block converted, where they are not read in place */
 #define DECODE_SLOT(dv) ((size_t)(dv) + 2)  /* m, l, O[dv] */
 #define PREFILL_SLOT(dv) ((size_t)(dv) + 4) /* m, l, O[dv] of the chunk, then M, L of the row */
+#define NEXT_TASK_BYTES 4096 /* keys (and values) of a decode task asked for a task early: the products' own
+                                prefetch runs this far ahead of them, so a task's first keys would come cold */
 
 /* Keys per block: a power of two (so chunks are whole blocks) whose K and V blocks fit KV_BUF_FLOATS. */
 static int block_keys(const hk_config *c) {
@@ -87,12 +89,18 @@ static kv_span kv_from(kv_span kv, int i, int d, int dv) {
 }
 
 /* Ask for keys (which 0) or values (1) [j0, j1) of kv head kvh ahead of their use: a decode row reads each
-   sequence's cache once per layer, from memory, and the hardware prefetcher starts late on every new block. */
-static void prefetch_kv(const hk_att *a, const hk_seq *s, int kvh, int which, int j0, int j1) {
+   sequence's cache once per layer, from memory, and the hardware prefetcher starts late on every new block.
+   near: into L1 for use now, else into L2 for use a task later. */
+static inline void prefetch_kv(const hk_att *a, const hk_seq *s, int kvh, int which, int j0, int j1, const int near) {
     const hk_config *c = &a->m->c;
     const size_t dim = which ? c->v_head_dim : c->head_dim, elt = s->kv_f16 ? 2 : 4;
     const char *p = (const char *)(which ? s->v : s->k) + (((size_t)a->layer * c->n_kv_heads + kvh) * s->capacity + j0) * dim * elt;
-    for (size_t off = 0, n = (size_t)(j1 - j0) * dim * elt; off < n; off += 64) __builtin_prefetch(p + off, 0, 3);
+    for (size_t off = 0, n = (size_t)(j1 - j0) * dim * elt; off < n; off += 64) {
+        if (near)
+            __builtin_prefetch(p + off, 0, 3);
+        else
+            __builtin_prefetch(p + off, 0, 2);
+    }
 }
 
 #define HEADS_PER_PASS 16 /* query heads of one kv head folded together (their scores on the stack) */
@@ -165,8 +173,8 @@ static void decode_task(const hk_att *a, const hk_att_task *t) {
     for (int j0 = start / bk * bk; j0 < end; j0 += bk) {
         int ka = imax(j0, start), kb = imin(j0 + bk, end);
         if (j0 == start / bk * bk) { /* the first block; the products ask for the rest as they go */
-            prefetch_kv(a, s, t->kvh, 0, ka, kb);
-            prefetch_kv(a, s, t->kvh, 1, ka, kb);
+            prefetch_kv(a, s, t->kvh, 0, ka, kb, 1);
+            prefetch_kv(a, s, t->kvh, 1, ka, kb, 1);
         }
         kv_span kv = kv_block(a, s, t->kvh, ka, kb, buf);
         float *st = a->partial + a->row_slot[r] + ((size_t)t->kvh * group * nch + t->chunk) * DECODE_SLOT(dv);
@@ -216,6 +224,17 @@ static void prefill_task(const hk_att *a, const hk_att_task *t) {
         for (int h = h0; h < h1; h++) a->vo->scale(OUT(r, h), dv, 1.0f / SLOT(r, h)[dv + 3]);
 #undef SLOT
 #undef OUT
+}
+
+void hk_attention_prefetch(const hk_att *a, int i) {
+    const hk_att_task *t = &a->tasks[i];
+    if (t->chunk < 0) return; /* prefill rows read each key block many times: the first fetch is a small part */
+    const hk_seq *s = &a->seqs[t->seq];
+    const int p = a->row_pos[t->row0], start = imax(lowest_key(p, a->window), t->chunk * HK_ATT_CHUNK);
+    const int end = imin(p + 1, (t->chunk + 1) * HK_ATT_CHUNK);
+    const int keys = NEXT_TASK_BYTES / (a->m->c.head_dim * (s->kv_f16 ? 2 : 4));
+    prefetch_kv(a, s, t->kvh, 0, start, imin(end, start + keys), 0);
+    prefetch_kv(a, s, t->kvh, 1, start, imin(end, start + keys), 0);
 }
 
 void hk_attention_task(const hk_att *a, int i) {

@@ -38,6 +38,8 @@ void hk_attention_layout(const hk_model *m, const hk_seq *seqs, int n_seqs, size
 int hk_attention_plan(const hk_model *m, const hk_seq *seqs, int n_seqs, const int *row_pos, int window, hk_att_task *tasks);
 /* Run task i; tasks of one plan are independent. Decode rows then need hk_attention_merge_row. */
 void hk_attention_task(const hk_att *a, int i);
+/* Ask for the first keys and values of decode task i, a task before it runs (nothing for prefill tasks). */
+void hk_attention_prefetch(const hk_att *a, int i);
 /* A decode row: merge its key chunks' partials into att (every head). No-op for a prefill row. */
 void hk_attention_merge_row(const hk_att *a, int row);
 

@@ -362,7 +362,9 @@ static void run_units(const fwd *f, int p, atomic_int *claimed, atomic_int *done
         a.layer = layer;
         a.window = f->m->layers[layer].window;
         a.tasks = f->att_tasks[attention_plan_index(f, layer)];
+        const int stride = hk_pool_threads(); /* with tasks of like size, the one this thread likely runs next */
         while ((u = atomic_fetch_add_explicit(claimed, 1, memory_order_relaxed)) < n_units) {
+            if (u + stride < n_units) hk_attention_prefetch(&a, u + stride);
             hk_attention_task(&a, u);
             atomic_fetch_add_explicit(done, 1, memory_order_release);
         }

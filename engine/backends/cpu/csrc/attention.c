@@ -157,12 +157,20 @@ static void merge(const hk_vecops *vo, float *M, float *L, float *o, float mc, f
     *M = mn;
 }
 
+/* The keys [start, end) of decode task t: its chunk, cut to the row's window and position. */
+static void decode_keys(const hk_att *a, const hk_att_task *t, int *start, int *end) {
+    const int p = a->row_pos[t->row0];
+    *start = imax(lowest_key(p, a->window), t->chunk * HK_ATT_CHUNK);
+    *end = imin(p + 1, (t->chunk + 1) * HK_ATT_CHUNK);
+}
+
 static void decode_task(const hk_att *a, const hk_att_task *t) {
     const hk_config *c = &a->m->c;
     const hk_seq *s = &a->seqs[t->seq];
     const int dv = c->v_head_dim, group = c->n_heads / c->n_kv_heads, bk = block_keys(c);
     const int r = t->row0, p = a->row_pos[r], nch = p / HK_ATT_CHUNK + 1;
-    const int start = imax(lowest_key(p, a->window), t->chunk * HK_ATT_CHUNK), end = imin(p + 1, (t->chunk + 1) * HK_ATT_CHUNK);
+    int start, end;
+    decode_keys(a, t, &start, &end);
     float buf[KV_BUF_FLOATS];
     for (int h = t->kvh * group; h < (t->kvh + 1) * group; h++) {
         float *st = a->partial + a->row_slot[r] + ((size_t)h * nch + t->chunk) * DECODE_SLOT(dv);
@@ -230,9 +238,9 @@ void hk_attention_prefetch(const hk_att *a, int i) {
     const hk_att_task *t = &a->tasks[i];
     if (t->chunk < 0) return; /* prefill rows read each key block many times: the first fetch is a small part */
     const hk_seq *s = &a->seqs[t->seq];
-    const int p = a->row_pos[t->row0], start = imax(lowest_key(p, a->window), t->chunk * HK_ATT_CHUNK);
-    const int end = imin(p + 1, (t->chunk + 1) * HK_ATT_CHUNK);
     const int keys = NEXT_TASK_BYTES / (a->m->c.head_dim * (s->kv_f16 ? 2 : 4));
+    int start, end;
+    decode_keys(a, t, &start, &end);
     prefetch_kv(a, s, t->kvh, 0, start, imin(end, start + keys), 0);
     prefetch_kv(a, s, t->kvh, 1, start, imin(end, start + keys), 0);
 }

@@ -23,7 +23,6 @@
 #include "products.h"
 #include "vecops.h"
 
-#define PARALLEL_ROWS 8        /* row work for fewer rows is one unit */
 #define YIELD_EVERY 64         /* polls of a phase counter between two sched_yield calls (as pool.c) */
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -440,7 +439,9 @@ static void plan_call(fwd *f, int logits_mode) {
             f->n_att_tasks[1] = hk_attention_plan(m, f->seqs, f->n_seqs, f->row_pos, m->layers[l].window, f->att_tasks[1]);
             break;
         }
-    f->rows_per_unit = f->n < PARALLEL_ROWS ? imax(f->n, 1) : imax(1, f->n / (hk_pool_threads() * 4));
+    /* about four units per thread; down to one row each, so the rows of a small decode batch are shared out
+       too (a row's work is the same on any thread) */
+    f->rows_per_unit = imax(1, f->n / (hk_pool_threads() * 4));
     f->n_phases = 1 + LAYER_PHASES * m->c.n_layers + (f->n_out ? 2 : 0);
     count_units(f);
     for (int i = 0; i < 2 * f->n_phases; i++) atomic_init(&f->phase_sync[i], 0);

@@ -83,6 +83,8 @@ def scheduler_decode_speed(backend: Backend, prompts: list[list[int]], gen_token
 def forward_decode_speed(backend: Backend, prompts: list[list[int]], gen_tokens: int, n_ctx: int) -> Speed:
     """Speed of bare greedy decode: ``forward`` for one prompt, ``forward_batch`` for several."""
     caches = [backend.new_cache(n_ctx) for _ in prompts]
+    for cache in caches:
+        cache.reserve_whole_room()  # as the scheduler does, so no cache grows inside the timed loop
     tokens = [int(np.argmax(backend.forward(p, c))) for p, c in zip(prompts, caches)]
     wall, cpu = _clocks()
     for _ in range(gen_tokens - 1):

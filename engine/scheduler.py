@@ -308,8 +308,7 @@ class Scheduler:
         seq.active = True
         if seq.cache is None:
             seq.cache = self.backend.new_cache(min(self.n_ctx, seq.prompt_len + seq.request.max_tokens))
-            if seq.cache.room_is_free:  # all the room the request can use, now: grown step by step, a cache
-                seq.cache.reserve(seq.cache.n_ctx)  # copies what it holds, and in a batch inside decode steps
+            seq.cache.reserve_whole_room()
         kind = "resumed" if seq.preemptions else "started"
         events.append((seq.id, RequestEvent(seq.id, kind, now)))
 

@@ -48,6 +48,14 @@ class KVCache(abc.ABC):
     def reserve(self, n_new: int) -> None:
         """Make room for ``n_new`` more positions (growing in steps); ValueError past ``n_ctx``."""
 
+    def reserve_whole_room(self) -> None:
+        """Room for all ``n_ctx`` positions now, where that costs no memory (``room_is_free``); otherwise nothing.
+
+        Grown step by step, a cache copies what it holds at each step, and in a batch inside decode steps.
+        """
+        if self.room_is_free:
+            self.reserve(self.n_ctx - self.n_past)
+
     @abc.abstractmethod
     def truncate(self, n_past: int) -> None:
         """Forget every position from ``n_past`` on (rollback for speculation, edits and regeneration)."""

@@ -397,6 +397,20 @@ def test_a_fresh_zero_page_cache_gets_all_the_room_of_its_request_at_the_start(t
     assert caches[0].capacity == 303  # not GROWTH_STEP's 256
 
 
+def test_the_bare_forward_bench_gives_every_cache_its_room_before_the_timed_loop(tiny_model_path):
+    """As the scheduler does: a cache grown inside the loop would time its copy as decode."""
+    from engine.bench_concurrency import forward_decode_speed
+
+    gguf = read_gguf(tiny_model_path)
+    backend = NumpyBackend(gguf, ModelConfig.from_gguf(gguf))
+    caches = []
+    make_cache = backend.new_cache
+    backend.new_cache = lambda n_ctx: caches.append(make_cache(n_ctx)) or caches[-1]
+    speed = forward_decode_speed(backend, [[1, 2, 3], [4, 5]], gen_tokens=4, n_ctx=300)
+    assert speed.tokens == 2 * 3
+    assert [c.capacity for c in caches] == [300, 300]  # not GROWTH_STEP's 256
+
+
 def test_the_real_decoder_batched_through_the_scheduler_matches_solo_decoding(tiny_model_path):
     gguf = read_gguf(tiny_model_path)
     backend = NumpyBackend(gguf, ModelConfig.from_gguf(gguf))

@@ -17,9 +17,10 @@ from .ui.theme import dark_palette
 PROMPT = "Hello! Who are you?"
 DASHBOARD_PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 DASHBOARD_AFTER_S = 6  # of decoding (or half the tokens) before dashboard.png, so its charts show an answer
-DASHBOARD_MAX_TOKENS = 1500  # greedy, the story runs this long (no end-of-generation token before it), so an engine
-# sample (one every 0.5 s) past half of it arrives while it streams at any speed under 1500 tok/s; at 600 a fast
-# quiet machine (400 tok/s with prompt lookup) once finished between two samples
+# Greedy, the story runs this long (no end-of-generation token before it), so an engine sample (one every 0.5 s)
+# past half of it arrives while it streams at any speed under 1500 tok/s; at 600 tokens a fast quiet machine
+# (400 tok/s with prompt lookup) once finished between two samples.
+DASHBOARD_MAX_TOKENS = 1500
 TIMEOUT_S = 600
 
 

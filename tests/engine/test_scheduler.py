@@ -382,14 +382,20 @@ def test_run_serves_requests_from_another_thread_until_stopped():
     assert [e.id for e in events if isinstance(e, GenerationEvent)] == solo([1, 2, 3], 5)
 
 
-def test_a_fresh_zero_page_cache_gets_all_the_room_of_its_request_at_the_start(tiny_model_path):
-    """Reserved ahead, room costs a NumPy cache nothing until written; grown in steps, it would be copied inside
-    a decode step (of every sequence in a batch)."""
-    gguf = read_gguf(tiny_model_path)
+def recording_caches(model_path) -> tuple[NumpyBackend, list]:
+    """A NumPy backend on ``model_path`` and the list every cache it makes is appended to."""
+    gguf = read_gguf(model_path)
     backend = NumpyBackend(gguf, ModelConfig.from_gguf(gguf))
     caches = []
     make_cache = backend.new_cache
     backend.new_cache = lambda n_ctx: caches.append(make_cache(n_ctx)) or caches[-1]
+    return backend, caches
+
+
+def test_a_fresh_zero_page_cache_gets_all_the_room_of_its_request_at_the_start(tiny_model_path):
+    """Reserved ahead, room costs a NumPy cache nothing until written; grown in steps, it would be copied inside
+    a decode step (of every sequence in a batch)."""
+    backend, caches = recording_caches(tiny_model_path)
     scheduler = Scheduler(backend, n_ctx=1024)
     scheduler.submit(request([1, 2, 3], 300))
     scheduler.step()
@@ -401,11 +407,7 @@ def test_the_bare_forward_bench_gives_every_cache_its_room_before_the_timed_loop
     """As the scheduler does: a cache grown inside the loop would time its copy as decode."""
     from engine.bench_concurrency import forward_decode_speed
 
-    gguf = read_gguf(tiny_model_path)
-    backend = NumpyBackend(gguf, ModelConfig.from_gguf(gguf))
-    caches = []
-    make_cache = backend.new_cache
-    backend.new_cache = lambda n_ctx: caches.append(make_cache(n_ctx)) or caches[-1]
+    backend, caches = recording_caches(tiny_model_path)
     speed = forward_decode_speed(backend, [[1, 2, 3], [4, 5]], gen_tokens=4, n_ctx=300)
     assert speed.tokens == 2 * 3
     assert [c.capacity for c in caches] == [300, 300]  # not GROWTH_STEP's 256

@@ -2,7 +2,8 @@
 
 Start-up order:
 1. Parse the command line; ``models`` goes to the model library CLI and ``--version`` prints and exits.
-2. Create the QApplication. If another Hearth holds this data dir, ask it to show its window and exit 0
+2. On Linux with X11, check that the system libraries Qt's xcb plugin needs load (platform_check.py); if any
+   are missing, print which and how to install them, and exit 1. Create the QApplication. If another Hearth holds this data dir, ask it to show its window and exit 0
    (single_instance.py); else start the rotating log file and the crash handler in the log dir. The palette
    follows the OS; ``--color-scheme`` can force light or dark.
 3. Open the conversation store in the data directory: integrity check, migrations, damaged file moved aside.
@@ -46,6 +47,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_app(args: argparse.Namespace) -> int:
+    from .platform_check import check_xcb
+
+    if (problem := check_xcb()) is not None:  # before Qt loads its platform plugin, which would abort
+        print(problem, file=sys.stderr)
+        return 1
     from PySide6.QtWidgets import QApplication
 
     import engine

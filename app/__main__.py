@@ -22,7 +22,13 @@ from pathlib import Path
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="hearth", description="Chat with language models on this computer.")
+    parser = argparse.ArgumentParser(
+        prog="hearth", description="Chat with language models on this computer.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="commands:\n"
+               "  hearth                 open the app (the options above apply)\n"
+               "  hearth models ...      list, search, download, import and remove models "
+               "(hearth models --help)\n")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     parser.add_argument("--data-dir", metavar="DIR", help="keep conversations and settings in DIR")
     parser.add_argument("--smoke-test", metavar="OUTDIR",

@@ -41,3 +41,10 @@ def test_smoke_test_chats_and_saves_every_page(tmp_path):
     assert transcript["stats"]["generated_tokens"] > 0 and transcript["ui_time_to_first_text_s"] > 0
     for name in ("chat", "models", "chat-settings", "chat-dark", "chat-empty", "chat-streaming"):
         assert (out / f"{name}.png").stat().st_size > 5000, name
+
+
+def test_help_lists_every_subcommand():
+    done = subprocess.run([sys.executable, "-m", "app", "--help"], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0
+    assert "hearth models ..." in done.stdout

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from PySide6.QtCore import QObject, Signal, Slot
+from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
 from engine.thermal import Mode
 
@@ -20,6 +20,10 @@ from .store import ConversationStore, Message, ReplyWriter
 from .worker import EngineHost
 
 TITLE_CHARS = 48
+# Streamed text reaches the disk within FLUSH_AGE_S + FLUSH_TICK_S = 0.45 s even when no later piece arrives
+# (a slow model, another conversation's prefill): the README promises at most the last half second lost.
+FLUSH_TICK_S = 0.1
+FLUSH_AGE_S = 0.35
 THERMAL_MODES = tuple(m.value for m in Mode)  # performance, balanced, cool
 
 
@@ -71,6 +75,9 @@ class ChatController(QObject):
         self.current_id: int | None = None
         self.model_info: dict = {}
         self._replies: dict[int, _Reply] = {}  # by conversation id
+        self._flush_timer = QTimer(self)
+        self._flush_timer.setInterval(int(FLUSH_TICK_S * 1000))
+        self._flush_timer.timeout.connect(self._flush_replies)
         host.loaded.connect(self._on_loaded)
         host.load_failed.connect(self._on_load_failed)
         host.tokens.connect(self._on_tokens)
@@ -308,6 +315,7 @@ class ChatController(QObject):
         writer = self.store.begin_reply(conv.id)
         request_id = self.host.generate(path, conv.settings.n_ctx, history, options)
         self._replies[conv.id] = _Reply(request_id, conv.id, writer, model)
+        self._flush_timer.start()
         emit(self.conversations_changed)  # the sidebar marks the conversations that are answering
         emit(self.messages_changed, conv.id)
         emit(self.generating_changed, True)
@@ -352,6 +360,13 @@ class ChatController(QObject):
         reply.writer.finish("error", {"error": message})
         emit(self.notice, "error", message)
         self._after_reply(reply, {"error": message})
+
+    @Slot()
+    def _flush_replies(self) -> None:
+        for reply in self._replies.values():
+            reply.writer.flush_due(FLUSH_AGE_S)
+        if not self._replies:
+            self._flush_timer.stop()
 
     def _after_reply(self, reply: _Reply, stats: dict) -> None:
         emit(self.status, "Ready" if not self._replies else "Answering…")

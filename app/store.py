@@ -329,7 +329,11 @@ class ConversationStore:
 
 
 class ReplyWriter:
-    """Saves a streaming reply: the text at most ``interval`` seconds apart, then its final state and stats."""
+    """Saves a streaming reply so that no streamed text is older than ``interval`` seconds unsaved.
+
+    ``append`` writes when ``interval`` has passed since the last write; between pieces, a timer calls
+    ``flush_due`` (ChatController: every FLUSH_TICK_S) so text that no later piece follows is saved in time too.
+    """
 
     def __init__(self, store: ConversationStore, message_id: int, interval: float = 0.5,
                  clock: Callable[[], float] = time.monotonic):
@@ -340,23 +344,35 @@ class ReplyWriter:
         self.text = ""
         self._saved_text = ""
         self._saved_at = clock()
+        self._unsaved_since: float | None = None  # when the oldest text not yet on disk arrived
 
     def append(self, piece: str) -> bool:
         """Add streamed text; write it out when ``interval`` has passed since the last write. True if written."""
         self.text += piece
-        if self.clock() - self._saved_at < self.interval or self.text == self._saved_text:
+        if self.text == self._saved_text:
+            return False
+        if self._unsaved_since is None:
+            self._unsaved_since = self.clock()
+        if self.clock() - self._saved_at < self.interval:
+            return False
+        self.save()
+        return True
+
+    def flush_due(self, max_age: float) -> bool:
+        """Write the text if its oldest unsaved part arrived ``max_age`` seconds ago or more. True if written."""
+        if self._unsaved_since is None or self.clock() - self._unsaved_since < max_age:
             return False
         self.save()
         return True
 
     def save(self) -> None:
         self.store.update_message(self.message_id, content=self.text)
-        self._saved_text, self._saved_at = self.text, self.clock()
+        self._saved_text, self._saved_at, self._unsaved_since = self.text, self.clock(), None
 
     def finish(self, state: str = "complete", stats: dict | None = None) -> None:
         """Write the whole text with its final state in one transaction."""
         self.store.update_message(self.message_id, content=self.text, state=state, stats=stats or {})
-        self._saved_text = self.text
+        self._saved_text, self._unsaved_since = self.text, None
 
 
 class _Transaction:

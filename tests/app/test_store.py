@@ -95,6 +95,27 @@ def test_streaming_reply_is_saved_at_most_interval_apart(store):
     assert (done.content, done.state, done.stats) == ("Hello, world", "complete", {"generated_tokens": 4})
 
 
+def test_text_with_no_later_piece_is_saved_once_it_is_old_enough(store):
+    conv = store.create_conversation("t")
+    clock = FakeClock()
+    writer = store.begin_reply(conv.id, interval=0.5, clock=clock)
+    saved = lambda: store.message(writer.message_id).content  # noqa: E731
+    assert writer.flush_due(0.35) is False  # nothing to save
+    clock.t += 0.2
+    writer.append("Hel")
+    clock.t += 0.3
+    assert writer.flush_due(0.35) is False and saved() == ""  # 0.3 s old
+    clock.t += 0.05
+    assert writer.flush_due(0.35) is True and saved() == "Hel"  # no later piece was needed
+    assert writer.flush_due(0.35) is False  # nothing new since
+    clock.t += 0.1
+    writer.append("lo")
+    clock.t += 0.34
+    assert writer.flush_due(0.35) is False and saved() == "Hel"
+    clock.t += 0.01
+    assert writer.flush_due(0.35) is True and saved() == "Hello"
+
+
 def test_a_reply_left_streaming_is_marked_interrupted_on_the_next_open(tmp_path):
     store, _ = ConversationStore.open(tmp_path / "c.db")
     conv = store.create_conversation("t")

@@ -105,14 +105,14 @@ def test_text_with_no_later_piece_is_saved_once_it_is_old_enough(store):
     writer.append("Hel")
     clock.t += 0.3
     assert writer.flush_due(0.35) is False and saved() == ""  # 0.3 s old
-    clock.t += 0.05
+    clock.t += 0.06
     assert writer.flush_due(0.35) is True and saved() == "Hel"  # no later piece was needed
     assert writer.flush_due(0.35) is False  # nothing new since
     clock.t += 0.1
     writer.append("lo")
     clock.t += 0.34
     assert writer.flush_due(0.35) is False and saved() == "Hel"
-    clock.t += 0.01
+    clock.t += 0.02
     assert writer.flush_due(0.35) is True and saved() == "Hello"
 
 

@@ -181,7 +181,7 @@ class _ProgressLine:
 def _status(entry) -> str:
     if entry.broken:
         return f"broken: {entry.info.error}"
-    return "ok" if entry.supported else f"unsupported architecture {entry.info.architecture!r}"
+    return "ok" if entry.supported else entry.problem
 
 
 def _count(n: int | None) -> str:

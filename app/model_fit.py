@@ -63,7 +63,10 @@ class FitEstimate:
 
 
 def gb_text(n: float) -> str:
-    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.0f} MB"
+    """Bytes for people: "3.1 GB", "420 MB", "0.2 MB"."""
+    if n >= 1e8:
+        return f"{n / 1e9:.1f} GB"
+    return f"{n / 1e6:.0f} MB" if n >= 1e7 else f"{n / 1e6:.1f} MB"
 
 
 def verdict_summary(e: dict) -> str:
@@ -156,7 +159,7 @@ def fetch_header(url: str, file_size: int, token: str | None = None, timeout: fl
             return GGUFHeader(bytes(data), file_size, name=url.rsplit("/", 1)[-1])
         except IncompleteHeaderError as e:
             if len(data) >= min(cap, file_size):
-                raise HeaderUnavailable(f"the GGUF header is longer than the {cap >> 20} MB read") from None
+                raise HeaderUnavailable(f"the GGUF header is longer than the {gb_text(cap)} read") from None
             want = min(max(2 * len(data), e.needed_bytes), cap, file_size)
 
 

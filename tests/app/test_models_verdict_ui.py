@@ -171,4 +171,10 @@ def test_a_local_import_that_cannot_run_shows_the_reason_on_its_row(qtbot, sessi
     text = rows[str(bad)].text()
     assert "\nWon't load: unsupported architecture 'qwen35' (supported: " in text
     assert not rows[str(bad)].flags() & Qt.ItemFlag.ItemIsEnabled
+    assert rows[str(bad)].foreground().color().name() == "#c5322a"  # greyed out, yet the reason stays readable
     assert "Runs here · needs " in rows[str(good)].text() and rows[str(good)].flags() & Qt.ItemFlag.ItemIsEnabled
+    if SCREENSHOT:
+        session.window.resize(1200, 900)
+        qtbot.waitExposed(session.window)
+        session.window.show_page("models")  # adding a model that runs switched to it, on the chat page
+        assert session.window.grab().save(SCREENSHOT.replace(".png", "-import.png"))

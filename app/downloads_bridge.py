@@ -151,6 +151,7 @@ class DownloadsBridge(QObject):
 
     def shutdown(self) -> None:
         """Pause running downloads (they resume from their partial files next time) and stop the threads."""
+        self._listing = None  # header reads still queued are skipped
         for p in self.manager.list():
             if p.state == "running":
                 self.manager.pause(p.key)

@@ -85,15 +85,19 @@ def check(gguf: GGUFFile, backend: str = "auto", n_ctx: int = DEFAULT_N_CTX) -> 
     reasons += type_reasons(gguf, chosen)
     arch = gguf.metadata.get("general.architecture")
     arch = arch if isinstance(arch, str) else None
-    context = gguf.metadata.get(f"{arch}.context_length") if arch else None
     by_type = collections.Counter(t.qtype.name for t in gguf.tensors.values())
     return Compatibility(
         backend=chosen, runs=not reasons, reasons=tuple(reasons), architecture=arch,
         parameter_count=sum(t.n_elements for t in gguf.tensors.values()),
-        context_length=int(context) if isinstance(context, (int, np.integer)) and not isinstance(context, bool) else None,
+        context_length=_int_metadata(gguf, f"{arch}.context_length") if arch else None,
         tensor_types=dict(by_type.most_common()), n_ctx=n_ctx,
         memory=_estimates(gguf, n_ctx) if config is not None else {},
     )
+
+
+def _int_metadata(gguf: GGUFFile, key: str) -> int | None:
+    value = gguf.metadata.get(key)
+    return int(value) if isinstance(value, (int, np.integer)) and not isinstance(value, bool) else None
 
 
 def _resolve(backend: str) -> tuple[str, list[str]]:

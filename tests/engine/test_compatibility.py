@@ -178,3 +178,13 @@ def test_the_mlx_estimate_is_its_loaders_figure():
     verdict = check(header, "mlx")
     assert verdict.memory["mlx"].weights_bytes == mlx_weight_bytes(header)
     assert verdict.memory_bytes == verdict.memory["mlx"].total_bytes
+
+
+def test_a_header_cut_anywhere_asks_for_more_never_calls_the_file_malformed():
+    """Every cut, in the metadata, a vocabulary array or the tensor table, is 'read more', reaching past the cut."""
+    data, size = header_bytes(model_header("qwen2"))
+    table_start = len(data) - 1500  # the tensor table is the header's last ~1.3 KB here
+    for n in [*range(0, table_start, 97), *range(table_start, len(data) - 31)]:
+        with pytest.raises(IncompleteHeaderError) as e:
+            GGUFHeader(data[:n], size)
+        assert e.value.needed_bytes > n

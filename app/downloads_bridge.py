@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from PySide6.QtCore import QObject, Qt, Signal, Slot
 
-from .model_fit import FitEstimate, remote_estimate
+from .model_fit import FitEstimate, remote_estimate, unknown_estimate
 from .models.downloads import DownloadError, DownloadManager, DownloadProgress
 from .models.hub import HubClient, HubError, load_curated
 from .qt_compat import emit
@@ -95,8 +95,11 @@ class DownloadsBridge(QObject):
         """The verdict of one file, or None when another repository or context is being listed now."""
         if self._listing != (repo, n_ctx):
             return None
-        verdict = {**self._estimate(self.hub.file_url(repo, filename), size, n_ctx, self.hub.token).to_dict(),
-                   "n_ctx": n_ctx}
+        try:
+            estimate = self._estimate(self.hub.file_url(repo, filename), size, n_ctx, self.hub.token)
+        except Exception as e:  # noqa: BLE001 - a fault judging one file must not leave the others unjudged
+            estimate = unknown_estimate(size, n_ctx, f"the file could not be judged: {e}")
+        verdict = {**estimate.to_dict(), "n_ctx": n_ctx}
         with self._lock:
             self._verdicts[(repo, filename)] = verdict
         return verdict

@@ -178,3 +178,16 @@ def test_a_local_import_that_cannot_run_shows_the_reason_on_its_row(qtbot, sessi
         qtbot.waitExposed(session.window)
         session.window.show_page("models")  # adding a model that runs switched to it, on the chat page
         assert session.window.grab().save(SCREENSHOT.replace(".png", "-import.png"))
+
+
+def test_a_fault_judging_one_file_leaves_it_unchecked_and_judges_the_others(qtbot, session, monkeypatch):
+    real = session.downloads._estimate
+
+    def flaky(url, size, n_ctx, token):
+        if url.endswith("/llama-f16.gguf"):
+            raise RuntimeError("boom")
+        return real(url, size, n_ctx, token)
+    monkeypatch.setattr(session.downloads, "_estimate", flaky)
+    panel, rows = list_repo(qtbot, session)
+    assert rows["llama-f16.gguf"].text(2).startswith("Not checked (the file could not be judged: boom) · needs ≈ ")
+    assert rows["llama-q8_0.gguf"].text(2).startswith("Runs here · needs ")

@@ -85,7 +85,7 @@ def verdict_summary(e: dict) -> str:
 
 def judged_estimate(gguf: GGUFFile, file_size: int, n_ctx: int, available: int | None = None) -> FitEstimate:
     """The verdict and memory of a parsed file or header (see ``engine.compatibility.check``)."""
-    verdict = check(gguf, "auto", n_ctx)
+    verdict = check(gguf, "auto", n_ctx, estimates="judged")
     estimate = verdict.memory.get(verdict.backend)
     available = system_memory().available_bytes if available is None else available
     if estimate is None:  # the header describes no model the engine runs: memory only roughly

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+from typing import Literal
 
 import numpy as np
 
@@ -59,7 +60,8 @@ class Compatibility:
                            for name, e in self.memory.items()}}
 
 
-def check(gguf: GGUFFile, backend: str = "auto", n_ctx: int = DEFAULT_N_CTX) -> Compatibility:
+def check(gguf: GGUFFile, backend: str = "auto", n_ctx: int = DEFAULT_N_CTX,
+          estimates: Literal["all", "judged"] = "all") -> Compatibility:
     """Judge whether ``gguf`` loads on ``backend`` here, from its metadata and tensor table only.
 
     Args:
@@ -67,6 +69,8 @@ def check(gguf: GGUFFile, backend: str = "auto", n_ctx: int = DEFAULT_N_CTX) -> 
         backend: ``"auto"`` (what ``engine.model.load`` would pick on this machine), ``"cpu"``, ``"numpy"``
             or ``"mlx"``.
         n_ctx: The context length the memory estimates assume.
+        estimates: ``"all"`` estimates the memory on every backend whose memory is modelled (MLX's needs the
+            mlx package, imported for it); ``"judged"`` only on the judged one.
 
     Returns:
         The verdict, with every reason found: an unavailable backend, the architecture or a missing or
@@ -91,7 +95,8 @@ def check(gguf: GGUFFile, backend: str = "auto", n_ctx: int = DEFAULT_N_CTX) -> 
         parameter_count=sum(t.n_elements for t in gguf.tensors.values()),
         context_length=_int_metadata(gguf, f"{arch}.context_length") if arch else None,
         tensor_types=dict(by_type.most_common()), n_ctx=n_ctx,
-        memory=_estimates(gguf, n_ctx) if config is not None else {},
+        memory=_estimates(gguf, n_ctx, ESTIMATED_BACKENDS if estimates == "all" else (chosen,))
+        if config is not None else {},
     )
 
 
@@ -196,10 +201,10 @@ def engine_signature(backend: str = "auto") -> str:
     return f"{chosen}:{','.join(SUPPORTED_ARCHITECTURES)}:{','.join(types)}"
 
 
-def _estimates(gguf: GGUFFile, n_ctx: int) -> dict[str, MemoryEstimate]:
-    """The memory estimate of every backend that can make one (MLX's needs the mlx package)."""
+def _estimates(gguf: GGUFFile, n_ctx: int, backends: tuple[str, ...]) -> dict[str, MemoryEstimate]:
+    """The memory estimate on each of ``backends`` that can make one (MLX's needs the mlx package)."""
     out = {}
-    for name in ESTIMATED_BACKENDS:
+    for name in backends:
         try:
             out[name] = estimate_memory(gguf, n_ctx, name)
         except (ImportError, ModelFormatError):

@@ -54,7 +54,7 @@ def _info_from(g: GGUFFile) -> ModelFileInfo:
     from engine.compatibility import check
 
     arch = g.get("general.architecture", str, None)
-    verdict = check(g, "auto", VERDICT_N_CTX)
+    verdict = check(g, "auto", VERDICT_N_CTX, estimates="judged")
     return ModelFileInfo(
         architecture=arch,
         title=g.get("general.name", str, None),

@@ -188,3 +188,8 @@ def test_a_header_cut_anywhere_asks_for_more_never_calls_the_file_malformed():
         with pytest.raises(IncompleteHeaderError) as e:
             GGUFHeader(data[:n], size)
         assert e.value.needed_bytes > n
+
+
+def test_judged_estimates_only_the_backend_it_judged():
+    verdict = check(header_of(model_header("llama")), "numpy", estimates="judged")
+    assert list(verdict.memory) == ["numpy"] and verdict.memory_bytes == verdict.memory["numpy"].total_bytes

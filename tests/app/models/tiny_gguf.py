@@ -20,17 +20,19 @@ N_HEADS, N_KV_HEADS = 4, 2
 def write_tiny_gguf(path: Path, *, arch: str = "llama", name: str = "Tiny", n_layers: int = 2, n_embd: int = 32,
                     n_ctx_train: int = 256, chat_template: str | None = "{{ messages }}",
                     file_type: int | None = 0, sliding_window: int = 0, extra_bytes: int = 0, seed: int = 0) -> Path:
-    """Write a small but valid GGUF of ``arch``; ``extra_bytes`` of random float32 pad it for download tests.
+    """Write a small but valid GGUF of ``arch``; ``extra_bytes`` more of weights make it bigger for download tests.
 
-    Four heads, two KV heads (head_dim ``n_embd // 4``), ``2 * n_embd`` FFN, F32 weights.
+    Four heads, two KV heads (head_dim ``n_embd // 4``), F32 weights, an FFN of ``2 * n_embd`` widened by
+    ``extra_bytes`` (every tensor is one the architecture has: the engine refuses tensors it does not know).
     """
     rng = np.random.default_rng(seed)
+    n_ff = ffn_length(n_layers, n_embd, extra_bytes)
     path.parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(name)
     writer.add_block_count(n_layers)
     writer.add_embedding_length(n_embd)
-    writer.add_feed_forward_length(2 * n_embd)
+    writer.add_feed_forward_length(n_ff)
     writer.add_head_count(N_HEADS)
     writer.add_head_count_kv(N_KV_HEADS)
     writer.add_context_length(n_ctx_train)
@@ -45,11 +47,9 @@ def write_tiny_gguf(path: Path, *, arch: str = "llama", name: str = "Tiny", n_la
     writer.add_token_merges(merges)
     if chat_template is not None:
         writer.add_chat_template(chat_template)
-    for tensor, shape in _tensor_shapes(arch, n_layers, n_embd):
+    for tensor, shape in _tensor_shapes(arch, n_layers, n_embd, n_ff):
         values = rng.standard_normal(shape[::-1], dtype=np.float32) * 0.02 if len(shape) > 1 else np.ones(shape, np.float32)
         writer.add_tensor(tensor, values)
-    if extra_bytes:
-        writer.add_tensor("pad.weight", rng.standard_normal(max(1, extra_bytes // 4 // 32) * 32, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -57,9 +57,14 @@ def write_tiny_gguf(path: Path, *, arch: str = "llama", name: str = "Tiny", n_la
     return path
 
 
-def _tensor_shapes(arch: str, n_layers: int, n_embd: int) -> list[tuple[str, tuple[int, ...]]]:
+def ffn_length(n_layers: int, n_embd: int, extra_bytes: int = 0) -> int:
+    """``2 * n_embd``, plus what makes the FFN matrices (three per layer, float32) ``extra_bytes`` larger."""
+    return 2 * n_embd + -(-extra_bytes // (3 * n_layers * n_embd * 4))
+
+
+def _tensor_shapes(arch: str, n_layers: int, n_embd: int, n_ff: int) -> list[tuple[str, tuple[int, ...]]]:
     """(name, GGML shape) of every tensor of a tiny ``arch`` model (an unknown architecture gets llama's)."""
-    head_dim, n_ff = n_embd // N_HEADS, 2 * n_embd
+    head_dim = n_embd // N_HEADS
     shapes = [("token_embd.weight", (n_embd, TINY_VOCAB_SIZE))]
     for layer in range(n_layers):
         shapes += [(f"blk.{layer}.{suffix}", shape(n_embd, N_HEADS, N_KV_HEADS, head_dim, n_ff))
@@ -70,6 +75,7 @@ def _tensor_shapes(arch: str, n_layers: int, n_embd: int) -> list[tuple[str, tup
     return shapes
 
 
-def parameter_count(arch: str = "llama", n_layers: int = 2, n_embd: int = 32) -> int:
-    """The parameters of ``write_tiny_gguf``'s model (without padding)."""
-    return sum(int(np.prod(shape)) for _, shape in _tensor_shapes(arch, n_layers, n_embd))
+def parameter_count(arch: str = "llama", n_layers: int = 2, n_embd: int = 32, extra_bytes: int = 0) -> int:
+    """The parameters of ``write_tiny_gguf``'s model."""
+    n_ff = ffn_length(n_layers, n_embd, extra_bytes)
+    return sum(int(np.prod(shape)) for _, shape in _tensor_shapes(arch, n_layers, n_embd, n_ff))

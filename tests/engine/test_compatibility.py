@@ -38,6 +38,21 @@ def test_each_architecture_runs_exactly_when_the_engine_supports_it(arch):
         assert not verdict.runs and f"'{arch}'" in one_line(verdict.reasons)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("arch", sorted(LAYER_TENSORS))
+def test_the_verdict_for_each_architecture_is_what_loading_the_file_does(tmp_path, arch, backend):
+    """A backend that cannot hold an architecture the config accepts must say so to ``check``, or the verdict lies."""
+    path = write_model_file(tmp_path / f"{arch}.gguf", model_header(arch, n_layers=1))
+    with read_gguf(path) as g:
+        verdict = check(g, backend)
+    try:
+        engine.model.load(path, backend=backend, n_ctx=64).close()
+        loaded = None
+    except Exception as e:  # noqa: BLE001 - whatever a backend raises for a model it cannot hold
+        loaded = e
+    assert verdict.runs == (loaded is None), (verdict.reasons, loaded)
+
+
 def test_every_supported_architecture_has_a_header_here():
     """A new architecture in the engine needs its tensor table in header_builders to be judged here."""
     assert set(SUPPORTED_ARCHITECTURES) <= set(LAYER_TENSORS)

@@ -10,7 +10,8 @@ The estimate has three parts:
   tensor table only, so a header without tensor data (``GGUFHeader``) is enough.
 * **KV cache** — keys and values for ``n_ctx`` positions in every layer, as the backend stores them
   (``KV_LAYOUTS``): the CPU backend keeps float16 and gives a sliding-window layer (Gemma 3) the full
-  ``n_ctx`` like any other; a backend with rings (MLX) keeps only ``sliding_window`` positions there.
+  ``n_ctx`` like any other; a backend with rings (MLX) keeps only a ring there, as long as its cache module
+  says (``engine/backends/mlx/kv_cache.py``: the window plus one prefill chunk).
 * **overhead** — a runtime baseline plus scratch:
 
   - runtime baseline: the parsed metadata (tokenizer vocabulary and merges packed into UTF-8 buffers, scores
@@ -27,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import platform
 import sys
+from collections.abc import Callable
 from typing import Literal
 
 import numpy as np
@@ -54,6 +56,7 @@ class KVLayout:
 
     element_bytes: int  # 2 for float16, 4 for float32
     sliding_rings: bool  # a sliding-window layer keeps only its window; without, every layer holds n_ctx
+    ring_slots: Callable[[ModelConfig, int], int] | None = None  # (config, n_ctx) -> slots of a ring, if not the window
 
 
 KV_LAYOUTS = {"cpu": KVLayout(element_bytes=2, sliding_rings=False), "numpy": KVLayout(element_bytes=4, sliding_rings=False)}
@@ -68,9 +71,10 @@ def kv_layout(backend: str) -> KVLayout:
         ImportError: ``"mlx"`` without the mlx package.
     """
     if backend == "mlx":
+        from .backends.mlx.kv_cache import sliding_slots
         from .backends.mlx.weights import default_matmul_dtype
 
-        return KVLayout(element_bytes=default_matmul_dtype().size, sliding_rings=True)
+        return KVLayout(element_bytes=default_matmul_dtype().size, sliding_rings=True, ring_slots=sliding_slots)
     layout = KV_LAYOUTS.get(backend)
     if layout is None:
         raise ValueError(f"the memory of the {backend!r} backend is not modelled; only {', '.join(BACKENDS)} are")
@@ -122,7 +126,8 @@ def estimate_memory(gguf: GGUFFile, n_ctx: int, backend: str = "cpu") -> MemoryE
     config = ModelConfig.from_gguf(gguf)
     return MemoryEstimate(
         weights_bytes=weights_bytes(gguf, backend),
-        kv_cache_bytes=kv_cache_bytes(config, n_ctx, layout.element_bytes, layout.sliding_rings),
+        kv_cache_bytes=kv_cache_bytes(config, n_ctx, layout.element_bytes, layout.sliding_rings,
+                                      layout.ring_slots(config, n_ctx) if layout.ring_slots else None),
         overhead_bytes=metadata_bytes(gguf) + scratch_bytes(config, n_ctx),
     )
 
@@ -151,11 +156,13 @@ def numpy_weight_bytes(gguf: GGUFFile) -> int:
     return total
 
 
-def kv_cache_bytes(config: ModelConfig, n_ctx: int, bytes_per_element: int, sliding_rings: bool) -> int:
+def kv_cache_bytes(config: ModelConfig, n_ctx: int, bytes_per_element: int, sliding_rings: bool,
+                   ring_slots: int | None = None) -> int:
     """Keys and values of every layer; with ``sliding_rings`` a sliding-window layer holds at most
-    ``sliding_window`` positions."""
+    ``ring_slots`` positions (by default ``sliding_window``)."""
     per_position = config.n_kv_heads * (config.head_dim + config.v_head_dim) * bytes_per_element
-    positions = sum(min(n_ctx, config.sliding_window) if sliding_rings and config.is_sliding(layer) else n_ctx
+    ring = config.sliding_window if ring_slots is None else ring_slots
+    positions = sum(min(n_ctx, ring) if sliding_rings and config.is_sliding(layer) else n_ctx
                     for layer in range(config.n_layers))
     return positions * per_position
 

@@ -208,3 +208,18 @@ def test_a_header_cut_anywhere_asks_for_more_never_calls_the_file_malformed():
 def test_judged_estimates_only_the_backend_it_judged():
     verdict = check(header_of(model_header("llama")), "numpy", estimates="judged")
     assert list(verdict.memory) == ["numpy"] and verdict.memory_bytes == verdict.memory["numpy"].total_bytes
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_kv_estimate_is_what_each_backends_cache_allocates(tmp_path, backend):
+    """On a Gemma 3 with sliding-window layers (which a ring shrinks), at a context past the window."""
+    header = model_header("gemma3", n_layers=6)
+    header.metadata["gemma3.attention.sliding_window"] = 256
+    path = write_model_file(tmp_path / "g.gguf", header)
+    model = engine.model.load(path, backend=backend, n_ctx=2048)
+    try:
+        cache = model.backend.new_cache(2048)
+        cache.reserve(2048)
+        assert estimate_memory(model.gguf, 2048, backend).kv_cache_bytes == cache.nbytes
+    finally:
+        model.close()

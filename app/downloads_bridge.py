@@ -14,10 +14,13 @@ from collections.abc import Callable
 
 from PySide6.QtCore import QObject, Qt, Signal, Slot
 
-from .model_fit import fetch_header, remote_estimate
+from .model_fit import FitEstimate, remote_estimate, unknown_estimate
 from .models.downloads import DownloadError, DownloadManager, DownloadProgress
 from .models.hub import HubClient, HubError, load_curated
 from .qt_compat import emit
+
+
+HEADER_READERS = 4  # files of one repository whose headers are read at once
 
 
 class DownloadsBridge(QObject):
@@ -26,7 +29,9 @@ class DownloadsBridge(QObject):
     Signals:
         curated(list): the curated models as dicts (repo, filename, title, description, parameters, ...).
         search_results(str, list): the query and the repositories found (dicts: repo, downloads, likes, gated).
-        files_listed(str, list): a repository and its GGUF files (dicts: filename, size, sha256, estimate).
+        files_listed(str, list): a repository and its GGUF files (dicts: filename, size, sha256, estimate None).
+        file_judged(str, str, dict): repository, file name and its verdict (``FitEstimate.to_dict()`` plus
+            ``n_ctx``), read from the file's header before anything is downloaded; one per listed file.
         download_changed(dict): the newest state of one download (DownloadProgress.to_dict()).
         download_completed(str, str): key and the verified file's path; the library lists it now.
         failed(str, str): what failed (a query, a repository or a download key) and a readable reason.
@@ -35,6 +40,7 @@ class DownloadsBridge(QObject):
     curated = Signal(object)
     search_results = Signal(str, object)
     files_listed = Signal(str, object)
+    file_judged = Signal(str, str, object)
     download_changed = Signal(object)
     download_completed = Signal(str, str)
     failed = Signal(str, str)
@@ -42,12 +48,14 @@ class DownloadsBridge(QObject):
     _progress_posted = Signal()
 
     def __init__(self, manager: DownloadManager, hub: HubClient | None = None,
-                 header_reader: Callable[[str, str | None], dict | None] = fetch_header,
+                 estimator: Callable[[str, int, int, str | None], FitEstimate] = remote_estimate,
                  parent: QObject | None = None):
         super().__init__(parent)
         self.manager = manager
         self.hub = hub or manager.hub
-        self._read_header = header_reader
+        self._estimate = estimator  # (url, file size, n_ctx, token) -> the verdict from the file's header
+        self._verdicts: dict[tuple[str, str], dict] = {}  # (repo, filename) -> the newest verdict
+        self._listing: tuple[str, int] | None = None  # the repository and context being judged now
         self._queries = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="hub-query")
         self._control = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="download-control")
         self._latest: dict[str, DownloadProgress] = {}
@@ -70,26 +78,70 @@ class DownloadsBridge(QObject):
                             lambda found: emit(self.search_results, query, found), f"search “{query}”")
 
     def list_files(self, repo: str, n_ctx: int) -> None:
-        """List ``repo``'s GGUF files with a memory estimate of each at ``n_ctx`` (see model_fit)."""
-        self._in_background(self._queries, lambda: self._files_with_estimates(repo, n_ctx),
-                            lambda files: emit(self.files_listed, repo, files), repo)
+        """List ``repo``'s GGUF files, then judge each from its header at ``n_ctx`` (see model_fit)."""
+        self._listing = (repo, n_ctx)
+        self._in_background(self._queries, lambda: self._list_and_judge(repo, n_ctx), None, repo)
 
-    def _files_with_estimates(self, repo: str, n_ctx: int) -> list[dict]:
-        rows = []
-        for f in self.hub.list_gguf_files(repo):
-            header = self._read_header(self.hub.file_url(repo, f.filename), self.hub.token)
-            rows.append({**f.to_dict(), "repo": repo, "estimate": remote_estimate(f.size, header, n_ctx).to_dict()})
-        return rows
+    def _list_and_judge(self, repo: str, n_ctx: int) -> None:
+        files = self.hub.list_gguf_files(repo)
+        rows = [{**f.to_dict(), "repo": repo, "estimate": None} for f in files]
+        emit(self._posted, lambda: emit(self.files_listed, repo, rows))
+        with concurrent.futures.ThreadPoolExecutor(HEADER_READERS, thread_name_prefix="hub-header") as pool:
+            for f, verdict in zip(files, pool.map(lambda f: self._judge(repo, f.filename, f.size, n_ctx), files)):
+                if verdict is not None:
+                    emit(self._posted, lambda f=f, v=verdict: emit(self.file_judged, repo, f.filename, v))
+
+    def _judge(self, repo: str, filename: str, size: int, n_ctx: int) -> dict | None:
+        """The verdict of one file, or None when another repository or context is being listed now."""
+        if self._listing != (repo, n_ctx):
+            return None
+        try:
+            estimate = self._estimate(self.hub.file_url(repo, filename), size, n_ctx, self.hub.token)
+        except Exception as e:  # noqa: BLE001 - a fault judging one file must not leave the others unjudged
+            estimate = unknown_estimate(size, n_ctx, f"the file could not be judged: {e}")
+        verdict = {**estimate.to_dict(), "n_ctx": n_ctx}
+        with self._lock:
+            self._verdicts[(repo, filename)] = verdict
+        return verdict
+
+    def verdict(self, repo: str, filename: str) -> dict | None:
+        """The newest verdict of a listed file, or None."""
+        with self._lock:
+            return self._verdicts.get((repo, filename))
 
     # -- downloads -------------------------------------------------------------------------------------
     def downloads(self) -> list[dict]:
         """Every download the manager knows (also paused or failed ones from earlier runs)."""
         return [p.to_dict() for p in self.manager.list()]
 
-    def start(self, repo: str, filename: str) -> None:
+    def start(self, repo: str, filename: str, accept_unrunnable: bool = False) -> None:
+        """Download ``filename``, unless its verdict is that it won't load here and the user did not accept that
+        (``accept_unrunnable``): then ``failed`` says why and nothing is downloaded. A file not judged yet is
+        judged first, from its header."""
         key = f"{repo}/{filename}"
-        self._in_background(self._control, lambda: self.manager.start(repo, filename, on_progress=self._on_progress),
-                            None, key)
+
+        def start() -> None:
+            if not accept_unrunnable:
+                self._refuse_unrunnable(repo, filename)
+            self.manager.start(repo, filename, on_progress=self._on_progress)
+        self._in_background(self._control, start, None, key)
+
+    def _refuse_unrunnable(self, repo: str, filename: str) -> None:
+        verdict = self.verdict(repo, filename)
+        if verdict is None:
+            size = self.hub.file_info(repo, filename).size
+            verdict = self._judge_now(repo, filename, size)
+        if verdict["runs"] is False:
+            raise DownloadError(f"not downloaded: it won't load here ({verdict['reasons'][0]}); "
+                                "download it anyway to keep it")
+
+    def _judge_now(self, repo: str, filename: str, size: int) -> dict:
+        from .models.metadata_cache import VERDICT_N_CTX
+
+        verdict = self._estimate(self.hub.file_url(repo, filename), size, VERDICT_N_CTX, self.hub.token).to_dict()
+        with self._lock:
+            self._verdicts[(repo, filename)] = {**verdict, "n_ctx": VERDICT_N_CTX}
+        return verdict
 
     def pause(self, key: str) -> None:
         self._in_background(self._control, lambda: self.manager.pause(key), None, key)
@@ -102,6 +154,7 @@ class DownloadsBridge(QObject):
 
     def shutdown(self) -> None:
         """Pause running downloads (they resume from their partial files next time) and stop the threads."""
+        self._listing = None  # header reads still queued are skipped
         for p in self.manager.list():
             if p.state == "running":
                 self.manager.pause(p.key)

@@ -42,8 +42,11 @@ class ModelChoices:
         return [self._row(e) for e in entries]
 
     def add_file(self, path: str) -> ModelChoice:
-        """Add a GGUF in place (linked, not copied); raises the library's error with a readable message."""
-        return self._row(self._library().import_file(Path(path), mode="link"))
+        """Add a GGUF in place (linked, not copied); raises the library's error with a readable message.
+
+        A valid GGUF the engine cannot run is added too, unusable, with the reason on its row.
+        """
+        return self._row(self._library().import_file(Path(path), mode="link", keep_unrunnable=True))
 
     def plan_removal(self, path: str):
         """What removing the model at ``path`` would do (a ``RemovalPlan``); raises LibraryError when refused."""
@@ -69,6 +72,7 @@ class ModelChoices:
         parts = [p for p in (info.architecture, info.quantization, _size(entry.file_size),
                              f"{info.context_length:,} ctx" if info.context_length else None,
                              entry.origin or entry.source) if p]
-        problem = info.error or (None if entry.supported else f"architecture {info.architecture!r} is not supported")
+        if entry.supported and info.memory_bytes:
+            parts.insert(0, f"Runs here · needs {_size(info.memory_bytes)}")
         name = f"{BUILTIN_MODEL_NAME} (built-in)" if entry.source == "builtin" else info.title or entry.name
-        return ModelChoice(name, str(entry.path), " · ".join(parts), entry.supported, problem)
+        return ModelChoice(name, str(entry.path), " · ".join(parts), entry.supported, entry.problem)

@@ -1,167 +1,183 @@
-"""Will a model fit in memory? Estimates for files on disk (the engine's) and on the Hub (before downloading).
+"""Will a model run here, and fit in memory? The verdict for files on disk and on the Hub (before downloading).
 
-No Qt. A remote file's estimate is built without downloading it:
+No Qt. Both come from the engine's ``engine.compatibility.check`` on the file's GGUF header (metadata and
+tensor table): the architecture, the tokenizer, every required tensor and its shape, the tensor types the
+backend this machine would use can hold, and that backend's memory estimate (weights, KV cache, runtime).
 
-* weights — the file size: the CPU backend memory-maps the GGUF, so once every page has been touched the
-  resident weights are the file's bytes;
-* KV cache — from the architecture in the file's GGUF header, read with one HTTP ``Range`` request for its
-  first ``HEADER_BYTES`` (the architecture keys come before the tokenizer's long arrays in the files llama.cpp's
-  converter writes): layers × context × KV heads × (key + value length) × 4 bytes, as the engine keeps float32
-  keys and values; Gemma 3's sliding-window layers hold at most the window, as in the engine.
-  When the header cannot be read, ``FALLBACK_KV_PER_TOKEN`` is assumed and the estimate is marked rough;
-* runtime and scratch — ``OVERHEAD_BASE`` plus ``OVERHEAD_FRACTION`` of the file, an allowance that covers the
-  engine's estimate for the three test models (33–77 MiB at 4,096 tokens).
+A Hub file's header is read with HTTP ``Range`` requests: the first ``HEADER_BYTES``, then more, doubling,
+while the header continues past what was read (a large vocabulary comes before the tensor table), up to
+``MAX_HEADER_BYTES``. Nothing past the header is fetched. When the header cannot be read (network, a server
+that ignores ranges past the cap, a header over the cap), the verdict is unknown (``runs`` None) and the
+memory a rough guess: the file size, ``FALLBACK_KV_PER_TOKEN`` per position and ``OVERHEAD_BASE`` plus
+``OVERHEAD_FRACTION`` of the file.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import struct
+import os
 
 import httpx2
 from huggingface_hub import get_session
 
+from engine.compatibility import Compatibility, check
+from engine.gguf_file import GGUFFile, GGUFHeader, IncompleteHeaderError, ModelFormatError
 from engine.memory_estimate import fit_verdict, system_memory
 
-HEADER_BYTES = 512 << 10
+HEADER_BYTES = 1 << 20
+MAX_HEADER_BYTES = 32 << 20
 OVERHEAD_BASE = 64 << 20
 OVERHEAD_FRACTION = 0.08
 FALLBACK_KV_PER_TOKEN = 256 << 10  # Llama 3 8B at float32; more than most small models need
-KV_BYTES_PER_ELEMENT = 4
-GGUF_MAGIC = b"GGUF"
 
-# GGUF value types: fixed sizes (struct format) and the two variable ones (8 string, 9 array)
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9
+
+class HeaderUnavailable(Exception):
+    """The GGUF header of a remote file could not be read; the message says why."""
 
 
 @dataclasses.dataclass(frozen=True)
 class FitEstimate:
-    """Expected bytes of a loaded model by part, how they were found, and the verdict against memory now."""
+    """Whether a model runs here, why not, its expected bytes by part and the verdict against memory now."""
 
     weights: int
     kv_cache: int
     overhead: int
-    verdict: str  # "fits", "tight" or "won't fit"
+    verdict: str  # memory: "fits", "tight" or "won't fit"
     available: int
-    rough: bool = False  # the KV cache is a guess (the header could not be read)
+    rough: bool = False  # the memory is a guess (the header could not be read or describes no model)
+    runs: bool | None = None  # None: unknown, the header could not be read
+    reasons: tuple[str, ...] = ()  # why it will not load (one line each), or why it could not be judged
+    backend: str | None = None
+    architecture: str | None = None
 
     @property
     def total(self) -> int:
         return self.weights + self.kv_cache + self.overhead
 
+    def summary(self) -> str:
+        """One line for a person: "Runs here · needs 3.1 GB", "Won't load: <reason>", "Won't fit · needs …"."""
+        return verdict_summary(self.to_dict())
+
     def to_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "total": self.total}
+        return {**dataclasses.asdict(self), "reasons": list(self.reasons), "total": self.total}
 
 
-def kv_bytes(header: dict, n_ctx: int) -> int | None:
-    """KV cache bytes at ``n_ctx`` from GGUF header keys, or None when the keys it needs are missing."""
-    arch = header.get("general.architecture")
-    if not isinstance(arch, str):
-        return None
-    layers, heads = header.get(f"{arch}.block_count"), header.get(f"{arch}.attention.head_count")
-    kv_heads = header.get(f"{arch}.attention.head_count_kv", heads)
-    embd = header.get(f"{arch}.embedding_length")
-    if isinstance(kv_heads, list):  # per-layer counts
-        kv_heads = max(kv_heads, default=None)
-    if not all(isinstance(v, int) and v > 0 for v in (layers, heads, kv_heads, embd)):
-        return None
-    key = header.get(f"{arch}.attention.key_length", embd // heads)
-    value = header.get(f"{arch}.attention.value_length", key)
-    window = header.get(f"{arch}.attention.sliding_window", 0)
-    positions = layers * n_ctx
-    if arch == "gemma3" and isinstance(window, int) and window > 0:  # engine/config.py: 5 of every 6 layers slide
-        positions = sum(min(n_ctx, window) if layer % 6 < 5 else n_ctx for layer in range(layers))
-    return positions * kv_heads * (key + value) * KV_BYTES_PER_ELEMENT
+def gb_text(n: float) -> str:
+    """Bytes for people: "3.1 GB", "420 MB", "0.2 MB"."""
+    if n >= 1e8:
+        return f"{n / 1e9:.1f} GB"
+    return f"{n / 1e6:.0f} MB" if n >= 1e7 else f"{n / 1e6:.1f} MB"
 
 
-def remote_estimate(file_size: int, header: dict | None, n_ctx: int, available: int | None = None) -> FitEstimate:
-    """The estimate for a file of ``file_size`` bytes whose GGUF header keys are ``header`` (None if unread)."""
-    kv = kv_bytes(header, n_ctx) if header else None
-    rough = kv is None
-    if rough:
-        kv = n_ctx * FALLBACK_KV_PER_TOKEN
-    overhead = OVERHEAD_BASE + int(OVERHEAD_FRACTION * file_size)
+def verdict_summary(e: dict) -> str:
+    """``FitEstimate.summary`` of an estimate as a dict (what crosses threads and signals)."""
+    need = ("≈ " if e.get("rough") else "") + gb_text(e["total"])
+    if e.get("runs") is False:
+        return f"Won't load: {e['reasons'][0]}" if e.get("reasons") else "Won't load"
+    if e.get("runs") is None:
+        return f"Not checked ({e['reasons'][0]}) · needs {need}" if e.get("reasons") else f"Not checked · needs {need}"
+    if e["verdict"] == "won't fit":
+        return f"Won't fit · needs {need}, {gb_text(e['available'])} free"
+    if e["verdict"] == "tight":
+        return f"Runs here, tight · needs {need} of {gb_text(e['available'])} free"
+    return f"Runs here · needs {need}"
+
+
+def judged_estimate(gguf: GGUFFile, file_size: int, n_ctx: int, available: int | None = None) -> FitEstimate:
+    """The verdict and memory of a parsed file or header (see ``engine.compatibility.check``)."""
+    verdict = check(gguf, "auto", n_ctx, estimates="judged")
+    estimate = verdict.memory.get(verdict.backend)
     available = system_memory().available_bytes if available is None else available
-    return FitEstimate(file_size, kv, overhead, fit_verdict(file_size + kv + overhead, available), available, rough)
+    if estimate is None:  # the header describes no model the engine runs: memory only roughly
+        return _rough(file_size, n_ctx, available, runs=False, reasons=verdict.reasons, judged=verdict)
+    return FitEstimate(estimate.weights_bytes, estimate.kv_cache_bytes, estimate.overhead_bytes,
+                       fit_verdict(estimate.total_bytes, available), available, runs=verdict.runs,
+                       reasons=verdict.reasons, backend=verdict.backend, architecture=verdict.architecture)
+
+
+def unknown_estimate(file_size: int, n_ctx: int, why: str, available: int | None = None) -> FitEstimate:
+    """A rough estimate for a file whose header could not be read; ``why`` says what went wrong."""
+    available = system_memory().available_bytes if available is None else available
+    return _rough(file_size, n_ctx, available, runs=None, reasons=(why,))
+
+
+def malformed_estimate(file_size: int, n_ctx: int, error: str, available: int | None = None) -> FitEstimate:
+    """A file whose header is malformed: it will not load."""
+    available = system_memory().available_bytes if available is None else available
+    return _rough(file_size, n_ctx, available, runs=False, reasons=(f"not a valid GGUF model: {error}",))
+
+
+def _rough(file_size: int, n_ctx: int, available: int, runs: bool | None, reasons: tuple[str, ...],
+           judged: Compatibility | None = None) -> FitEstimate:
+    kv, overhead = n_ctx * FALLBACK_KV_PER_TOKEN, OVERHEAD_BASE + int(OVERHEAD_FRACTION * file_size)
+    return FitEstimate(file_size, kv, overhead, fit_verdict(file_size + kv + overhead, available), available,
+                       rough=True, runs=runs, reasons=tuple(reasons), backend=judged.backend if judged else None,
+                       architecture=judged.architecture if judged else None)
 
 
 def local_estimate(path: str, n_ctx: int, available: int | None = None) -> FitEstimate:
-    """The engine's estimate for a GGUF on disk."""
+    """The verdict for a GGUF on disk; a malformed file gives ``runs`` False and the reader's reason."""
     from engine.gguf_file import read_gguf
-    from engine.memory_estimate import estimate_memory
 
-    with read_gguf(path) as g:
-        e = estimate_memory(g, n_ctx)
-    available = system_memory().available_bytes if available is None else available
-    return FitEstimate(e.weights_bytes, e.kv_cache_bytes, e.overhead_bytes, fit_verdict(e.total_bytes, available),
-                       available)
+    try:
+        with read_gguf(path) as g:
+            return judged_estimate(g, g.file_size, n_ctx, available)
+    except ModelFormatError as e:
+        size = os.path.getsize(path) if os.path.isfile(path) else 0
+        return malformed_estimate(size, n_ctx, str(e), available)
 
 
-def fetch_header(url: str, token: str | None = None, timeout: float = 30.0) -> dict | None:
-    """The GGUF header keys found in the first HEADER_BYTES of the file at ``url``; None when unreadable."""
-    headers = {"Range": f"bytes=0-{HEADER_BYTES - 1}", "Accept-Encoding": "identity"}
+def remote_estimate(url: str, file_size: int, n_ctx: int, token: str | None = None,
+                    available: int | None = None) -> FitEstimate:
+    """The verdict for a file on the Hub, from its header alone (``fetch_header``)."""
+    try:
+        header = fetch_header(url, file_size, token)
+    except HeaderUnavailable as e:
+        return unknown_estimate(file_size, n_ctx, str(e), available)
+    except ModelFormatError as e:
+        return malformed_estimate(file_size, n_ctx, str(e), available)
+    return judged_estimate(header, file_size, n_ctx, available)
+
+
+def fetch_header(url: str, file_size: int, token: str | None = None, timeout: float = 30.0,
+                 first: int = HEADER_BYTES, cap: int = MAX_HEADER_BYTES) -> GGUFHeader:
+    """The GGUF header of the ``file_size``-byte file at ``url``, read with Range requests, doubling from
+    ``first`` bytes while the header continues, up to ``cap``.
+
+    Raises:
+        HeaderUnavailable: the server could not be read, or the header is longer than ``cap``.
+        ModelFormatError: the header is malformed (the file will not load).
+    """
+    data = bytearray()
+    want = min(first, file_size)
+    while True:
+        chunk = _read_range(url, len(data), want, token, timeout)
+        if not chunk:
+            raise HeaderUnavailable(f"the Hub sent no bytes from offset {len(data)} of the file")
+        data += chunk
+        try:
+            return GGUFHeader(bytes(data), file_size, name=url.rsplit("/", 1)[-1])
+        except IncompleteHeaderError as e:
+            if len(data) >= min(cap, file_size):
+                raise HeaderUnavailable(f"the GGUF header is longer than the {gb_text(cap)} read") from None
+            want = min(max(2 * len(data), e.needed_bytes), cap, file_size)
+
+
+def _read_range(url: str, start: int, stop: int, token: str | None, timeout: float) -> bytes:
+    """Bytes ``[start, stop)`` of the file at ``url``; a server that ignores ``Range`` is read up to ``stop`` only."""
+    headers = {"Range": f"bytes={start}-{stop - 1}", "Accept-Encoding": "identity"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
+    data = bytearray()
     try:
         with get_session().stream("GET", url, headers=headers, timeout=timeout, follow_redirects=True) as r:
             if r.status_code not in (200, 206):
-                return None
-            data = bytearray()
+                raise HeaderUnavailable(f"the Hub answered {r.status_code} when the header was read")
+            skip = start if r.status_code == 200 else 0  # the whole file from byte 0
             for chunk in r.iter_bytes():
                 data += chunk
-                if len(data) >= HEADER_BYTES:
+                if len(data) >= skip + stop - start:
                     break
-    except httpx2.HTTPError:
-        return None
-    return parse_header_prefix(bytes(data[:HEADER_BYTES]))
-
-
-def parse_header_prefix(data: bytes) -> dict | None:
-    """The metadata keys of a GGUF file's beginning, as far as ``data`` reaches (arrays are skipped)."""
-    if len(data) < 24 or data[:4] != GGUF_MAGIC:
-        return None
-    version, _, n_kv = struct.unpack_from("<IQQ", data, 4)
-    if version not in (2, 3):
-        return None
-    out, pos = {}, 24
-    try:
-        for _ in range(min(n_kv, 1 << 16)):
-            key, pos = _string(data, pos)
-            kind, = struct.unpack_from("<I", data, pos)
-            value, pos = _value(data, pos + 4, kind)
-            out[key] = value
-    except (struct.error, ValueError, UnicodeDecodeError):
-        pass  # the prefix ends here
-    return out
-
-
-def _string(data: bytes, pos: int) -> tuple[str, int]:
-    n, = struct.unpack_from("<Q", data, pos)
-    end = pos + 8 + n
-    if end > len(data):
-        raise ValueError("truncated")
-    return data[pos + 8:end].decode("utf-8"), end
-
-
-def _value(data: bytes, pos: int, kind: int):
-    if kind in _SCALARS:
-        fmt = _SCALARS[kind]
-        return struct.unpack_from(fmt, data, pos)[0], pos + struct.calcsize(fmt)
-    if kind == _STRING:
-        return _string(data, pos)
-    if kind != _ARRAY:
-        raise ValueError(f"unknown GGUF type {kind}")
-    item, count = struct.unpack_from("<IQ", data, pos)
-    pos += 12
-    if item in _SCALARS and count <= 4096:  # small numeric arrays (per-layer head counts) are kept
-        fmt = "<" + _SCALARS[item][1] * count
-        return list(struct.unpack_from(fmt, data, pos)), pos + struct.calcsize(fmt)
-    if item in _SCALARS:
-        end = pos + count * struct.calcsize(_SCALARS[item])
-        if end > len(data):
-            raise ValueError("truncated")
-        return None, end
-    for _ in range(count):  # strings or nested arrays: walk them
-        _, pos = _value(data, pos, item)
-    return None, pos
+    except httpx2.HTTPError as e:
+        raise HeaderUnavailable(f"the header could not be read: {e}") from None
+    return bytes(data[skip:skip + stop - start])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import sys
 from pathlib import Path
@@ -30,10 +29,13 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine", description="Hearth's inference engine on GGUF models.")
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
 
-    p = sub.add_parser("inspect", help="metadata, tensor counts by type, parameter count, estimated memory")
+    p = sub.add_parser("inspect", help="whether Hearth runs the file and why not; metadata, tensor types, "
+                                       "parameter count, estimated memory per backend")
     p.add_argument("model", type=Path)
     p.add_argument("--n-ctx", type=int, default=4096, help="context length for the memory estimate")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--backend", choices=BACKENDS, default="auto",
+                   help="the backend to judge the file for (default: the one this machine would use)")
+    p.add_argument("--json", action="store_true", help="one JSON object; 'runs' and 'reasons' carry the verdict")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("tokenize", help="token ids of a text, with llama.cpp's semantics")
@@ -108,32 +110,47 @@ def _metadata_summary(value):
 
 
 def cmd_inspect(args) -> int:
-    from .config import ModelConfig
-    from .memory_estimate import estimate_memory
+    from .compatibility import check
 
     with read_gguf(args.model) as gguf:
-        by_type = collections.Counter(t.qtype.name for t in gguf.tensors.values())
-        n_params = sum(t.n_elements for t in gguf.tensors.values())
-        config = ModelConfig.from_gguf(gguf)
-        estimate = estimate_memory(gguf, args.n_ctx)
+        verdict = check(gguf, args.backend, args.n_ctx)
+        judged = verdict.memory.get(verdict.backend)
         data = {
             "file": str(args.model), "file_bytes": gguf.file_size, "gguf_version": gguf.version,
-            "architecture": config.arch, "parameters": n_params, "tensors": len(gguf.tensors),
-            "tensor_types": dict(by_type.most_common()),
-            "memory_estimate": {"n_ctx": args.n_ctx, "weights_bytes": estimate.weights_bytes,
-                                "kv_cache_bytes": estimate.kv_cache_bytes, "overhead_bytes": estimate.overhead_bytes,
-                                "total_bytes": estimate.total_bytes},
+            "architecture": verdict.architecture, "backend": verdict.backend, "runs": verdict.runs,
+            "reasons": list(verdict.reasons), "parameters": verdict.parameter_count, "tensors": len(gguf.tensors),
+            "context_length": verdict.context_length, "tensor_types": verdict.tensor_types,
+            "memory_estimate": _estimate_dict(judged, args.n_ctx) if judged else None,
+            "memory_estimates": {name: _estimate_dict(e, args.n_ctx) for name, e in verdict.memory.items()},
             "metadata": {k: _metadata_summary(v) for k, v in gguf.metadata.items()},
         }
-    lines = [f"{data['architecture']}  {n_params / 1e6:.1f}M parameters  {len(gguf.tensors)} tensors  "
-             f"{gguf.file_size / 2**20:.1f} MiB",
-             "tensor types: " + ", ".join(f"{k} {v}" for k, v in by_type.most_common()),
-             f"estimated memory at n_ctx {args.n_ctx}: {estimate.total_bytes / 2**20:.0f} MiB "
-             f"(weights {estimate.weights_bytes / 2**20:.0f}, KV {estimate.kv_cache_bytes / 2**20:.0f}, "
-             f"overhead {estimate.overhead_bytes / 2**20:.0f})", ""]
-    lines += [f"{k} = {v}" for k, v in data["metadata"].items()]
-    _emit(args, data, "\n".join(lines))
+    _emit(args, data, "\n".join(_inspect_lines(data, args.n_ctx)))
     return 0
+
+
+def _estimate_dict(e, n_ctx: int) -> dict:
+    return {"n_ctx": n_ctx, "weights_bytes": e.weights_bytes, "kv_cache_bytes": e.kv_cache_bytes,
+            "overhead_bytes": e.overhead_bytes, "total_bytes": e.total_bytes}
+
+
+def _inspect_lines(data: dict, n_ctx: int) -> list[str]:
+    """The verdict first (one line per reason it will not load), then the facts and the metadata."""
+    mib = 2 ** 20
+    backend = data["backend"]
+    if data["runs"]:
+        need = data["memory_estimate"]
+        lines = [f"runs here ({backend} backend)" + (f", needs {need['total_bytes'] / mib:,.0f} MiB at n_ctx {n_ctx}"
+                                                   if need else "")]
+    else:
+        lines = [f"won't load ({backend} backend): {reason}" for reason in data["reasons"]]
+    lines += [f"{data['architecture'] or 'no architecture'}  {data['parameters'] / 1e6:.1f}M parameters  "
+              f"{data['tensors']} tensors  {data['file_bytes'] / mib:.1f} MiB",
+              "tensor types: " + ", ".join(f"{k} {v}" for k, v in data["tensor_types"].items())]
+    for name, e in data["memory_estimates"].items():
+        lines.append(f"estimated memory on {name} at n_ctx {n_ctx}: {e['total_bytes'] / mib:,.0f} MiB "
+                     f"(weights {e['weights_bytes'] / mib:,.0f}, KV {e['kv_cache_bytes'] / mib:,.0f}, "
+                     f"overhead {e['overhead_bytes'] / mib:,.0f})")
+    return lines + [""] + [f"{k} = {v}" for k, v in data["metadata"].items()]
 
 
 def _load_tokenizer(path: Path):

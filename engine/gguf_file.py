@@ -47,6 +47,14 @@ class ModelFormatError(ValueError):
     """The file is not a valid GGUF model; the message names the problem in one line."""
 
 
+class IncompleteHeaderError(ModelFormatError):
+    """A header read from the first bytes of a file continues past them; ``needed_bytes`` reach at least further."""
+
+    def __init__(self, message: str, needed_bytes: int):
+        super().__init__(message)
+        self.needed_bytes = needed_bytes
+
+
 @dataclasses.dataclass(frozen=True)
 class TensorInfo:
     """Where one tensor lives in the file. ``shape`` is in GGML order: ``shape[0]`` is the row length."""
@@ -67,10 +75,13 @@ class _Cursor:
 
     def __init__(self, buf: mmap.mmap | bytes, size: int):
         self.buf, self.size, self.pos = buf, size, 0
+        self.end = min(size, len(buf))  # a header-only view holds the file's first bytes, not all ``size``
 
     def need(self, n: int, what: str) -> None:
         if n < 0 or self.pos + n > self.size:
             raise ModelFormatError(f"{what} runs past the end of the file (needs {n} bytes at offset {self.pos}, file has {self.size})")
+        if self.pos + n > self.end:
+            raise IncompleteHeaderError(f"{what} runs past the {self.end} bytes read of the file", self.pos + n)
 
     def scalar(self, fmt: str, size: int, what: str) -> Any:
         self.need(size, what)
@@ -98,7 +109,7 @@ class _Cursor:
 
     def strings(self, count: int, what: str) -> PackedStrings:
         """``count`` strings, packed; the loop only reads lengths (vocabularies are ~10^5 long)."""
-        buf, size, start = self.buf, self.size, self.pos
+        buf, size, start = self.buf, self.end, self.pos
         unpack = _U64.unpack_from
         lengths = array.array("Q")
         append, pos = lengths.append, start
@@ -257,6 +268,7 @@ class GGUFFile:
         size = _SCALAR_TYPES[etype][1]
         if count > (self.file_size - cur.pos) // size:
             raise ModelFormatError(f"array {key!r} of {count} elements runs past the end of the file")
+        cur.need(count * size, f"array {key!r}")
         values = np.frombuffer(self._map, dtype=_NUMPY_TYPES[etype], count=count, offset=cur.pos).copy()
         cur.pos += count * size
         if etype == _BOOL:
@@ -376,3 +388,34 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
         ModelFormatError: the file cannot be opened or anything in it is malformed.
     """
     return GGUFFile(path)
+
+
+class GGUFHeader(GGUFFile):
+    """A GGUF file's metadata and tensor table read from its first bytes alone, with no tensor data.
+
+    It answers ``metadata``, ``tensors``, ``get`` and ``tensor`` as a GGUFFile does, with every check of the
+    reader (tensors are placed against the whole file's size), so code that reads only those judges a file
+    that has not been downloaded. ``raw`` raises: there are no tensor bytes.
+
+    Raises:
+        IncompleteHeaderError: the header continues past ``prefix``; read at least ``needed_bytes``.
+        ModelFormatError: anything in the header is malformed.
+    """
+
+    def __init__(self, prefix: bytes, file_size: int, name: str = "GGUF header"):
+        self.path = Path(name)
+        self.file_size = file_size
+        self._file = None
+        self._array = None
+        self._map = bytes(prefix[:file_size])
+        if file_size < 24:
+            raise ModelFormatError(f"file is too small to be GGUF ({file_size} bytes)")
+        if len(self._map) < 24:
+            raise IncompleteHeaderError(f"only {len(self._map)} bytes of the header were read", 24)
+        self._parse()
+
+    def raw(self, name: str) -> np.ndarray:
+        raise ModelFormatError(f"only the header of {self.path} was read: tensor {name!r} has no data here")
+
+    def close(self) -> None:
+        self._map = None

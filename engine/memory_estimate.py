@@ -2,12 +2,16 @@
 
 The estimate has three parts:
 
-* **weights** — the bytes of every tensor as stored in the file. The CPU backend memory-maps the GGUF and
-  computes on the quantized blocks, so once every page has been touched the resident weights are exactly
-  the tensor bytes (the alignment padding between tensors is a few KiB in total).
+* **weights** — per backend (``weights_bytes``): the CPU backend memory-maps the GGUF and computes on the
+  quantized blocks, so once every page has been touched the resident weights are exactly the tensor bytes
+  (the alignment padding between tensors is a few KiB in total); the NumPy backend dequantizes every matrix
+  to float32 (the token embedding stays packed, plus a float32 copy when it is also the output); the MLX
+  backend's figure comes from its own loader (``engine/backends/mlx/weights.py``). All three read the
+  tensor table only, so a header without tensor data (``GGUFHeader``) is enough.
 * **KV cache** — keys and values for ``n_ctx`` positions in every layer, as the backend stores them
   (``KV_LAYOUTS``): the CPU backend keeps float16 and gives a sliding-window layer (Gemma 3) the full
-  ``n_ctx`` like any other; a backend with rings (MLX) keeps only ``sliding_window`` positions there.
+  ``n_ctx`` like any other; a backend with rings (MLX) keeps only a ring there, as long as its cache module
+  says (``engine/backends/mlx/kv_cache.py``: the window plus one prefill chunk).
 * **overhead** — a runtime baseline plus scratch:
 
   - runtime baseline: the parsed metadata (tokenizer vocabulary and merges packed into UTF-8 buffers, scores
@@ -24,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import platform
 import sys
+from collections.abc import Callable
 from typing import Literal
 
 import numpy as np
@@ -51,9 +56,29 @@ class KVLayout:
 
     element_bytes: int  # 2 for float16, 4 for float32
     sliding_rings: bool  # a sliding-window layer keeps only its window; without, every layer holds n_ctx
+    ring_slots: Callable[[ModelConfig, int], int] | None = None  # (config, n_ctx) -> slots of a ring, if not the window
 
 
 KV_LAYOUTS = {"cpu": KVLayout(element_bytes=2, sliding_rings=False), "numpy": KVLayout(element_bytes=4, sliding_rings=False)}
+BACKENDS = ("cpu", "numpy", "mlx")  # the backends whose memory is modelled
+
+
+def kv_layout(backend: str) -> KVLayout:
+    """How ``backend`` stores its KV cache; MLX's element type is asked of its loader (it needs mlx).
+
+    Raises:
+        ValueError: a backend whose memory is not modelled.
+        ImportError: ``"mlx"`` without the mlx package.
+    """
+    if backend == "mlx":
+        from .backends.mlx.kv_cache import sliding_slots
+        from .backends.mlx.weights import default_matmul_dtype
+
+        return KVLayout(element_bytes=default_matmul_dtype().size, sliding_rings=True, ring_slots=sliding_slots)
+    layout = KV_LAYOUTS.get(backend)
+    if layout is None:
+        raise ValueError(f"the memory of the {backend!r} backend is not modelled; only {', '.join(BACKENDS)} are")
+    return layout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,41 +107,62 @@ def estimate_memory(gguf: GGUFFile, n_ctx: int, backend: str = "cpu") -> MemoryE
     """Estimate the memory of ``gguf`` loaded on ``backend`` with a context of ``n_ctx`` positions.
 
     Args:
-        gguf: A parsed GGUF file (``read_gguf``).
+        gguf: A parsed GGUF file (``read_gguf``) or its header alone (``GGUFHeader``).
         n_ctx: Context length the model will be run with.
-        backend: ``"cpu"`` (memory-mapped quantized weights, float16 KV cache) or ``"numpy"`` (float32 KV; its
-            dequantized weights are not modelled: the estimate counts them as stored).
+        backend: ``"cpu"`` (memory-mapped quantized weights, float16 KV cache), ``"numpy"`` (float32 matrices,
+            float32 KV) or ``"mlx"`` (the MLX loader's repacked weights, KV in its matmul dtype, sliding rings).
 
     Returns:
         The estimate, split into weights, KV cache and overhead.
 
     Raises:
         ValueError: for a non-positive ``n_ctx``, or a backend whose memory is not modelled.
+        ImportError: ``"mlx"`` without the mlx package.
         ModelFormatError: when the file's metadata does not describe a supported model.
     """
-    layout = KV_LAYOUTS.get(backend)
-    if layout is None:
-        raise ValueError(f"the memory of the {backend!r} backend is not modelled; only {', '.join(KV_LAYOUTS)} are")
+    layout = kv_layout(backend)
     if n_ctx <= 0:
         raise ValueError(f"n_ctx must be positive, got {n_ctx}")
     config = ModelConfig.from_gguf(gguf)
     return MemoryEstimate(
-        weights_bytes=weights_bytes(gguf),
-        kv_cache_bytes=kv_cache_bytes(config, n_ctx, layout.element_bytes, layout.sliding_rings),
+        weights_bytes=weights_bytes(gguf, backend),
+        kv_cache_bytes=kv_cache_bytes(config, n_ctx, layout.element_bytes, layout.sliding_rings,
+                                      layout.ring_slots(config, n_ctx) if layout.ring_slots else None),
         overhead_bytes=metadata_bytes(gguf) + scratch_bytes(config, n_ctx),
     )
 
 
-def weights_bytes(gguf: GGUFFile) -> int:
-    """Bytes of all tensors as stored (and, memory-mapped, as resident)."""
+def weights_bytes(gguf: GGUFFile, backend: str = "cpu") -> int:
+    """Bytes ``backend`` holds for the weights: for ``"cpu"`` all tensors as stored (memory-mapped, resident
+    once touched), for ``"numpy"`` see ``numpy_weight_bytes``, for ``"mlx"`` the MLX loader's own figure."""
+    if backend == "numpy":
+        return numpy_weight_bytes(gguf)
+    if backend == "mlx":
+        from .backends.mlx.weights import mlx_weight_bytes
+
+        return mlx_weight_bytes(gguf)
     return sum(t.nbytes for t in gguf.tensors.values())
 
 
-def kv_cache_bytes(config: ModelConfig, n_ctx: int, bytes_per_element: int, sliding_rings: bool) -> int:
+def numpy_weight_bytes(gguf: GGUFFile) -> int:
+    """The NumPy backend's weights: every tensor as float32, except the token embedding, which it reads packed
+    row by row (and dequantizes whole, as float32, only when it is also the output projection)."""
+    total = 0
+    for info in gguf.tensors.values():
+        if info.name == "token_embd.weight":
+            total += info.nbytes + (FLOAT32_BYTES * info.n_elements if "output.weight" not in gguf.tensors else 0)
+        else:
+            total += FLOAT32_BYTES * info.n_elements
+    return total
+
+
+def kv_cache_bytes(config: ModelConfig, n_ctx: int, bytes_per_element: int, sliding_rings: bool,
+                   ring_slots: int | None = None) -> int:
     """Keys and values of every layer; with ``sliding_rings`` a sliding-window layer holds at most
-    ``sliding_window`` positions."""
+    ``ring_slots`` positions (by default ``sliding_window``)."""
     per_position = config.n_kv_heads * (config.head_dim + config.v_head_dim) * bytes_per_element
-    positions = sum(min(n_ctx, config.sliding_window) if sliding_rings and config.is_sliding(layer) else n_ctx
+    ring = config.sliding_window if ring_slots is None else ring_slots
+    positions = sum(min(n_ctx, ring) if sliding_rings and config.is_sliding(layer) else n_ctx
                     for layer in range(config.n_layers))
     return positions * per_position
 

@@ -1,5 +1,8 @@
 """``hearth models ...``: list, search, download, import and remove models from a terminal.
 
+``download`` and ``import`` refuse a file the engine cannot run (judged from its header: for a Hub file, read
+with Range requests before anything is downloaded) unless ``--anyway`` is given.
+
 ``main(argv)`` takes the arguments after ``models`` and returns the exit status: 0 on success, 1 when the
 operation failed (the reason on stderr, or as ``{"error": ...}`` with ``--json``), 130 when a download was
 interrupted with Ctrl-C (it is paused; the same command resumes it).
@@ -42,9 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
     download.add_argument("repo")
     download.add_argument("file")
     download.add_argument("--revision", default="main")
+    download.add_argument("--anyway", action="store_true",
+                          help="download even if the file's header says Hearth cannot run it")
     imp = sub.add_parser("import", parents=[common], help="add a GGUF file from this machine")
     imp.add_argument("path", type=Path)
     imp.add_argument("--link", action="store_true", help="use the file where it is instead of copying it")
+    imp.add_argument("--anyway", action="store_true", help="keep a file Hearth cannot run (listed with the reason)")
     remove = sub.add_parser("remove", parents=[common], help="remove a model (deletes only files Hearth created)")
     remove.add_argument("name")
     remove.add_argument("--yes", action="store_true", help="do not ask for confirmation")
@@ -104,7 +110,11 @@ def cmd_search(args, data_dir: Path) -> int:
 
 
 def cmd_download(args, data_dir: Path) -> int:
-    manager = DownloadManager(data_dir, HubClient())
+    hub = HubClient()
+    manager = DownloadManager(data_dir, hub)
+    if not args.anyway:
+        manager.destination(args.repo, args.file)  # an unsafe name is refused before the Hub is asked
+        _refuse_unrunnable(hub, args.repo, args.file, args.revision)
     report = None if args.json else _ProgressLine()
     key = manager.start(args.repo, args.file, revision=args.revision, on_progress=report)
     try:
@@ -126,8 +136,21 @@ def cmd_download(args, data_dir: Path) -> int:
     return {"completed": 0, "paused": 130}.get(done.state, 1)
 
 
+def _refuse_unrunnable(hub: HubClient, repo: str, filename: str, revision: str) -> None:
+    """Judge the file from its header (Range requests); raise when it won't load here."""
+    from ..model_fit import remote_estimate
+    from .metadata_cache import VERDICT_N_CTX
+
+    info = hub.file_info(repo, filename, revision)
+    verdict = remote_estimate(hub.file_url(repo, filename, revision), info.size, VERDICT_N_CTX, hub.token)
+    if verdict.runs is False:
+        raise DownloadError(f"{repo}/{filename} won't load here: {verdict.reasons[0]}; "
+                            "pass --anyway to download it all the same")
+
+
 def cmd_import(args, data_dir: Path) -> int:
-    entry = ModelLibrary(data_dir).import_file(args.path, mode="link" if args.link else "copy")
+    entry = ModelLibrary(data_dir).import_file(args.path, mode="link" if args.link else "copy",
+                                              keep_unrunnable=args.anyway)
     if args.json:
         _print_json({"model": entry.to_dict()})
     else:
@@ -181,7 +204,7 @@ class _ProgressLine:
 def _status(entry) -> str:
     if entry.broken:
         return f"broken: {entry.info.error}"
-    return "ok" if entry.supported else f"unsupported architecture {entry.info.architecture!r}"
+    return "ok" if entry.supported else entry.problem
 
 
 def _count(n: int | None) -> str:

@@ -24,8 +24,6 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from engine.config import SUPPORTED_ARCHITECTURES
-
 from ..paths import builtin_model_files
 from .json_files import read_json, write_json
 from .metadata_cache import MetadataCache, ModelFileInfo, read_model_info
@@ -59,7 +57,17 @@ class ModelEntry:
 
     @property
     def supported(self) -> bool:
-        return not self.broken and self.info.architecture in SUPPORTED_ARCHITECTURES
+        """The engine's verdict: the file loads on the backend this machine uses."""
+        return not self.broken and self.info.runs
+
+    @property
+    def problem(self) -> str | None:
+        """Why the model cannot be used, in one line ("Won't load: …"), or None."""
+        if self.info.error:
+            return f"Won't load: {self.info.error}"
+        if not self.info.runs:
+            return "Won't load: " + (self.info.reasons[0] if self.info.reasons else "the engine cannot run it")
+        return None
 
     def to_dict(self) -> dict:
         return {"name": self.name, "path": str(self.path), "source": self.source, "file_size": self.file_size,
@@ -154,10 +162,12 @@ class ModelLibrary:
         return found
 
     # -- import and removal ----------------------------------------------------------------------------
-    def import_file(self, path: Path, mode: Literal["copy", "link"] = "copy") -> ModelEntry:
+    def import_file(self, path: Path, mode: Literal["copy", "link"] = "copy",
+                    keep_unrunnable: bool = False) -> ModelEntry:
         """Add a GGUF from anywhere: ``copy`` it into Hearth's data folder, or ``link`` to it where it is.
 
-        The file is validated first; a malformed file or an architecture Hearth cannot run is refused.
+        The file is validated first: a malformed file is refused, and so is one the engine cannot run
+        (the verdict's first reason says why) unless ``keep_unrunnable``, which lists it with that reason.
         """
         if mode not in ("copy", "link"):
             raise LibraryError(f"import mode must be 'copy' or 'link', not {mode!r}")
@@ -167,9 +177,8 @@ class ModelLibrary:
         info = read_model_info(source)
         if info.error:
             raise LibraryError(f"{source} is not a usable GGUF model: {info.error}")
-        if info.architecture not in SUPPORTED_ARCHITECTURES:
-            raise LibraryError(f"{source.name}: architecture {info.architecture!r} is not supported "
-                               f"(Hearth runs {', '.join(SUPPORTED_ARCHITECTURES)})")
+        if not info.runs and not keep_unrunnable:
+            raise LibraryError(f"{source.name} won't load: " + "; ".join(info.reasons))
         name = f"imported/{source.name}"
         if any(e.name == name for e in self.list()):
             raise LibraryError(f"a model named {name!r} is already in the library; rename the file or remove that one first")

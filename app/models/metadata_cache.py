@@ -1,4 +1,8 @@
-"""What the model manager shows about a GGUF file, read once with ``read_gguf`` and cached by path, size and mtime."""
+"""What the model manager shows about a GGUF file, read once with ``read_gguf`` and cached by path, size and mtime.
+
+The facts include the engine's verdict (``engine.compatibility.check``: does it run here, why not, the memory it
+needs at ``VERDICT_N_CTX``); the cache is dropped whenever what the engine supports changes.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,8 @@ from engine.gguf_file import GGUFFile, ModelFormatError, read_gguf
 
 from .json_files import read_json, write_json
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
+VERDICT_N_CTX = 4096  # the context the library's memory figure assumes (the engine's default)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +33,10 @@ class ModelFileInfo:
     context_length: int | None = None
     has_chat_template: bool = False
     error: str | None = None
+    runs: bool = False  # the engine's verdict for the backend this machine uses
+    reasons: tuple[str, ...] | list[str] = ()  # why it will not load, one line each
+    memory_bytes: int | None = None  # the estimate at VERDICT_N_CTX on that backend
+    backend: str | None = None
 
 
 def read_model_info(path: Path) -> ModelFileInfo:
@@ -42,7 +51,10 @@ def read_model_info(path: Path) -> ModelFileInfo:
 
 
 def _info_from(g: GGUFFile) -> ModelFileInfo:
+    from engine.compatibility import check
+
     arch = g.get("general.architecture", str, None)
+    verdict = check(g, "auto", VERDICT_N_CTX, estimates="judged")
     return ModelFileInfo(
         architecture=arch,
         title=g.get("general.name", str, None),
@@ -51,6 +63,7 @@ def _info_from(g: GGUFFile) -> ModelFileInfo:
         context_length=g.get(f"{arch}.context_length", int, None) if arch else None,
         has_chat_template=any(k == "tokenizer.chat_template" or k.startswith("tokenizer.chat_template.")
                               for k in g.metadata),
+        runs=verdict.runs, reasons=list(verdict.reasons), memory_bytes=verdict.memory_bytes, backend=verdict.backend,
     )
 
 
@@ -83,9 +96,13 @@ class MetadataCache:
 
         With ``prune`` the cache forgets every file not asked for (a full listing passes it).
         """
+        from engine.compatibility import engine_signature
+
+        signature = engine_signature()
         with self._lock:
             stored = read_json(self.path, {})
-            old = stored.get("files", {}) if stored.get("version") == CACHE_VERSION else {}
+            valid = stored.get("version") == CACHE_VERSION and stored.get("engine") == signature
+            old = stored.get("files", {}) if valid else {}
             new, result = ({} if prune else dict(old)), {}
             for path in files:
                 key = str(path)
@@ -101,5 +118,5 @@ class MetadataCache:
                 new[key] = record
                 result[path] = ModelFileInfo(**record["info"])
             if new != old:
-                write_json(self.path, {"version": CACHE_VERSION, "files": new})
+                write_json(self.path, {"version": CACHE_VERSION, "engine": signature, "files": new})
             return result

@@ -1,20 +1,28 @@
-"""Getting models: recommended ones and Hub search, a repository's GGUF files with a fit verdict, and downloads."""
+"""Getting models: recommended ones and Hub search, a repository's GGUF files with the engine's verdict, downloads.
+
+Each file's verdict ("Runs here · needs 3.1 GB", "Won't load: <reason>") is read from its header before
+anything is downloaded; a file that won't load is downloaded only after the user confirms it.
+"""
 
 from __future__ import annotations
 
 from html import escape
 
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (QComboBox, QFrame, QHBoxLayout, QLabel, QLineEdit, QListWidget, QListWidgetItem,
-                               QProgressBar, QPushButton, QSplitter, QTreeWidget, QTreeWidgetItem, QVBoxLayout,
-                               QWidget)
+                               QMessageBox, QProgressBar, QPushButton, QSplitter, QTreeWidget, QTreeWidgetItem,
+                               QVBoxLayout, QWidget)
 
+from ..model_fit import verdict_summary
 from ..qt_compat import emit
 
 REPO_ROLE = Qt.ItemDataRole.UserRole
 PICK_ROLE = Qt.ItemDataRole.UserRole + 1  # the recommended file of a curated repository
+VERDICT_ROLE = Qt.ItemDataRole.UserRole + 2  # a file row's verdict dict, None until judged
 CONTEXTS = (2048, 4096, 8192, 16384, 32768)
-VERDICT_TEXT = {"fits": "Fits", "tight": "Tight — may slow the computer", "won't fit": "Won't fit"}
+CHECKING = "Checking the file's header…"
+WONT_LOAD_COLOR = "#c5322a"
 STATE_TEXT = {"running": "Downloading", "paused": "Paused", "verifying": "Checking the file…", "completed": "Done",
               "failed": "Failed", "cancelled": "Cancelled"}
 
@@ -50,10 +58,16 @@ def progress_text(p: dict) -> str:
 
 
 def estimate_tip(e: dict) -> str:
-    rough = " (a rough guess: the file's header could not be read)" if e.get("rough") else ""
-    return (f"Weights {size_text(e['weights'])} (the file size) + KV cache {size_text(e['kv_cache'])}{rough} + "
-            f"runtime {size_text(e['overhead'])} = {size_text(e['total'])}; {size_text(e['available'])} of memory "
-            f"is available now.")
+    """The verdict's reasons and the memory estimate by part, for a row's tooltip."""
+    lines = [f"Won't load: {r}" for r in e.get("reasons", [])] if e.get("runs") is False else []
+    if e.get("runs") is None and e.get("reasons"):
+        lines.append(f"Not checked: {e['reasons'][0]}")
+    rough = " (a rough guess)" if e.get("rough") else ""
+    backend = f" on the {e['backend']} backend" if e.get("backend") else ""
+    lines.append(f"Weights {size_text(e['weights'])} + KV cache {size_text(e['kv_cache'])} + runtime "
+                 f"{size_text(e['overhead'])} = {size_text(e['total'])}{rough}{backend} at "
+                 f"{e.get('n_ctx', 0):,} tokens; {size_text(e['available'])} of memory is available now.")
+    return "\n".join(lines)
 
 
 class DownloadRow(QFrame):
@@ -113,14 +127,15 @@ class DownloadsPanel(QFrame):
         search_requested(str): search the Hub for this text.
         repo_selected(str): list this repository's GGUF files.
         n_ctx_changed(int): the context length the estimates assume.
-        download_requested(str, str): repository and file name.
+        download_requested(str, str, bool): repository, file name, and whether the user accepted downloading
+            a file whose verdict is that it won't load here.
         pause_requested(str), resume_requested(str), cancel_requested(str): a download's key.
     """
 
     search_requested = Signal(str)
     repo_selected = Signal(str)
     n_ctx_changed = Signal(int)
-    download_requested = Signal(str, str)
+    download_requested = Signal(str, str, bool)
     pause_requested = Signal(str)
     resume_requested = Signal(str)
     cancel_requested = Signal(str)
@@ -130,6 +145,7 @@ class DownloadsPanel(QFrame):
         self.repo: str | None = None
         self.rows: dict[str, DownloadRow] = {}
         self._curated: list[dict] = []
+        self.confirm = lambda title, text: QMessageBox.question(self, title, text) == QMessageBox.StandardButton.Yes
         self._build()
 
     def _build(self) -> None:
@@ -158,7 +174,7 @@ class DownloadsPanel(QFrame):
         self.repos.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.repos.currentItemChanged.connect(self._repo_changed)
         self.files = QTreeWidget()
-        self.files.setHeaderLabels(["File", "Size", "Memory needed", "Fit"])
+        self.files.setHeaderLabels(["File", "Size", "Verdict"])
         self.files.setRootIsDecorated(False)
         self.files.currentItemChanged.connect(self._update_download_button)
         self.files.itemDoubleClicked.connect(lambda *_: self._download())
@@ -221,20 +237,39 @@ class DownloadsPanel(QFrame):
         self.files.clear()
         pick = self.repos.currentItem().data(PICK_ROLE) if self.repos.currentItem() else None
         for f in files:
-            e = f["estimate"]
-            need = ("≈ " if e.get("rough") else "") + size_text(e["total"])
-            item = QTreeWidgetItem([f["filename"], size_text(f["size"]), need, VERDICT_TEXT.get(e["verdict"], e["verdict"])])
+            item = QTreeWidgetItem([f["filename"], size_text(f["size"]), CHECKING])
             item.setData(0, REPO_ROLE, f["filename"])
-            item.setData(3, REPO_ROLE, e["verdict"])
-            for column in range(4):
-                item.setToolTip(column, estimate_tip(e))
             self.files.addTopLevelItem(item)
+            if f.get("estimate"):
+                self._show_verdict(item, f["estimate"])
             if f["filename"] == pick:
                 self.files.setCurrentItem(item)
-        for column in range(4):
+        for column in range(3):
             self.files.resizeColumnToContents(column)
         self.show_message(f"{len(files)} GGUF files in {repo}" if files else f"{repo} has no GGUF files")
         self._update_download_button()
+
+    def set_file_verdict(self, repo: str, filename: str, e: dict) -> None:
+        """Show one file's verdict (read from its header) on its row."""
+        if repo != self.repo or e.get("n_ctx", self.n_ctx()) != self.n_ctx():
+            return  # for a repository or context no longer shown
+        for item in self.file_items():
+            if item.data(0, REPO_ROLE) == filename:
+                self._show_verdict(item, e)
+        self.files.resizeColumnToContents(2)
+        self._update_download_button()
+
+    def file_items(self) -> list[QTreeWidgetItem]:
+        return [self.files.topLevelItem(i) for i in range(self.files.topLevelItemCount())]
+
+    @staticmethod
+    def _show_verdict(item: QTreeWidgetItem, e: dict) -> None:
+        item.setData(0, VERDICT_ROLE, e)
+        item.setText(2, verdict_summary(e))
+        color = QColor(WONT_LOAD_COLOR) if e.get("runs") is False or e.get("verdict") == "won't fit" else None
+        for column in range(3):
+            item.setToolTip(column, estimate_tip(e))
+            item.setData(column, Qt.ItemDataRole.ForegroundRole, QBrush(color) if color is not None else None)
 
     def update_download(self, p: dict) -> None:
         row = self.rows.get(p["key"])
@@ -267,9 +302,23 @@ class DownloadsPanel(QFrame):
             emit(self.repo_selected, self.repo)
 
     def _download(self) -> None:
+        """Ask for the selected file; one that won't load here only after the user confirms it."""
         item = self.files.currentItem()
-        if self.repo and item is not None:
-            emit(self.download_requested, self.repo, item.data(0, REPO_ROLE))
+        if not (self.repo and item is not None):
+            return
+        filename, e = item.data(0, REPO_ROLE), item.data(0, VERDICT_ROLE)
+        accepted = False
+        if e is not None and e.get("runs") is False:
+            reason = e["reasons"][0] if e.get("reasons") else "the engine cannot run it"
+            if not self.confirm("Download a model Hearth cannot run?",
+                                f"{filename} won't load here: {reason}.\n\nDownload it anyway?"):
+                self.show_message(f"Not downloaded: {filename} won't load here.")
+                return
+            accepted = True
+        emit(self.download_requested, self.repo, filename, accepted)
 
     def _update_download_button(self, *_) -> None:
-        self.download_button.setEnabled(bool(self.repo and self.files.currentItem()))
+        item = self.files.currentItem()
+        self.download_button.setEnabled(bool(self.repo and item))
+        e = item.data(0, VERDICT_ROLE) if item is not None else None
+        self.download_button.setText("Download anyway…" if e and e.get("runs") is False else "Download")

@@ -216,6 +216,7 @@ class MainWindow(QMainWindow):
         bridge.curated.connect(panel.set_curated)
         bridge.search_results.connect(panel.set_search_results)
         bridge.files_listed.connect(panel.set_files)
+        bridge.file_judged.connect(panel.set_file_verdict)
         bridge.download_changed.connect(panel.update_download)
         bridge.download_completed.connect(self._on_downloaded)
         bridge.failed.connect(lambda what, reason: panel.show_message(f"{what}: {reason}", error=True))

@@ -1,10 +1,12 @@
-"""The Models page: the loaded model and its memory, every model Hearth can run, adding, removing, downloading."""
+"""The Models page: the loaded model and its memory, every model in the library with the engine's verdict
+("Runs here · needs 3.1 GB" or, greyed out, "Won't load: <reason>"), adding, removing, downloading."""
 
 from __future__ import annotations
 
 from html import escape
 
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (QFileDialog, QFrame, QHBoxLayout, QLabel, QListWidget, QListWidgetItem, QPushButton,
                                QSplitter, QVBoxLayout, QWidget)
 
@@ -12,6 +14,7 @@ from ..model_choices import ModelChoice
 from ..qt_compat import emit
 
 PATH_ROLE = Qt.ItemDataRole.UserRole
+WONT_LOAD_COLOR = "#c5322a"  # a row whose model won't load: its reason, last line, stays readable
 
 
 class ModelsPage(QFrame):
@@ -86,6 +89,7 @@ class ModelsPage(QFrame):
             item.setToolTip(m.path)
             if not m.usable:
                 item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsEnabled)
+                item.setForeground(QBrush(QColor(WONT_LOAD_COLOR)))
             self.list.addItem(item)
             if m.path == current_path:
                 self.list.setCurrentItem(item)

@@ -13,10 +13,15 @@ class BackendUnavailableError(RuntimeError):
     """The requested backend cannot run on this machine; the message says why."""
 
 
-def create_backend(name: str, gguf: GGUFFile, config: ModelConfig) -> tuple[Backend, str | None]:
-    """Build the named backend. Returns the backend and a notice for the user when it fell back.
+def resolve_backend(name: str) -> tuple[str, str | None]:
+    """The backend ``create_backend(name, ...)`` builds on this machine, and the notice when it fell back.
 
-    "auto" picks MLX on Apple Silicon with Metal, else the C kernels, else NumPy.
+    "auto" picks MLX on Apple Silicon with Metal, else the C kernels, else NumPy; "cpu" falls back to NumPy
+    when the C extension is not built.
+
+    Raises:
+        ValueError: an unknown backend name.
+        BackendUnavailableError: "mlx" was asked for and cannot run here.
     """
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r} (choose from {', '.join(BACKENDS)})")
@@ -24,18 +29,27 @@ def create_backend(name: str, gguf: GGUFFile, config: ModelConfig) -> tuple[Back
         from . import platform_mlx
         reason = platform_mlx.unavailable_reason(require_metal=name == "auto")
         if reason is None:
-            from .mlx_backend import MlxBackend
-            return MlxBackend(gguf, config), None
+            return "mlx", None
         if name == "mlx":
             raise BackendUnavailableError(f"the MLX backend cannot run here: {reason}")
     if name in ("auto", "cpu"):
         from .cpu import kernels
         if kernels.AVAILABLE:
-            from .cpu_backend import CpuBackend
-            return CpuBackend(gguf, config), None
-        notice = ("The fast CPU kernels are not available (the C extension was not built or was disabled); "
-                  "using the slower NumPy backend.")
-        from .numpy_backend import NumpyBackend
-        return NumpyBackend(gguf, config), notice
+            return "cpu", None
+        return "numpy", ("The fast CPU kernels are not available (the C extension was not built or was disabled); "
+                         "using the slower NumPy backend.")
+    return "numpy", None
+
+
+def create_backend(name: str, gguf: GGUFFile, config: ModelConfig) -> tuple[Backend, str | None]:
+    """Build the named backend (see ``resolve_backend``). Returns the backend and a notice for the user when it
+    fell back."""
+    chosen, notice = resolve_backend(name)
+    if chosen == "mlx":
+        from .mlx_backend import MlxBackend
+        return MlxBackend(gguf, config), notice
+    if chosen == "cpu":
+        from .cpu_backend import CpuBackend
+        return CpuBackend(gguf, config), notice
     from .numpy_backend import NumpyBackend
-    return NumpyBackend(gguf, config), None
+    return NumpyBackend(gguf, config), notice

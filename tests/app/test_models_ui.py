@@ -1,5 +1,7 @@
-"""The Models page with the fake Hub: search, files with a fit verdict, downloads, removal; memory after a switch."""
+"""The Models page with the fake Hub: search, files with the engine's verdict before any download, downloads,
+removal; memory after a switch."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -7,10 +9,10 @@ from huggingface_hub import constants
 from PySide6.QtCore import Qt
 
 from app.downloads_bridge import DownloadsBridge
-from app.model_fit import parse_header_prefix, remote_estimate
+from app.model_fit import local_estimate
 from app.models.downloads import DownloadManager
 from app.models.hub import HubClient
-from app.ui.downloads_panel import size_text
+from app.ui.downloads_panel import VERDICT_ROLE, size_text
 from tests.app.models.fake_hub import FakeHub
 from tests.app.models.tiny_gguf import write_tiny_gguf
 
@@ -60,8 +62,14 @@ def search_and_pick(qtbot, session, query="tiny"):
     assert [panel.repos.item(i).data(Qt.ItemDataRole.UserRole) for i in range(panel.repos.count())] == [REPO]
     with qtbot.waitSignal(bridge.files_listed, timeout=WAIT):
         panel.repos.setCurrentRow(0)
+    wait_for_verdicts(qtbot, panel)
     panel.files.setCurrentItem(panel.files.topLevelItem(0))
     return panel
+
+
+def wait_for_verdicts(qtbot, panel):
+    qtbot.waitUntil(lambda: panel.file_items() and all(i.data(0, VERDICT_ROLE) for i in panel.file_items()),
+                    timeout=WAIT)
 
 
 def download_states(session):
@@ -70,15 +78,19 @@ def download_states(session):
     return states
 
 
-def test_search_list_files_with_fit_then_download_into_the_library(qtbot, models_page, tiny_model):
+def test_search_list_files_with_the_verdict_then_download_into_the_library(qtbot, models_page, hub, tiny_model,
+                                                                            tmp_path):
     session = models_page
     panel = search_and_pick(qtbot, session)
-    (row,) = [panel.files.topLevelItem(i) for i in range(panel.files.topLevelItemCount())]
-    expected = remote_estimate(len(tiny_model), parse_header_prefix(tiny_model), 4096, available=1 << 40)
-    assert expected.kv_cache == 2 * 4096 * 2 * (8 + 8) * 4 and not expected.rough  # read from the header
-    assert [row.text(c) for c in range(4)] == [FILE, size_text(len(tiny_model)), size_text(expected.total), "Fits"]
-    assert "the file size" in row.toolTip(0) and "rough" not in row.toolTip(0)
-    assert panel.message.text() == f"1 GGUF files in {REPO}"
+    (row,) = panel.file_items()
+    local = tmp_path / FILE
+    local.write_bytes(tiny_model)
+    expected = local_estimate(str(local), 4096)
+    assert row.data(0, VERDICT_ROLE)["runs"] is True and row.data(0, VERDICT_ROLE)["total"] == expected.total
+    assert [row.text(c) for c in range(3)] == [FILE, size_text(len(tiny_model)), expected.summary()]
+    assert row.text(2).startswith("Runs here · needs ") and "rough" not in row.toolTip(0)
+    assert hub.ranges(FILE) == ["bytes=0-1048575"]  # the header, read before anything is downloaded
+    assert panel.message.text() == f"1 GGUF files in {REPO}" and panel.download_button.text() == "Download"
     states = download_states(session)
     with qtbot.waitSignal(session.downloads.download_completed, timeout=WAIT) as done:
         qtbot.mouseClick(panel.download_button, Qt.MouseButton.LeftButton)
@@ -91,12 +103,16 @@ def test_search_list_files_with_fit_then_download_into_the_library(qtbot, models
     assert panel.rows[f"{REPO}/{FILE}"].detail.text().endswith("Done")
 
 
-def test_the_context_length_changes_the_estimate(qtbot, models_page, tiny_model):
+def test_the_context_length_changes_the_estimate(qtbot, models_page, tiny_model, tmp_path):
     panel = search_and_pick(qtbot, models_page)
+    before = panel.files.topLevelItem(0).data(0, VERDICT_ROLE)["total"]
     with qtbot.waitSignal(models_page.downloads.files_listed, timeout=WAIT):
         panel.context.setCurrentIndex(panel.context.findData(32768))
-    expected = remote_estimate(len(tiny_model), parse_header_prefix(tiny_model), 32768, available=1 << 40)
-    assert panel.files.topLevelItem(0).text(2) == size_text(expected.total)
+    wait_for_verdicts(qtbot, panel)
+    local = tmp_path / FILE
+    local.write_bytes(tiny_model)
+    after = panel.files.topLevelItem(0).data(0, VERDICT_ROLE)
+    assert after["n_ctx"] == 32768 and after["total"] == local_estimate(str(local), 32768).total > before
 
 
 def wait_for_state(qtbot, session, state):
@@ -123,8 +139,7 @@ def test_pause_and_resume(qtbot, models_page, hub, tiny_model):
     with qtbot.waitSignal(session.downloads.download_completed, timeout=WAIT) as done:
         qtbot.mouseClick(row.resume_button, Qt.MouseButton.LeftButton)
     assert Path(done.args[1]).read_bytes() == tiny_model
-    ranges = [r.headers.get("range") for r in hub.file_requests() if r.path.endswith(FILE)]
-    assert any(r and r != "bytes=0-524287" and r.startswith("bytes=") and r != "bytes=0-" for r in ranges)  # resumed
+    assert any(re.fullmatch(r"bytes=[1-9]\d*-", r or "") for r in hub.ranges(FILE))  # resumed where it stopped
 
 
 def test_cancel_deletes_the_partial_file(qtbot, models_page, hub, tmp_path):

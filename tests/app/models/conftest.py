@@ -26,8 +26,8 @@ def no_real_hub_credentials(monkeypatch, tmp_path):
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> bytes:
-    """A valid 3 MiB GGUF (random float32 padding), big enough for many 64 KiB chunks."""
-    path = write_tiny_gguf(tmp_path_factory.mktemp("tiny") / FILE, name="Tiny Download", extra_bytes=3 << 20)
+    """A valid 3.2 MB GGUF model (random float32 padding), big enough for many 64 KiB chunks."""
+    path = write_tiny_gguf(tmp_path_factory.mktemp("tiny") / FILE, name="Tiny Download", extra_bytes=(3 << 20) - (128 << 10))
     return path.read_bytes()
 
 

@@ -7,7 +7,10 @@ Serves on 127.0.0.1 (port chosen by the OS):
   (``HfApi.model_info(files_metadata=True)``);
 * ``GET /api/models/<repo>/tree/<rev>`` — the repo tree with LFS oids (``HfApi.list_repo_tree``);
 * ``HEAD|GET /<repo>/resolve/<rev>/<file>`` — file download with ``ETag``/``X-Linked-Etag``/``X-Repo-Commit``,
-  optionally redirected to ``/cdn/...`` on the same or another origin, honouring ``Range``.
+  optionally redirected to ``/cdn/...`` on the same or another origin, honouring ``Range`` as the Hub does:
+  ``206 Partial Content`` with ``Content-Range`` for ``bytes=a-b`` and ``bytes=a-``, 416 past the end.
+  Every request is logged (``requests``; ``ranges(file)`` and ``bytes_asked(file)`` for the file GETs), so a
+  test can tell a header read from a download.
 
 Faults (attributes of ``hub.faults``, each off by default): ``status`` (answer every resolve with it),
 ``cuts`` (each file GET takes the first number and closes the connection after that many body bytes,
@@ -110,6 +113,21 @@ class FakeHub:
 
     def file_requests(self) -> list[Request]:
         return [r for r in self.requests if r.method == "GET" and ("/resolve/" in r.path or r.path.startswith("/cdn/"))]
+
+    def ranges(self, filename: str) -> list[str | None]:
+        """The ``Range`` header of every GET of ``filename`` (None: the whole file was asked for)."""
+        return [r.headers.get("range") for r in self.file_requests() if r.path.endswith("/" + filename)]
+
+    def bytes_asked(self, filename: str) -> int | None:
+        """How many bytes of ``filename`` the GETs asked for in all, or None when one asked for the whole file
+        or for everything from an offset on (``bytes=N-``)."""
+        total = 0
+        for header in self.ranges(filename):
+            m = re.fullmatch(r"bytes=(\d+)-(\d+)", header or "")
+            if m is None:
+                return None
+            total += int(m.group(2)) - int(m.group(1)) + 1
+        return total
 
     def __enter__(self) -> FakeHub:
         self._thread.start()

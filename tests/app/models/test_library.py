@@ -9,7 +9,7 @@ import pytest
 
 from app.models import metadata_cache
 from app.models.library import LibraryError, ModelLibrary
-from tests.app.models.tiny_gguf import write_tiny_gguf
+from tests.app.models.tiny_gguf import parameter_count, write_tiny_gguf
 from tests.model_store import model_path
 
 
@@ -45,7 +45,8 @@ def test_downloaded_models_are_listed_with_their_metadata(library):
     info = entry.info
     assert (info.architecture, info.title, info.context_length, info.quantization, info.has_chat_template) == \
         ("llama", "Tiny", 512, "Q8_0", True)
-    assert info.parameter_count == 64 * 32 + 2 * 32
+    assert info.parameter_count == parameter_count()
+    assert info.runs and info.reasons == [] and info.memory_bytes > 0
     assert entry.file_size == entry.path.stat().st_size
 
 
@@ -164,8 +165,8 @@ def test_import_refuses_invalid_and_unsupported_files(library, tmp_path):
     junk.write_bytes(b"not a model at all, just text" * 10)
     with pytest.raises(LibraryError, match="not a usable GGUF model: not a GGUF file"):
         library.import_file(junk)
-    other = write_tiny_gguf(tmp_path / "phi.gguf", arch="phi3")
-    with pytest.raises(LibraryError, match="'phi3' is not supported"):
+    other = write_tiny_gguf(tmp_path / "qwen35.gguf", arch="qwen35")
+    with pytest.raises(LibraryError, match="qwen35.gguf won't load: unsupported architecture 'qwen35'"):
         library.import_file(other, mode="link")
     with pytest.raises(LibraryError, match="is not a file"):
         library.import_file(tmp_path / "nope.gguf")

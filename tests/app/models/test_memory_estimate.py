@@ -58,7 +58,7 @@ def test_bad_arguments_are_refused(tmp_path):
         with pytest.raises(ValueError, match="n_ctx"):
             estimate_memory(g, n_ctx=0)
         with pytest.raises(ValueError, match="not modelled"):
-            estimate_memory(g, n_ctx=8, backend="mlx")
+            estimate_memory(g, n_ctx=8, backend="vulkan")
 
 
 @pytest.mark.parametrize("total, verdict", [(750, "fits"), (751, "tight"), (1000, "tight"), (1001, "won't fit")])

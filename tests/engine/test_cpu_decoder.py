@@ -56,7 +56,7 @@ ARCHS = {
     # attention and final softcaps, sliding layers alternating with global ones, post norms, gelu
     "gemma2": dict(n_layers=4, n_embd=64, n_heads=4, n_kv_heads=2, head_dim=16, n_ff=96, rope_dim=16, post_norms=True,
                    extra={"gemma2.attention.sliding_window": SLIDING_WINDOW, "gemma2.attn_logit_softcapping": 5.0,
-                          "gemma2.final_logit_softcapping": 3.0}),
+                          "gemma2.final_logit_softcapping": 15.0}),
     # fused q/k/v and gate/up tensors (row ranges), LongRoPE factors, partial rotary
     "phi3": dict(n_layers=2, n_embd=64, n_heads=4, n_kv_heads=2, head_dim=16, n_ff=96, rope_dim=8, fused=True,
                  rope_factors=True, tied=False, extra={"phi3.rope.scaling.original_context_length": 64}),
@@ -211,7 +211,7 @@ def test_the_tiny_models_exercise_every_switch(model_file):
     assert configs["llama-yarn"].rope_scaling == "yarn" and configs["llama-yarn"].rope_mscale > 1.0
     assert configs["qwen3"].qk_norm and not configs["qwen3"].post_norms
     g2 = configs["gemma2"]
-    assert g2.attn_softcap == 5.0 and g2.final_softcap == 3.0 and [g2.is_sliding(i) for i in range(4)] == [True, False] * 2
+    assert g2.attn_softcap == 5.0 and g2.final_softcap == 15.0 and [g2.is_sliding(i) for i in range(4)] == [True, False] * 2
     assert configs["phi3"].rope_factors and configs["phi3"].rope_dim < configs["phi3"].head_dim
     m = configs["mistral3"]
     assert m.rope_scaling == "yarn" and m.attn_temp_scale == 0.5 and m.attn_temp_floor == 64

@@ -22,7 +22,7 @@ from gguf.quants import quantize
 
 from engine.backends.base import KVState
 from engine.backends.cpu import kernels
-from engine.backends.cpu.decoder import MAX_ROWS, CpuKVCache
+from engine.backends.cpu.decoder import MAX_ROWS, CpuDecoder, CpuKVCache
 from engine.backends.cpu_backend import CpuBackend
 from engine.backends.numpy_backend import NumpyBackend
 from engine.config import ModelConfig
@@ -393,6 +393,23 @@ def test_errors_are_clear_and_leave_the_cache_untouched(model_file):
     fresh = cpu.new_cache(8)
     cpu.forward(prompt(6), fresh)
     np.testing.assert_array_equal(cpu.forward([1, 2], cache), cpu.forward([1, 2], fresh))
+
+
+def test_the_handle_refuses_rope_tables_it_cannot_use(model_file):
+    """RoPE sets are rows of the table or -1; the C side checks what Python hands it."""
+    cpu, _ = backends(model_file("smollm3", False))
+    c = cpu.config
+    args = (c, cpu.layers, (cpu.token_embd, int(cpu.token_embd_type)), cpu.output, cpu.output_norm)
+    assert cpu.rope_layer_set == [0, 0, 0, -1]
+    with pytest.raises(ValueError, match="RoPE set"):
+        CpuDecoder(*args, cpu.rope_inv_freq, [0, 1, 0, -1])  # one set only
+    with pytest.raises(ValueError, match="RoPE set"):
+        CpuDecoder(*args, cpu.rope_inv_freq, [0, 0, -2, 0])
+    with pytest.raises(ValueError, match="inv_freq"):
+        CpuDecoder(*args, np.ones((9, c.rope_dim // 2)), [0] * c.n_layers)
+    with pytest.raises(ValueError, match="layer_set"):
+        CpuDecoder(*args, cpu.rope_inv_freq, [0])
+    assert CpuDecoder(*args, np.ones((8, c.rope_dim // 2)), [7, 6, 5, -1]).scratch_bytes > 0
 
 
 def test_a_cache_of_another_model_is_refused(model_file):

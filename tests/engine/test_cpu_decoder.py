@@ -28,6 +28,8 @@ from engine.backends.numpy_backend import NumpyBackend
 from engine.config import ModelConfig
 from engine.gguf_file import read_gguf
 from engine.kv_cache import GROWTH_STEP, NumpyKVCache
+from tests.engine.synthetic.specs import SPECS
+from tests.engine.synthetic.writer import write_synthetic
 from tests.model_store import model_path
 
 Q = GGMLQuantizationType
@@ -237,6 +239,22 @@ def test_prefill_and_decode_match_the_numpy_reference(model_file, arch, kv_dtype
         np.testing.assert_allclose(cpu.forward([token], cpu_cache), ref.forward([token], ref_cache), rtol=0,
                                    atol=tolerance * np.abs(want).max())
     assert cpu_cache.n_past == ref_cache.n_past == 605
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_synthetic_models_match_the_numpy_reference(tmp_path_factory, name):
+    """The llama.cpp parity harness's F32 models (n_embd 256, metadata as llama.cpp reads it): a prompt in two
+    calls, then decode steps, at a context that makes LongRoPE take its long factors."""
+    path = write_synthetic(tmp_path_factory.mktemp("synthetic") / f"{name}.gguf", SPECS[name])
+    gguf = read_gguf(path)
+    config = ModelConfig.from_gguf(gguf)
+    cpu, ref = CpuBackend(gguf, config, np.float32, n_ctx=256), NumpyBackend(gguf, config, n_ctx=256)
+    np.testing.assert_array_equal(cpu.rope_inv_freq, ref.rope_inv_freq)
+    cpu_cache, ref_cache = cpu.new_cache(256), ref.new_cache(256)
+    ids = np.random.default_rng(2).integers(0, config.n_vocab, 60).tolist()
+    for piece in (ids[:20], ids[20:56], *([t] for t in ids[56:])):
+        got, want = cpu.forward(piece, cpu_cache, all_logits=True), ref.forward(piece, ref_cache, all_logits=True)
+        np.testing.assert_allclose(got, want, rtol=0, atol=5e-5 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -52,22 +52,23 @@ class ArchSpec:
     rope_dim: int = HEAD_DIM
 
 
-def _llama3_factors() -> list[float]:
-    """Llama 3.1's rope_freqs rule (factor 8, low 1, high 4, original context 8192) for head_dim 64."""
+def llama3_factors(base: float, orig_ctx: int, factor: float = 8.0, low: float = 1.0, high: float = 4.0) -> list[float]:
+    """Llama 3.1's rope_freqs rule for head_dim 64. The synthetic model takes a short original context so that
+    the divided (long-wavelength) dimensions turn within the parity sequence and the factors matter."""
     factors = []
     for i in range(HEAD_DIM // 2):
-        wavelen = 2 * math.pi * 500000.0 ** (2 * i / HEAD_DIM)
-        low, high = 8192 / 1.0, 8192 / 4.0
-        if wavelen < high:
+        wavelen = 2 * math.pi * base ** (2 * i / HEAD_DIM)
+        if wavelen < orig_ctx / high:
             factors.append(1.0)
-        elif wavelen > low:
-            factors.append(8.0)
+        elif wavelen > orig_ctx / low:
+            factors.append(factor)
         else:
-            smooth = (8192 / wavelen - 1.0) / (4.0 - 1.0)
-            factors.append(1.0 / ((1 - smooth) / 8.0 + smooth))
+            smooth = (orig_ctx / wavelen - low) / (high - low)
+            factors.append(1.0 / ((1 - smooth) / factor + smooth))
     return factors
 
 
+TIED_EMBED_STD = 0.2  # the output is the embedding: logits' spread about sqrt(n_embd) * 0.2 = 3.2
 LONGROPE_ORIG_CTX = 32  # shorter than the parity context (256), so llama.cpp picks the long factors
 PHI3_ROPE_DIM = 32  # partial rotary: half of each head
 
@@ -80,11 +81,11 @@ def phi3_attn_factor() -> float:
 
 SPECS = {spec.name: spec for spec in [
     ArchSpec("llama", "llama", rope_freqs=False),
-    ArchSpec("llama3-rope-freqs", "llama", {"rope.freq_base": 500000.0}, rope_freqs=True),
+    ArchSpec("llama3-rope-freqs", "llama", rope_freqs=True),
     ArchSpec("llama-yarn", "llama", {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
                                      "rope.scaling.original_context_length": 32}),
     ArchSpec("llama-linear", "llama", {"rope.scaling.type": "linear", "rope.scaling.factor": 2.0}),
-    ArchSpec("qwen3", "qwen3", {"rope.freq_base": 1000000.0}, qk_norm="head", tied=True),
+    ArchSpec("qwen3", "qwen3", {"rope.freq_base": 1000000.0}, qk_norm="head", tied=True, embed_std=TIED_EMBED_STD),
     ArchSpec("gemma2", "gemma2", {"attention.sliding_window": SLIDING_WINDOW, "attn_logit_softcapping": 5.0,
                                   "final_logit_softcapping": 8.0}, post_norms=True, tied=True,
              embed_std=3.0 / math.sqrt(N_EMBD)),
@@ -95,10 +96,10 @@ SPECS = {spec.name: spec for spec in [
     ArchSpec("mistral3", "mistral3", {"rope.freq_base": 1000000.0, "rope.scaling.type": "yarn",
                                       "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 16,
                                       "rope.scaling.yarn_beta_fast": 32.0, "rope.scaling.yarn_beta_slow": 1.0,
-                                      "rope.scaling.yarn_log_multiplier": 0.5,
+                                      "rope.scaling.yarn_log_multiplier": 0.2,
                                       "attention.temperature_scale": 0.5}),
-    ArchSpec("smollm3", "smollm3", tied=True),
-    ArchSpec("granite", "granite", {"embedding_scale": 2.0, "residual_scale": 0.5, "attention.scale": 0.1,
+    ArchSpec("smollm3", "smollm3", tied=True, embed_std=TIED_EMBED_STD),
+    ArchSpec("granite", "granite", {"embedding_scale": 2.0, "residual_scale": 0.5, "attention.scale": 0.03,
                                     "logit_scale": 0.5}),
     ArchSpec("olmo2", "olmo2", qk_norm="whole", pre_norms=False, post_norms=True),
 ]}

@@ -16,7 +16,7 @@ from gguf import GGUFValueType, GGUFWriter
 
 from tests.engine.gguf_builders import CHATML_TEMPLATE, tiny_vocab
 from tests.engine.synthetic.specs import (HEAD_DIM, N_CTX_TRAIN, N_EMBD, N_FF, N_HEADS, N_KV_HEADS, N_LAYERS,
-                                          ArchSpec, _llama3_factors)
+                                          ArchSpec, llama3_factors)
 
 N_Q = N_HEADS * HEAD_DIM
 N_KV = N_KV_HEADS * HEAD_DIM
@@ -137,7 +137,7 @@ def _tensors(spec: ArchSpec, rng: np.random.Generator) -> dict[str, np.ndarray]:
     if not spec.tied:
         out["output.weight"] = matrix(n_vocab, N_EMBD, 3.0)
     if spec.rope_freqs:
-        out["rope_freqs.weight"] = np.array(_llama3_factors())
+        out["rope_freqs.weight"] = np.array(llama3_factors(base=10000.0, orig_ctx=64))
     if spec.longrope:
         n = spec.rope_dim // 2
         out["rope_factors_short.weight"] = 1.0 + 0.5 * np.linspace(0, 1, n)

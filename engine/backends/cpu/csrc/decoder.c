@@ -110,7 +110,8 @@ static size_t layout(const hk_config *c, uint8_t *base, fwd *f) {
 
 int hk_model_init(hk_model *m) {
     memset(&m->arena, 0, sizeof m->arena);
-    if (m->c.n_rope_sets < 1 || m->c.n_rope_sets > HK_MAX_ROPE_SETS || m->c.head_dim + m->c.v_head_dim > 16384 || m->c.max_rows < 1) return -3;
+    const hk_config *c = &m->c;
+    if (c->n_rope_sets < 1 || c->n_rope_sets > HK_MAX_ROPE_SETS || c->head_dim + c->v_head_dim > 16384 || c->max_rows < 1) return -3;
     for (int l = 0, window = 0; l < m->c.n_layers; l++) { /* two plans: global and one sliding window */
         if (m->layers[l].window && window && m->layers[l].window != window) return -3;
         if (m->layers[l].window) window = m->layers[l].window;

@@ -74,7 +74,8 @@ typedef struct {
 enum { HK_LOGITS_NONE = 0, HK_LOGITS_LAST = 1, HK_LOGITS_ALL = 2 };
 
 /* Allocate the scratch arena for c->max_rows rows. The layers, matrices and inv_freq stay owned by the
-   caller and must outlive the model. Returns 0, or -1 when out of memory. */
+   caller and must outlive the model. Returns 0, -1 when out of memory, or -3 for a model it cannot run (RoPE
+   sets out of 1..HK_MAX_ROPE_SETS, sliding layers of different windows). */
 int hk_model_init(hk_model *m);
 void hk_model_free(hk_model *m);
 

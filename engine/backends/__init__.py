@@ -34,7 +34,7 @@ def create_backend(name: str, gguf: GGUFFile, config: ModelConfig,
         from .cpu import kernels
         if kernels.AVAILABLE:
             from .cpu_backend import CpuBackend
-            return CpuBackend(gguf, config), None
+            return CpuBackend(gguf, config, n_ctx=n_ctx), None
         notice = ("The fast CPU kernels are not available (the C extension was not built or was disabled); "
                   "using the slower NumPy backend.")
         from .numpy_backend import NumpyBackend

@@ -20,6 +20,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
 
+from engine.backends import create_backend
 from engine.backends.base import KVState
 from engine.backends.cpu import kernels
 from engine.backends.cpu.decoder import MAX_ROWS, CpuDecoder, CpuKVCache
@@ -255,6 +256,17 @@ def test_synthetic_models_match_the_numpy_reference(tmp_path_factory, name):
     for piece in (ids[:20], ids[20:56], *([t] for t in ids[56:])):
         got, want = cpu.forward(piece, cpu_cache, all_logits=True), ref.forward(piece, ref_cache, all_logits=True)
         np.testing.assert_allclose(got, want, rtol=0, atol=5e-5 * np.abs(want).max())
+
+
+def test_create_backend_gives_the_context_to_longrope(tmp_path):
+    """phi3 rotates with its long factors past the original context: the cpu backend must know n_ctx."""
+    gguf = read_gguf(write_synthetic(tmp_path / "phi3.gguf", SPECS["phi3"]))
+    config = ModelConfig.from_gguf(gguf)
+    long_ctx, _ = create_backend("cpu", gguf, config, n_ctx=256)
+    short_ctx, _ = create_backend("cpu", gguf, config)  # None: within the original context
+    assert isinstance(long_ctx, CpuBackend)
+    np.testing.assert_array_equal(long_ctx.rope_inv_freq, NumpyBackend(gguf, config, n_ctx=256).rope_inv_freq)
+    assert not np.array_equal(long_ctx.rope_inv_freq, short_ctx.rope_inv_freq)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

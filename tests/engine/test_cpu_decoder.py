@@ -338,8 +338,9 @@ def test_forward_batch_equals_separate_steps(model_file, arch):
     assert [c.n_past for c in caches] == [6, 41, 301]
 
 
-def test_thread_count_changes_nothing(model_file, threads):
-    cpu, _ = backends(model_file("gemma3", True), np.float16)
+@pytest.mark.parametrize("arch", ["gemma3", "gemma2", "mistral3"])
+def test_thread_count_changes_nothing(model_file, threads, arch):
+    cpu, _ = backends(model_file(arch, True), np.float16)
     ids = prompt(400)
     results = []
     for n in (1, 2, 3):

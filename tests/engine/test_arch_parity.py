@@ -26,7 +26,7 @@ from tests.engine.synthetic.quantize import quantize, tensor_types
 from tests.engine.synthetic.specs import SPECS, N_LAYERS
 from tests.engine.synthetic.writer import write_synthetic
 
-# The backends under test; the integrator adds "cpu" and "mlx" here once their decoders read the new fields.
+# The backends under test; the integrator adds "mlx" here once its decoder reads the new fields.
 BACKENDS = ("numpy", "cpu")
 # llama.cpp file types (LLAMA_FTYPE_MOSTLY_*) and the GGML type each must really put in the file.
 # Left out: IQ2_XXS/IQ2_XS/IQ2_S/IQ2_M, IQ3_XXS/IQ3_XS and IQ1_S/IQ1_M (llama.cpp refuses them without an

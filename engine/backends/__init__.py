@@ -41,15 +41,17 @@ def resolve_backend(name: str) -> tuple[str, str | None]:
     return "numpy", None
 
 
-def create_backend(name: str, gguf: GGUFFile, config: ModelConfig) -> tuple[Backend, str | None]:
+def create_backend(name: str, gguf: GGUFFile, config: ModelConfig,
+                   n_ctx: int | None = None) -> tuple[Backend, str | None]:
     """Build the named backend (see ``resolve_backend``). Returns the backend and a notice for the user when it
-    fell back."""
+    fell back. ``n_ctx`` is the context the model is loaded for: LongRoPE models (phi3) rotate with long or short
+    factors by it (rope.rope_tables)."""
     chosen, notice = resolve_backend(name)
     if chosen == "mlx":
         from .mlx_backend import MlxBackend
         return MlxBackend(gguf, config), notice
     if chosen == "cpu":
         from .cpu_backend import CpuBackend
-        return CpuBackend(gguf, config), notice
+        return CpuBackend(gguf, config, n_ctx=n_ctx), notice
     from .numpy_backend import NumpyBackend
-    return NumpyBackend(gguf, config), notice
+    return NumpyBackend(gguf, config, n_ctx), notice

@@ -44,15 +44,17 @@ class CpuBackend(NumpyBackend):
         gguf: the open model file (its memory map backs every weight).
         config: the model's hyper-parameters.
         kv_dtype: element type of the KV caches this backend makes (float16 or float32).
+        n_ctx: the context size the model is loaded for (LongRoPE models choose their factors by it; see
+            ``rope.rope_tables``). None: within the model's original context.
     """
 
     name = "cpu"
 
-    def __init__(self, gguf: GGUFFile, config: ModelConfig, kv_dtype=DEFAULT_KV_DTYPE):
-        super().__init__(gguf, config)
+    def __init__(self, gguf: GGUFFile, config: ModelConfig, kv_dtype=DEFAULT_KV_DTYPE, n_ctx: int | None = None):
+        super().__init__(gguf, config, n_ctx)
         self.kv_dtype = np.dtype(kv_dtype)
         self.decoder = CpuDecoder(config, self.layers, (self.token_embd, int(self.token_embd_type)), self.output,
-                                  self.output_norm, self.inv_freq)
+                                  self.output_norm, self.rope_inv_freq, self.rope_layer_set)
         self._caches: weakref.WeakSet[CpuKVCache] = weakref.WeakSet()
 
     # -- weights: packed views, and the products the reference path uses ------------------------------
@@ -62,6 +64,10 @@ class CpuBackend(NumpyBackend):
             raise ModelFormatError(f"tensor {name!r} has type {self.gguf.tensor(name).qtype.name}, "
                                    "which the CPU kernels do not support")
         return PackedMatrix(self.gguf.raw(name), qtype)
+
+    def matrix_rows(self, matrix: PackedMatrix, rows: slice) -> PackedMatrix:
+        """A fused tensor's part: a row range of the packed rows (a view, nothing copied)."""
+        return PackedMatrix(matrix.blocks[rows], matrix.qtype)
 
     def matmul(self, x: np.ndarray, w: PackedMatrix) -> np.ndarray:
         return kernels.matmul(w.blocks, w.qtype, np.ascontiguousarray(x, dtype=np.float32))

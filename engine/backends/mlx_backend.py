@@ -19,7 +19,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..generate import prefill
-from ..gguf_file import GGUFFile
+from ..gguf_file import GGUFFile, ModelFormatError
 from ..model_tensors import layer_tensor_names, output_tensor_name
 from . import platform_mlx
 from .base import Backend, KVCache, MemoryStats
@@ -118,7 +118,10 @@ class MlxBackend(Backend):
 
     def _load_layer(self, reader: TensorReader, i: int) -> LayerWeights:
         fields = {}
-        for field, name in layer_tensor_names(reader.gguf, self.config, i).items():
+        for field, ref in layer_tensor_names(reader.gguf, self.config, i).items():
+            if ref is not None and not ref.is_whole:
+                raise ModelFormatError(f"the MLX backend does not read fused tensors yet ({ref.name!r})")
+            name = None if ref is None else ref.name
             if name is None:
                 fields[field] = None
             elif field in MATRIX_FIELDS:

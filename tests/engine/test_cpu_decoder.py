@@ -20,14 +20,17 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
 
+from engine.backends import create_backend
 from engine.backends.base import KVState
 from engine.backends.cpu import kernels
-from engine.backends.cpu.decoder import MAX_ROWS, CpuKVCache
+from engine.backends.cpu.decoder import MAX_ROWS, CpuDecoder, CpuKVCache
 from engine.backends.cpu_backend import CpuBackend
 from engine.backends.numpy_backend import NumpyBackend
 from engine.config import ModelConfig
 from engine.gguf_file import read_gguf
 from engine.kv_cache import GROWTH_STEP, NumpyKVCache
+from tests.engine.synthetic.specs import SPECS
+from tests.engine.synthetic.writer import write_synthetic
 from tests.model_store import model_path
 
 Q = GGMLQuantizationType
@@ -36,28 +39,57 @@ N_VOCAB = 300
 N_CTX = 2048
 SLIDING_WINDOW = 8
 
-# Per architecture: hyper-parameters and the switches each exercises.
+# Per model: its architecture (the key, unless "arch" says), hyper-parameters and the switches it exercises.
 ARCHS = {
     # rope_freqs factors and linear RoPE scaling, adjacent-pair RoPE, tied embeddings, GQA group 2
     "llama": dict(n_layers=2, n_embd=64, n_heads=4, n_kv_heads=2, head_dim=16, n_ff=96, rope_dim=16,
                   extra={"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 2.0}, rope_freqs=True),
+    # YaRN: a per-dimension ramp folded into the frequencies and the mscale on cos and sin
+    "llama-yarn": dict(arch="llama", n_layers=2, n_embd=64, n_heads=4, n_kv_heads=2, head_dim=16, n_ff=96, rope_dim=16,
+                       extra={"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0,
+                              "llama.rope.scaling.original_context_length": 64}),
     # q/k/v biases, half-rotated heads (rope_dim < head_dim), one kv head for four query heads, untied output
     "qwen2": dict(n_layers=2, n_embd=64, n_heads=4, n_kv_heads=1, head_dim=16, n_ff=96, rope_dim=8, bias=True, tied=False),
+    # per-head q/k norms without post norms
+    "qwen3": dict(n_layers=2, n_embd=64, n_heads=4, n_kv_heads=2, head_dim=16, n_ff=96, rope_dim=16, qk_norms=True),
     # q/k norms, post norms, gelu, embedding scale, head_dim != n_embd / n_heads, sliding layers 0-4 and 6 with
     # their own RoPE base, layer 5 global
-    "gemma3": dict(n_layers=7, n_embd=64, n_heads=4, n_kv_heads=2, head_dim=32, n_ff=96, rope_dim=32, norms=True,
-                   extra={"gemma3.attention.sliding_window": SLIDING_WINDOW}),
+    "gemma3": dict(n_layers=7, n_embd=64, n_heads=4, n_kv_heads=2, head_dim=32, n_ff=96, rope_dim=32, qk_norms=True,
+                   post_norms=True, extra={"gemma3.attention.sliding_window": SLIDING_WINDOW}),
+    # attention and final softcaps, sliding layers alternating with global ones, post norms, gelu
+    "gemma2": dict(n_layers=4, n_embd=64, n_heads=4, n_kv_heads=2, head_dim=16, n_ff=96, rope_dim=16, post_norms=True,
+                   extra={"gemma2.attention.sliding_window": SLIDING_WINDOW, "gemma2.attn_logit_softcapping": 5.0,
+                          "gemma2.final_logit_softcapping": 15.0}),
+    # fused q/k/v and gate/up tensors (row ranges), LongRoPE factors, partial rotary
+    "phi3": dict(n_layers=2, n_embd=64, n_heads=4, n_kv_heads=2, head_dim=16, n_ff=96, rope_dim=8, fused=True,
+                 rope_factors=True, tied=False, extra={"phi3.rope.scaling.original_context_length": 64}),
+    # YaRN and the queries' temperature tuning, which steps every 64 positions
+    "mistral3": dict(n_layers=2, n_embd=64, n_heads=4, n_kv_heads=2, head_dim=16, n_ff=96, rope_dim=16,
+                     extra={"mistral3.rope.scaling.type": "yarn", "mistral3.rope.scaling.factor": 2.0,
+                            "mistral3.rope.scaling.original_context_length": 64,
+                            "mistral3.attention.temperature_scale": 0.5}),
+    # every fourth layer without RoPE
+    "smollm3": dict(n_layers=4, n_embd=64, n_heads=4, n_kv_heads=2, head_dim=16, n_ff=96, rope_dim=16),
+    # embedding, residual, attention and logit multipliers
+    "granite": dict(n_layers=2, n_embd=64, n_heads=4, n_kv_heads=2, head_dim=16, n_ff=96, rope_dim=16,
+                    extra={"granite.embedding_scale": 3.0, "granite.residual_scale": 0.5, "granite.attention.scale": 0.125,
+                           "granite.logit_scale": 0.25}),
+    # no norms before the blocks, post norms, q/k norms over the whole projections
+    "olmo2": dict(n_layers=2, n_embd=64, n_heads=4, n_kv_heads=2, head_dim=16, n_ff=96, rope_dim=16, pre_norms=False,
+                  whole_norms=True, post_norms=True, tied=False),
 }
 K_SCALE_FIELDS = {Q.Q4_K: (0, 2), Q.Q6_K: (208,)}  # byte offsets of the float16 scales in a super-block
-QUANT_TYPES = {"attn_q": Q.Q5_0, "attn_k": Q.Q4_K, "attn_v": Q.Q8_0, "attn_output": Q.Q4_1, "ffn_gate": Q.Q4_K,
-               "ffn_up": Q.Q5_1, "ffn_down": Q.Q6_K, "output": Q.Q8_0, "token_embd": Q.Q8_0}
+QUANT_TYPES = {"attn_q": Q.Q5_0, "attn_k": Q.Q4_K, "attn_v": Q.Q8_0, "attn_qkv": Q.Q8_0, "attn_output": Q.Q4_1,
+               "ffn_gate": Q.Q4_K, "ffn_up": Q.Q5_1, "ffn_down": Q.Q6_K, "output": Q.Q8_0, "token_embd": Q.Q8_0}
 
 
-def write_model(path: Path, arch: str, quantized: bool, seed: int = 0) -> Path:
-    """A tiny random model of ``arch``: float32 matrices, or (``quantized``, with n_embd 256) mixed GGML types."""
-    spec = dict(ARCHS[arch])
+def write_model(path: Path, name: str, quantized: bool, seed: int = 0) -> Path:
+    """A tiny random model ``name`` of ARCHS: float32 matrices, or (``quantized``, with n_embd 256) mixed GGML types."""
+    spec = dict(ARCHS[name])
+    arch = spec.get("arch", name)
     if quantized:  # K-quant rows need 256 elements
-        spec.update(n_embd=256, n_ff=512, head_dim=64, rope_dim=min(spec["rope_dim"] * 4, 64))
+        full = spec["rope_dim"] == spec["head_dim"]
+        spec.update(n_embd=256, n_ff=512, head_dim=64, rope_dim=64 if full else min(spec["rope_dim"] * 4, 64))
     n_embd, n_heads, n_kv, hd, n_ff = (spec[k] for k in ("n_embd", "n_heads", "n_kv_heads", "head_dim", "n_ff"))
     writer = GGUFWriter(path, arch)
     for key, value in {"block_count": spec["n_layers"], "embedding_length": n_embd, "feed_forward_length": n_ff,
@@ -84,24 +116,37 @@ def write_model(path: Path, arch: str, quantized: bool, seed: int = 0) -> Path:
     add("token_embd.weight", (N_VOCAB, n_embd), 0.5)
     if spec.get("rope_freqs"):
         writer.add_tensor("rope_freqs.weight", rng.uniform(1.0, 4.0, spec["rope_dim"] // 2).astype(np.float32))
+    if spec.get("rope_factors"):
+        for which in ("long", "short"):
+            writer.add_tensor(f"rope_factors_{which}.weight", rng.uniform(1.0, 4.0, spec["rope_dim"] // 2).astype(np.float32))
     for il in range(spec["n_layers"]):
         blk = f"blk.{il}."
-        add(blk + "attn_norm.weight", (n_embd,), 0.1, 1.0)
-        add(blk + "attn_q.weight", (n_heads * hd, n_embd))
-        add(blk + "attn_k.weight", (n_kv * hd, n_embd))
-        add(blk + "attn_v.weight", (n_kv * hd, n_embd))
+        if spec.get("pre_norms", True):
+            add(blk + "attn_norm.weight", (n_embd,), 0.1, 1.0)
+        if spec.get("fused"):
+            add(blk + "attn_qkv.weight", ((n_heads + 2 * n_kv) * hd, n_embd))
+        else:
+            add(blk + "attn_q.weight", (n_heads * hd, n_embd))
+            add(blk + "attn_k.weight", (n_kv * hd, n_embd))
+            add(blk + "attn_v.weight", (n_kv * hd, n_embd))
         add(blk + "attn_output.weight", (n_embd, n_heads * hd))
         if spec.get("bias"):
             for proj, rows in (("q", n_heads * hd), ("k", n_kv * hd), ("v", n_kv * hd)):
                 add(blk + f"attn_{proj}.bias", (rows,), 0.5)
-        if spec.get("norms"):
-            add(blk + "attn_q_norm.weight", (hd,), 0.1, 1.0)
-            add(blk + "attn_k_norm.weight", (hd,), 0.1, 1.0)
+        if spec.get("qk_norms") or spec.get("whole_norms"):
+            q_rows, k_rows = (n_heads * hd, n_kv * hd) if spec.get("whole_norms") else (hd, hd)
+            add(blk + "attn_q_norm.weight", (q_rows,), 0.1, 1.0)
+            add(blk + "attn_k_norm.weight", (k_rows,), 0.1, 1.0)
+        if spec.get("post_norms"):
             add(blk + "post_attention_norm.weight", (n_embd,), 0.1, 1.0)
             add(blk + "post_ffw_norm.weight", (n_embd,), 0.1, 1.0)
-        add(blk + "ffn_norm.weight", (n_embd,), 0.1, 1.0)
-        add(blk + "ffn_gate.weight", (n_ff, n_embd))
-        add(blk + "ffn_up.weight", (n_ff, n_embd))
+        if spec.get("pre_norms", True):
+            add(blk + "ffn_norm.weight", (n_embd,), 0.1, 1.0)
+        if spec.get("fused"):
+            add(blk + "ffn_up.weight", (2 * n_ff, n_embd))
+        else:
+            add(blk + "ffn_gate.weight", (n_ff, n_embd))
+            add(blk + "ffn_up.weight", (n_ff, n_embd))
         add(blk + "ffn_down.weight", (n_embd, n_ff))
     add("output_norm.weight", (n_embd,), 0.1, 1.0)
     if not spec.get("tied", True):
@@ -166,6 +211,17 @@ def test_the_tiny_models_exercise_every_switch(model_file):
     assert g.qk_norm and g.post_norms and g.activation == "gelu_tanh" and g.embed_scale == 8.0
     assert [g.is_sliding(i) for i in range(7)] == [True] * 5 + [False, True] and g.rope_base_local != g.rope_base
     assert g.head_dim * g.n_heads != g.n_embd
+    assert configs["llama-yarn"].rope_scaling == "yarn" and configs["llama-yarn"].rope_mscale > 1.0
+    assert configs["qwen3"].qk_norm and not configs["qwen3"].post_norms
+    g2 = configs["gemma2"]
+    assert g2.attn_softcap == 5.0 and g2.final_softcap == 15.0 and [g2.is_sliding(i) for i in range(4)] == [True, False] * 2
+    assert configs["phi3"].rope_factors and configs["phi3"].rope_dim < configs["phi3"].head_dim
+    m = configs["mistral3"]
+    assert m.rope_scaling == "yarn" and m.attn_temp_scale == 0.5 and m.attn_temp_floor == 64
+    assert [configs["smollm3"].is_rope_layer(i) for i in range(4)] == [True, True, True, False]
+    gr = configs["granite"]
+    assert (gr.residual_scale, gr.logit_scale, gr.embed_scale, gr.attn_scale) == (0.5, 4.0, 3.0, 0.125)
+    assert not configs["olmo2"].pre_norms and configs["olmo2"].qk_norm_whole
 
 
 @pytest.mark.parametrize("kv_dtype, tolerance", [(np.float32, 2e-5), (np.float16, 3e-3)])
@@ -184,6 +240,56 @@ def test_prefill_and_decode_match_the_numpy_reference(model_file, arch, kv_dtype
         np.testing.assert_allclose(cpu.forward([token], cpu_cache), ref.forward([token], ref_cache), rtol=0,
                                    atol=tolerance * np.abs(want).max())
     assert cpu_cache.n_past == ref_cache.n_past == 605
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_synthetic_models_match_the_numpy_reference(tmp_path_factory, name):
+    """The llama.cpp parity harness's F32 models (n_embd 256, metadata as llama.cpp reads it): a prompt in two
+    calls, then decode steps, at a context that makes LongRoPE take its long factors."""
+    path = write_synthetic(tmp_path_factory.mktemp("synthetic") / f"{name}.gguf", SPECS[name])
+    gguf = read_gguf(path)
+    config = ModelConfig.from_gguf(gguf)
+    cpu, ref = CpuBackend(gguf, config, np.float32, n_ctx=256), NumpyBackend(gguf, config, n_ctx=256)
+    np.testing.assert_array_equal(cpu.rope_inv_freq, ref.rope_inv_freq)
+    cpu_cache, ref_cache = cpu.new_cache(256), ref.new_cache(256)
+    ids = np.random.default_rng(2).integers(0, config.n_vocab, 60).tolist()
+    for piece in (ids[:20], ids[20:56], *([t] for t in ids[56:])):
+        got, want = cpu.forward(piece, cpu_cache, all_logits=True), ref.forward(piece, ref_cache, all_logits=True)
+        np.testing.assert_allclose(got, want, rtol=0, atol=5e-5 * np.abs(want).max())
+
+
+def test_create_backend_gives_the_context_to_longrope(tmp_path):
+    """phi3 rotates with its long factors past the original context: the cpu backend must know n_ctx."""
+    gguf = read_gguf(write_synthetic(tmp_path / "phi3.gguf", SPECS["phi3"]))
+    config = ModelConfig.from_gguf(gguf)
+    long_ctx, _ = create_backend("cpu", gguf, config, n_ctx=256)
+    short_ctx, _ = create_backend("cpu", gguf, config)  # None: within the original context
+    assert isinstance(long_ctx, CpuBackend)
+    np.testing.assert_array_equal(long_ctx.rope_inv_freq, NumpyBackend(gguf, config, n_ctx=256).rope_inv_freq)
+    assert not np.array_equal(long_ctx.rope_inv_freq, short_ctx.rope_inv_freq)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_decode_across_the_sliding_window_and_batched_decode_match_the_reference(model_file, arch):
+    """Decode steps from a prompt one short of the window across its edge, then one batched step of
+    sequences of different lengths (inside, at and past the window), against the reference's batch."""
+    cpu, ref = backends(model_file(arch, False), np.float32)
+    cpu_cache, ref_cache = cpu.new_cache(N_CTX), ref.new_cache(N_CTX)
+    first = cpu.forward(prompt(SLIDING_WINDOW - 1), cpu_cache)
+    scale = np.abs(first).max()
+    np.testing.assert_allclose(first, ref.forward(prompt(SLIDING_WINDOW - 1), ref_cache), rtol=0, atol=2e-5 * scale)
+    for token in prompt(4, seed=4):  # positions window - 1 .. window + 2
+        np.testing.assert_allclose(cpu.forward([token], cpu_cache), ref.forward([token], ref_cache), rtol=0,
+                                   atol=2e-5 * scale)
+    lengths = (3, SLIDING_WINDOW, 3 * SLIDING_WINDOW + 5, 70)
+    cpu_caches, ref_caches = [cpu.new_cache(N_CTX) for _ in lengths], [ref.new_cache(N_CTX) for _ in lengths]
+    for i, n in enumerate(lengths):
+        cpu.forward(prompt(n, seed=10 + i), cpu_caches[i])
+        ref.forward(prompt(n, seed=10 + i), ref_caches[i])
+    tokens = prompt(len(lengths), seed=5)
+    got, want = cpu.forward_batch(tokens, cpu_caches), ref.forward_batch(tokens, ref_caches)
+    assert got.shape == (len(lengths), N_VOCAB)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -232,8 +338,9 @@ def test_forward_batch_equals_separate_steps(model_file, arch):
     assert [c.n_past for c in caches] == [6, 41, 301]
 
 
-def test_thread_count_changes_nothing(model_file, threads):
-    cpu, _ = backends(model_file("gemma3", True), np.float16)
+@pytest.mark.parametrize("arch", ["gemma3", "gemma2", "mistral3"])
+def test_thread_count_changes_nothing(model_file, threads, arch):
+    cpu, _ = backends(model_file(arch, True), np.float16)
     ids = prompt(400)
     results = []
     for n in (1, 2, 3):
@@ -317,6 +424,23 @@ def test_errors_are_clear_and_leave_the_cache_untouched(model_file):
     fresh = cpu.new_cache(8)
     cpu.forward(prompt(6), fresh)
     np.testing.assert_array_equal(cpu.forward([1, 2], cache), cpu.forward([1, 2], fresh))
+
+
+def test_the_handle_refuses_rope_tables_it_cannot_use(model_file):
+    """RoPE sets are rows of the table or -1; the C side checks what Python hands it."""
+    cpu, _ = backends(model_file("smollm3", False))
+    c = cpu.config
+    args = (c, cpu.layers, (cpu.token_embd, int(cpu.token_embd_type)), cpu.output, cpu.output_norm)
+    assert cpu.rope_layer_set == [0, 0, 0, -1]
+    with pytest.raises(ValueError, match="RoPE set"):
+        CpuDecoder(*args, cpu.rope_inv_freq, [0, 1, 0, -1])  # one set only
+    with pytest.raises(ValueError, match="RoPE set"):
+        CpuDecoder(*args, cpu.rope_inv_freq, [0, 0, -2, 0])
+    with pytest.raises(ValueError, match="inv_freq"):
+        CpuDecoder(*args, np.ones((9, c.rope_dim // 2)), [0] * c.n_layers)
+    with pytest.raises(ValueError, match="layer_set"):
+        CpuDecoder(*args, cpu.rope_inv_freq, [0])
+    assert CpuDecoder(*args, np.ones((8, c.rope_dim // 2)), [7, 6, 5, -1]).scratch_bytes > 0
 
 
 def test_a_cache_of_another_model_is_refused(model_file):

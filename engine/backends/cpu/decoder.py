@@ -53,30 +53,32 @@ class CpuKVCache(SteppedKVCache):
 
 
 class CpuDecoder:
-    """The C model handle: every layer's packed matrices, norms and biases, RoPE frequencies and windows.
+    """The C model handle: every layer's packed matrices, norms and biases, RoPE tables and windows.
 
     Args:
-        config: the model's hyper-parameters.
+        config: the model's hyper-parameters; every architecture field it has is passed to the C decoder.
         layers: per layer, an object with the fields of ``numpy_backend.Layer`` whose matrices have
-            ``blocks`` (uint8 rows, a view into the mmap) and ``qtype``, and whose vectors are float32.
+            ``blocks`` (uint8 rows, a view into the mmap) and ``qtype``, and whose vectors are float32
+            (``attn_norm``/``ffn_norm`` None where the architecture has no norm before the block).
         token_embd: (embd uint8 rows, qtype); output: the output matrix (same form as the layer matrices).
         output_norm: (n_embd,) float32.
-        inv_freq: RoPE inverse frequencies (rope_dim // 2,) float64 by base.
+        inv_freq: (n_sets, rope_dim // 2) float64, the effective RoPE inverse frequencies of ``engine/rope.py``.
+        layer_set: per layer, the row of ``inv_freq`` it rotates with, or -1 for a layer without RoPE.
     """
 
     def __init__(self, config: ModelConfig, layers: Sequence[Any], token_embd: tuple[np.ndarray, int], output: Any,
-                 output_norm: np.ndarray, inv_freq: dict[float, np.ndarray]):
+                 output_norm: np.ndarray, inv_freq: np.ndarray, layer_set: Sequence[int]):
         if config.activation not in _ACTIVATIONS:
             raise ModelFormatError(f"the CPU decoder has no activation {config.activation!r}")
         c = config
-        bases = sorted({c.layer_rope_base(i) for i in range(c.n_layers)})
-        if len(bases) > 2:
-            raise ModelFormatError("the CPU decoder takes at most two RoPE bases")
-        freqs = np.ascontiguousarray(np.stack([inv_freq[b] for b in bases]), dtype=np.float64)  # (n_sets, rope_dim // 2)
+        freqs = np.ascontiguousarray(inv_freq, dtype=np.float64).reshape(-1, c.rope_dim // 2)  # (n_sets, rope_dim // 2)
+        if len(layer_set) != c.n_layers:
+            raise ValueError(f"layer_set has {len(layer_set)} entries for {c.n_layers} layers")
         ints = (c.n_layers, c.n_embd, c.n_ff, c.n_heads, c.n_kv_heads, c.head_dim, c.v_head_dim, c.n_vocab, c.rope_dim,
-                int(c.rope_neox), _ACTIVATIONS[c.activation], MAX_ROWS)
-        floats = (c.rms_eps, c.embed_scale, c.attn_scale)
-        specs = [self._layer_spec(c, i, layer, bases.index(c.layer_rope_base(i))) for i, layer in enumerate(layers)]
+                int(c.rope_neox), _ACTIVATIONS[c.activation], MAX_ROWS, int(c.qk_norm_whole), c.attn_temp_floor)
+        floats = (c.rms_eps, c.embed_scale, c.attn_scale, c.attn_softcap, c.final_softcap, c.residual_scale,
+                  c.logit_scale, c.rope_mscale, c.attn_temp_scale)
+        specs = [self._layer_spec(c, i, layer, int(layer_set[i])) for i, layer in enumerate(layers)]
         self.config = config
         self._ext = _extension()
         self._handle = self._ext.decoder_new(ints, floats, (token_embd[0], int(token_embd[1])),

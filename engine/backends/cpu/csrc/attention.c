@@ -107,8 +107,9 @@ static inline void prefetch_kv(const hk_att *a, const hk_seq *s, int kvh, int wh
 
 /* Fold n keys into the online-softmax states of nr <= HEADS_PER_PASS query heads of one position: head i's
    query at q + i * d, its state (m, l, O[dv]) at st + i * stride. The rows share every key and value load;
-   each row's arithmetic is what it would be alone. */
-static void update(const hk_vecops *vo, const float *q, int nr, kv_span kv, int n, int d, int dv, float *st, size_t stride) {
+   each row's arithmetic is what it would be alone. softcap > 0: scores become softcap * tanh(score / softcap). */
+static void update(const hk_vecops *vo, const float *q, int nr, kv_span kv, int n, int d, int dv, float *st, size_t stride,
+                   float softcap) {
     float s[HEADS_PER_PASS * 64];
     if (kv.f16)
         vo->scores_f16(q, d, nr, kv.k, d, n, s, 64);
@@ -116,6 +117,7 @@ static void update(const hk_vecops *vo, const float *q, int nr, kv_span kv, int 
         vo->scores(q, d, nr, kv.k, d, n, s, 64);
     for (int i = 0; i < nr; i++) {
         float *m = st + i * stride, *l = m + 1, *si = s + i * 64;
+        if (softcap > 0.0f) hk_softcap(si, n, softcap);
         float mb = vo->max(si, n);
         if (mb > *m) {
             if (*l > 0.0f) {
@@ -139,7 +141,7 @@ static void update_heads(const hk_att *a, int r, int h0, int h1, kv_span kv, int
     for (int h = h0; h < h1; h += HEADS_PER_PASS) {
         int nr = h1 - h < HEADS_PER_PASS ? h1 - h : HEADS_PER_PASS;
         update(a->vo, a->q + ((size_t)r * c->n_heads + h) * c->head_dim, nr, kv, n, c->head_dim, c->v_head_dim,
-               st + (size_t)(h - h0) * stride, stride);
+               st + (size_t)(h - h0) * stride, stride, c->attn_softcap);
     }
 }
 

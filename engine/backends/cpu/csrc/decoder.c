@@ -5,6 +5,10 @@
    projection, gate/up with the activation, down) and the attention. The products read the activations
    quantized once per row, whatever number of matrices share them.
 
+   Architectures differ only by the config and layer fields the row work reads (decoder.h): norms present or
+   not, per-head or whole-projection q/k norms, RoPE sets per layer (or none), residual and logit scales,
+   softcaps, the queries' temperature tuning. Nothing here is per architecture.
+
    The whole call is one job of the thread pool. Every thread walks the phases in order, claims units of
    work (row ranges, row chunks of the matrices, attention tasks) from each phase's counter, and waits for
    the phase's last unit before the next. A thread the OS has not scheduled yet holds up no phase: it joins
@@ -45,7 +49,7 @@ typedef struct {
     float *att_out;         /* (R, n_heads * v_head_dim) */
     float *o;               /* (R, n_embd) output of wo and down */
     float *g, *u;           /* (R, n_ff) gate (then the activation product) and up */
-    float *rope_cos, *rope_sin; /* (R, n_rope_sets, rope_dim / 2) */
+    float *rope_cos, *rope_sin; /* (R, n_rope_sets, rope_dim / 2), times rope_mscale */
     float *logits;          /* (n_out, n_vocab): the caller's */
     hk_act_rows acts;           /* per kind: (R, hk_act_bytes(kind, widest input)) and (R,) descriptors */
     int *row_seq, *row_pos, *out_rows; /* (R,) */
@@ -61,10 +65,13 @@ typedef struct {
 static int widest_input(const hk_config *c) { return imax(imax(c->n_embd, c->n_heads * c->v_head_dim), c->n_ff); }
 
 enum { PH_EMBED, PH_ATTN_IN, PH_QKV, PH_QKV_POST, PH_ATTEND, PH_ATTN_OUT, PH_WO, PH_FFN_IN, PH_GLU, PH_DOWN_IN, PH_DOWN,
-       PH_FFN_OUT, PH_OUT_IN, PH_OUTPUT };
+       PH_FFN_OUT, PH_OUT_IN, PH_OUTPUT, PH_OUT_POST };
 #define LAYER_PHASES (PH_FFN_OUT - PH_ATTN_IN + 1)
 
-static int max_phases(const hk_config *c) { return 1 + LAYER_PHASES * c->n_layers + 2; }
+static int max_phases(const hk_config *c) { return 1 + LAYER_PHASES * c->n_layers + 3; }
+
+/* Whether the logits need a pass after the output product (logit scale, final softcap). */
+static int logits_post(const hk_config *c) { return c->logit_scale != 1.0f || c->final_softcap > 0.0f; }
 
 /* Lay the views out from base (or only count the bytes when f is NULL). */
 static size_t layout(const hk_config *c, uint8_t *base, fwd *f) {
@@ -83,8 +90,8 @@ static size_t layout(const hk_config *c, uint8_t *base, fwd *f) {
     TAKE(o, float, R * c->n_embd);
     TAKE(g, float, R * c->n_ff);
     TAKE(u, float, R * c->n_ff);
-    TAKE(rope_cos, float, R * imax(1, c->rope_dim / 2) * 2); /* at most two RoPE bases */
-    TAKE(rope_sin, float, R * imax(1, c->rope_dim / 2) * 2);
+    TAKE(rope_cos, float, R * imax(1, c->rope_dim / 2) * c->n_rope_sets);
+    TAKE(rope_sin, float, R * imax(1, c->rope_dim / 2) * c->n_rope_sets);
     for (int kind = 0; kind < HK_ACT_KINDS; kind++) {
         size_t stride = hk_act_bytes(kind, widest_input(c));
         if (f) f->acts.stride[kind] = stride;
@@ -103,7 +110,8 @@ static size_t layout(const hk_config *c, uint8_t *base, fwd *f) {
 
 int hk_model_init(hk_model *m) {
     memset(&m->arena, 0, sizeof m->arena);
-    if (m->n_rope_sets > 2 || m->c.head_dim + m->c.v_head_dim > 16384 || m->c.max_rows < 1) return -3;
+    const hk_config *c = &m->c;
+    if (c->n_rope_sets < 1 || c->n_rope_sets > HK_MAX_ROPE_SETS || c->head_dim + c->v_head_dim > 16384 || c->max_rows < 1) return -3;
     for (int l = 0, window = 0; l < m->c.n_layers; l++) { /* two plans: global and one sliding window */
         if (m->layers[l].window && window && m->layers[l].window != window) return -3;
         if (m->layers[l].window) window = m->layers[l].window;
@@ -163,18 +171,19 @@ static void add_into(float *x, const float *y, int n) {
     for (int i = 0; i < n; i++) x[i] += y[i];
 }
 
-/* The row's token embedding, and the cos and sin of its position for every RoPE base. */
+/* The row's token embedding, and the cos and sin of its position for every RoPE set (times rope_mscale). */
 static void row_embed(const fwd *f, int layer, int r) {
+    const hk_config *c = f->c;
     const hk_matrix *e = &f->m->embd;
-    const int half = f->c->rope_dim / 2;
-    float *x = f->x + (size_t)r * f->c->n_embd;
-    hk_dequantize_row(e->type, e->data + (ptrdiff_t)f->tokens[r] * e->stride, f->c->n_embd, x);
-    if (f->c->embed_scale != 1.0f) f->vo->scale(x, f->c->n_embd, f->c->embed_scale);
-    for (int s = 0; s < f->m->n_rope_sets; s++)
+    const int half = c->rope_dim / 2, sets = c->n_rope_sets;
+    float *x = f->x + (size_t)r * c->n_embd;
+    hk_dequantize_row(e->type, e->data + (ptrdiff_t)f->tokens[r] * e->stride, c->n_embd, x);
+    if (c->embed_scale != 1.0f) f->vo->scale(x, c->n_embd, c->embed_scale);
+    for (int s = 0; s < sets; s++)
         for (int i = 0; i < half; i++) {
             double angle = (double)f->row_pos[r] * f->m->inv_freq[(size_t)s * half + i];
-            f->rope_cos[((size_t)r * 2 + s) * half + i] = (float)cos(angle);
-            f->rope_sin[((size_t)r * 2 + s) * half + i] = (float)sin(angle);
+            f->rope_cos[((size_t)r * sets + s) * half + i] = (float)(cos(angle) * c->rope_mscale);
+            f->rope_sin[((size_t)r * sets + s) * half + i] = (float)(sin(angle) * c->rope_mscale);
         }
 }
 
@@ -196,11 +205,19 @@ static void prefetch_kv_slots(const fwd *f, int layer, int r) {
     }
 }
 
+/* h = the block's input: x normed by w, or x itself where the architecture has no norm before the block. */
+static void block_input(const fwd *f, const float *x, const float *w, float *h) {
+    if (w)
+        rms_norm(f, x, w, h, f->c->n_embd);
+    else
+        memcpy(h, x, sizeof(float) * f->c->n_embd);
+}
+
 static void row_attn_in(const fwd *f, int layer, int r) {
     const hk_layer *L = &f->m->layers[layer];
     const int n_embd = f->c->n_embd;
     float *h = f->h + (size_t)r * n_embd;
-    rms_norm(f, f->x + (size_t)r * n_embd, L->attn_norm, h, n_embd);
+    block_input(f, f->x + (size_t)r * n_embd, L->attn_norm, h);
     hk_prepare_acts(f->isa, &f->acts, h, n_embd, hk_act_kinds(&L->wq, &L->wk, &L->wv), r);
     prefetch_kv_slots(f, layer, r);
 }
@@ -222,28 +239,47 @@ static void rope(float *x, const float *cs, const float *sn, int half, int neox)
     }
 }
 
-/* Biases, q/k norms, RoPE and the attention scale; then this row's keys and values go into its cache. */
+/* The queries' temperature tuning at a position (llama.cpp's attention-scale input, mistral3's offset 0):
+   1 when off. The division in float32, the logarithm in double, as llama.cpp. */
+static float temperature(const hk_config *c, int pos) {
+    if (c->attn_temp_floor <= 0 || c->attn_temp_scale == 0.0f) return 1.0f;
+    return (float)(log(floor((float)pos / (float)c->attn_temp_floor) + 1.0) * c->attn_temp_scale + 1.0);
+}
+
+/* q/k norms (per head, or of the whole projection), RoPE of one head of this layer's set (none when -1). */
+static void head_norm_rope(const fwd *f, const hk_layer *L, const float *norm, float *x, int r) {
+    const hk_config *c = f->c;
+    const int half = c->rope_dim / 2, d = c->head_dim;
+    if (norm && !c->qk_norm_whole) rms_norm(f, x, norm, x, d);
+    if (L->rope_set < 0) return;
+    const size_t at = ((size_t)r * c->n_rope_sets + L->rope_set) * half;
+    rope(x, f->rope_cos + at, f->rope_sin + at, half, c->rope_neox);
+}
+
+/* Biases, q/k norms, RoPE, the temperature and the attention scale; then this row's keys and values go into
+   its cache. */
 static void row_qkv_post(const fwd *f, int layer, int r) {
     const hk_config *c = f->c;
     const hk_layer *L = &f->m->layers[layer];
     const int nq = c->n_heads * c->head_dim, nk = c->n_kv_heads * c->head_dim, nv = c->n_kv_heads * c->v_head_dim;
-    const int half = c->rope_dim / 2, d = c->head_dim;
+    const int d = c->head_dim;
     float *q = f->q + (size_t)r * nq, *k = f->k + (size_t)r * nk, *v = f->v + (size_t)r * nv;
     if (L->bq) {
         add_into(q, L->bq, nq);
         add_into(k, L->bk, nk);
         add_into(v, L->bv, nv);
     }
-    const float *cs = f->rope_cos + ((size_t)r * 2 + L->rope_set) * half, *sn = f->rope_sin + ((size_t)r * 2 + L->rope_set) * half;
-    for (int h = 0; h < c->n_heads; h++) {
-        if (L->q_norm) rms_norm(f, q + h * d, L->q_norm, q + h * d, d);
-        rope(q + h * d, cs, sn, half, c->rope_neox);
+    if (L->q_norm && c->qk_norm_whole) {
+        rms_norm(f, q, L->q_norm, q, nq);
+        rms_norm(f, k, L->k_norm, k, nk);
     }
+    for (int h = 0; h < c->n_heads; h++) head_norm_rope(f, L, L->q_norm, q + h * d, r);
+    float temp = temperature(c, f->row_pos[r]);
+    if (temp != 1.0f) f->vo->scale(q, nq, temp);
     f->vo->scale(q, nq, c->attn_scale);
     const hk_seq *s = &f->seqs[f->row_seq[r]];
     for (int h = 0; h < c->n_kv_heads; h++) {
-        if (L->k_norm) rms_norm(f, k + h * d, L->k_norm, k + h * d, d);
-        rope(k + h * d, cs, sn, half, c->rope_neox);
+        head_norm_rope(f, L, L->k_norm, k + h * d, r);
         size_t at = kv_slot(f, s, layer, h, r);
         const float *vh = v + (size_t)h * c->v_head_dim;
         if (s->kv_f16) {
@@ -266,13 +302,20 @@ static void row_attn_out(const fwd *f, int layer, int r) {
     hk_prepare_acts(f->isa, &f->acts, f->att_out + (size_t)r * width, width, hk_act_kinds(&L->wo, NULL, NULL), r);
 }
 
+/* x += the block's output o, post-normed and scaled as the architecture asks. */
+static void residual_add(const fwd *f, float *x, float *o, const float *post_norm) {
+    const int n_embd = f->c->n_embd;
+    if (post_norm) rms_norm(f, o, post_norm, o, n_embd);
+    if (f->c->residual_scale != 1.0f) f->vo->scale(o, n_embd, f->c->residual_scale);
+    add_into(x, o, n_embd);
+}
+
 static void row_ffn_in(const fwd *f, int layer, int r) {
     const hk_layer *L = &f->m->layers[layer];
     const int n_embd = f->c->n_embd;
     float *x = f->x + (size_t)r * n_embd, *o = f->o + (size_t)r * n_embd, *h = f->h + (size_t)r * n_embd;
-    if (L->post_attn_norm) rms_norm(f, o, L->post_attn_norm, o, n_embd);
-    add_into(x, o, n_embd);
-    rms_norm(f, x, L->ffn_norm, h, n_embd);
+    residual_add(f, x, o, L->post_attn_norm);
+    block_input(f, x, L->ffn_norm, h);
     hk_prepare_acts(f->isa, &f->acts, h, n_embd, hk_act_kinds(&L->gate, &L->up, NULL), r);
 }
 
@@ -282,11 +325,8 @@ static void row_down_in(const fwd *f, int layer, int r) {
 }
 
 static void row_ffn_out(const fwd *f, int layer, int r) {
-    const hk_layer *L = &f->m->layers[layer];
     const int n_embd = f->c->n_embd;
-    float *x = f->x + (size_t)r * n_embd, *o = f->o + (size_t)r * n_embd;
-    if (L->post_ffn_norm) rms_norm(f, o, L->post_ffn_norm, o, n_embd);
-    add_into(x, o, n_embd);
+    residual_add(f, f->x + (size_t)r * n_embd, f->o + (size_t)r * n_embd, f->m->layers[layer].post_ffn_norm);
 }
 
 /* Output row i (of the rows that want logits): final norm of its hidden state, quantized for the output. */
@@ -295,6 +335,15 @@ static void row_output_in(const fwd *f, int layer, int i) {
     float *h = f->h + (size_t)i * n_embd;
     rms_norm(f, f->x + (size_t)f->out_rows[i] * n_embd, f->m->output_norm, h, n_embd);
     hk_prepare_acts(f->isa, &f->acts, h, n_embd, hk_act_kinds(&f->m->output, NULL, NULL), i);
+}
+
+/* Output row i's logits: the logit scale, then the final softcap. */
+static void row_output_post(const fwd *f, int layer, int i) {
+    const hk_config *c = f->c;
+    float *logits = f->logits + (size_t)i * c->n_vocab;
+    (void)layer;
+    if (c->logit_scale != 1.0f) f->vo->scale(logits, c->n_vocab, c->logit_scale);
+    if (c->final_softcap > 0.0f) hk_softcap(logits, c->n_vocab, c->final_softcap);
 }
 
 typedef void (*row_fn)(const fwd *f, int layer, int r);
@@ -309,6 +358,7 @@ static row_fn row_function(int kind) {
     case PH_DOWN_IN: return row_down_in;
     case PH_FFN_OUT: return row_ffn_out;
     case PH_OUT_IN: return row_output_in;
+    case PH_OUT_POST: return row_output_post;
     default: return NULL;
     }
 }
@@ -333,7 +383,7 @@ static void count_units(fwd *f) {
     for (int p = 0; p < f->n_phases; p++) {
         int kind, layer;
         phase_of(f, p, &kind, &layer);
-        int rows = kind == PH_OUT_IN ? f->n_out : f->n;
+        int rows = kind >= PH_OUT_IN ? f->n_out : f->n;
         if (row_function(kind)) {
             f->phase_units[p] = (rows + f->rows_per_unit - 1) / f->rows_per_unit;
         } else if (kind == PH_ATTEND) {
@@ -351,7 +401,7 @@ static void run_units(const fwd *f, int p, atomic_int *claimed, atomic_int *done
     phase_of(f, p, &kind, &layer);
     row_fn fn = row_function(kind);
     if (fn) {
-        int rows = kind == PH_OUT_IN ? f->n_out : f->n;
+        int rows = kind >= PH_OUT_IN ? f->n_out : f->n;
         while ((u = atomic_fetch_add_explicit(claimed, 1, memory_order_relaxed)) < n_units) {
             for (int r = u * f->rows_per_unit, end = imin(rows, r + f->rows_per_unit); r < end; r++) fn(f, layer, r);
             atomic_fetch_add_explicit(done, 1, memory_order_release);
@@ -442,7 +492,7 @@ static void plan_call(fwd *f, int logits_mode) {
     /* about four units per thread; down to one row each, so the rows of a small decode batch are shared out
        too (a row's work is the same on any thread) */
     f->rows_per_unit = imax(1, f->n / (hk_pool_threads() * 4));
-    f->n_phases = 1 + LAYER_PHASES * m->c.n_layers + (f->n_out ? 2 : 0);
+    f->n_phases = 1 + LAYER_PHASES * m->c.n_layers + (f->n_out ? 2 + logits_post(&m->c) : 0);
     count_units(f);
     for (int i = 0; i < 2 * f->n_phases; i++) atomic_init(&f->phase_sync[i], 0);
 }

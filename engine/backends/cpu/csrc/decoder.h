@@ -17,19 +17,31 @@ typedef struct {
 
 typedef struct {
     hk_matrix wq, wk, wv, wo, gate, up, down;
-    const float *attn_norm, *ffn_norm;             /* (n_embd,) */
+    const float *attn_norm, *ffn_norm;             /* NULL (no norm before the block), or (n_embd,) */
     const float *bq, *bk, *bv;                     /* NULL, or (n_heads * head_dim,) / (n_kv_heads * head_dim,) */
-    const float *q_norm, *k_norm;                  /* NULL, or (head_dim,) */
+    const float *q_norm, *k_norm;                  /* NULL, or (head_dim,) per head; with qk_norm_whole the whole
+                                                      projection: (n_heads * head_dim,) / (n_kv_heads * head_dim,) */
     const float *post_attn_norm, *post_ffn_norm;   /* NULL, or (n_embd,) */
-    int rope_set;                                  /* row of hk_model.inv_freq this layer rotates with */
+    int rope_set;                                  /* row of hk_model.inv_freq this layer rotates with; -1: no RoPE */
     int window;                                    /* 0, or keys with q_pos - k_pos < window only */
 } hk_layer;
 
 typedef struct {
     int n_layers, n_embd, n_ff, n_heads, n_kv_heads, head_dim, v_head_dim, n_vocab;
     int rope_dim, rope_neox, gelu, max_rows;
+    int n_rope_sets;      /* rows of hk_model.inv_freq (1 to HK_MAX_ROPE_SETS) */
+    int qk_norm_whole;    /* 1: q_norm and k_norm normalise the whole projection, before the split into heads */
+    int attn_temp_floor;  /* temperature tuning: positions per step of the query scale; 0 = off */
     float rms_eps, embed_scale, attn_scale;
+    float attn_softcap;   /* scores become c * tanh(scores / c) before the softmax; 0 = off */
+    float final_softcap;  /* logits become c * tanh(logits / c); 0 = off */
+    float residual_scale; /* attention and FFN block outputs are multiplied by it before their residual add */
+    float logit_scale;    /* logits are multiplied by it (before the final softcap) */
+    float rope_mscale;    /* cos and sin of every rotation are multiplied by it */
+    float attn_temp_scale; /* queries after RoPE: * (log(floor(pos / attn_temp_floor) + 1) * scale + 1) */
 } hk_config;
+
+#define HK_MAX_ROPE_SETS 8
 
 /* Scratch reused by every call: float32 activations of up to max_rows rows (the views: decoder.c, layout),
    and the attention's tasks and partial states, which grow with the context (never shrunk). */
@@ -45,8 +57,7 @@ typedef struct {
     hk_layer *layers;
     hk_matrix embd, output;
     const float *output_norm;
-    int n_rope_sets;
-    const double *inv_freq; /* (n_rope_sets, rope_dim / 2) */
+    const double *inv_freq; /* (c.n_rope_sets, rope_dim / 2): the effective inverse frequencies of engine/rope.py */
     hk_arena arena;
 } hk_model;
 
@@ -63,7 +74,8 @@ typedef struct {
 enum { HK_LOGITS_NONE = 0, HK_LOGITS_LAST = 1, HK_LOGITS_ALL = 2 };
 
 /* Allocate the scratch arena for c->max_rows rows. The layers, matrices and inv_freq stay owned by the
-   caller and must outlive the model. Returns 0, or -1 when out of memory. */
+   caller and must outlive the model. Returns 0, -1 when out of memory, or -3 for a model it cannot run (RoPE
+   sets out of 1..HK_MAX_ROPE_SETS, sliding layers of different windows). */
 int hk_model_init(hk_model *m);
 void hk_model_free(hk_model *m);
 

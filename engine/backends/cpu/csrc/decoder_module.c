@@ -6,6 +6,7 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
+#include <math.h>
 #include <stdlib.h>
 
 #include "decoder.h"
@@ -77,13 +78,14 @@ static int take_layer(handle *h, PyObject *spec, int il, hk_layer *L) {
     for (int i = 0; i < 18; i++) o[i] = PyTuple_GET_ITEM(spec, i);
     int nq = c->n_heads * c->head_dim, nk = c->n_kv_heads * c->head_dim, nv = c->n_kv_heads * c->v_head_dim;
     int na = c->n_heads * c->v_head_dim;
+    int q_norm_n = c->qk_norm_whole ? nq : c->head_dim, k_norm_n = c->qk_norm_whole ? nk : c->head_dim;
     if (take_matrix(h, o[0], nq, c->n_embd, &L->wq, "wq") || take_matrix(h, o[1], nk, c->n_embd, &L->wk, "wk") ||
         take_matrix(h, o[2], nv, c->n_embd, &L->wv, "wv") || take_matrix(h, o[3], c->n_embd, na, &L->wo, "wo") ||
         take_matrix(h, o[4], c->n_ff, c->n_embd, &L->gate, "gate") || take_matrix(h, o[5], c->n_ff, c->n_embd, &L->up, "up") ||
         take_matrix(h, o[6], c->n_embd, c->n_ff, &L->down, "down") ||
-        take_vector(h, o[7], c->n_embd, 0, &L->attn_norm, "attn_norm") || take_vector(h, o[8], c->n_embd, 0, &L->ffn_norm, "ffn_norm") ||
+        take_vector(h, o[7], c->n_embd, 1, &L->attn_norm, "attn_norm") || take_vector(h, o[8], c->n_embd, 1, &L->ffn_norm, "ffn_norm") ||
         take_vector(h, o[9], nq, 1, &L->bq, "bq") || take_vector(h, o[10], nk, 1, &L->bk, "bk") || take_vector(h, o[11], nv, 1, &L->bv, "bv") ||
-        take_vector(h, o[12], c->head_dim, 1, &L->q_norm, "q_norm") || take_vector(h, o[13], c->head_dim, 1, &L->k_norm, "k_norm") ||
+        take_vector(h, o[12], q_norm_n, 1, &L->q_norm, "q_norm") || take_vector(h, o[13], k_norm_n, 1, &L->k_norm, "k_norm") ||
         take_vector(h, o[14], c->n_embd, 1, &L->post_attn_norm, "post_attn_norm") ||
         take_vector(h, o[15], c->n_embd, 1, &L->post_ffn_norm, "post_ffn_norm"))
         return -1;
@@ -91,21 +93,29 @@ static int take_layer(handle *h, PyObject *spec, int il, hk_layer *L) {
     L->window = (int)PyLong_AsLong(o[17]);
     if (PyErr_Occurred()) return -1;
     if ((L->bq == NULL) != (L->bk == NULL) || (L->bq == NULL) != (L->bv == NULL) || (L->q_norm == NULL) != (L->k_norm == NULL) ||
-        L->rope_set < 0 || L->rope_set >= h->m.n_rope_sets || L->window < 0) {
+        L->rope_set < -1 || L->rope_set >= c->n_rope_sets || L->window < 0) {
         PyErr_Format(PyExc_ValueError, "layer %d: inconsistent biases, norms, RoPE set or window", il);
         return -1;
     }
     return 0;
 }
 
+/* ints: n_layers, n_embd, n_ff, n_heads, n_kv_heads, head_dim, v_head_dim, n_vocab, rope_dim, rope_neox, gelu,
+   max_rows, qk_norm_whole, attn_temp_floor; floats: rms_eps, embed_scale, attn_scale, attn_softcap, final_softcap,
+   residual_scale, logit_scale, rope_mscale, attn_temp_scale (decoder.h, hk_config). */
 static int take_config(hk_config *c, PyObject *ints, PyObject *floats) {
-    if (!PyArg_ParseTuple(ints, "iiiiiiiiiiii", &c->n_layers, &c->n_embd, &c->n_ff, &c->n_heads, &c->n_kv_heads, &c->head_dim,
-                          &c->v_head_dim, &c->n_vocab, &c->rope_dim, &c->rope_neox, &c->gelu, &c->max_rows) ||
-        !PyArg_ParseTuple(floats, "fff", &c->rms_eps, &c->embed_scale, &c->attn_scale))
+    if (!PyArg_ParseTuple(ints, "iiiiiiiiiiiiii", &c->n_layers, &c->n_embd, &c->n_ff, &c->n_heads, &c->n_kv_heads, &c->head_dim,
+                          &c->v_head_dim, &c->n_vocab, &c->rope_dim, &c->rope_neox, &c->gelu, &c->max_rows, &c->qk_norm_whole,
+                          &c->attn_temp_floor) ||
+        !PyArg_ParseTuple(floats, "fffffffff", &c->rms_eps, &c->embed_scale, &c->attn_scale, &c->attn_softcap, &c->final_softcap,
+                          &c->residual_scale, &c->logit_scale, &c->rope_mscale, &c->attn_temp_scale))
         return -1;
     if (c->n_layers < 1 || c->n_embd < 1 || c->n_ff < 1 || c->n_heads < 1 || c->n_kv_heads < 1 || c->n_heads % c->n_kv_heads ||
         c->head_dim < 1 || c->v_head_dim < 1 || c->head_dim + c->v_head_dim > 16384 || c->n_vocab < 1 || c->rope_dim < 0 ||
-        c->rope_dim % 2 || c->rope_dim > c->head_dim || c->max_rows < 1 || c->max_rows > 65536) {
+        c->rope_dim % 2 || c->rope_dim > c->head_dim || c->max_rows < 1 || c->max_rows > 65536 || c->attn_temp_floor < 0 ||
+        !(c->attn_softcap >= 0.0f) || !(c->final_softcap >= 0.0f) || !isfinite(c->residual_scale) || !isfinite(c->logit_scale) ||
+        !isfinite(c->rope_mscale) || !isfinite(c->attn_temp_scale) ||
+        !isfinite(c->attn_softcap) || !isfinite(c->final_softcap)) {
         PyErr_SetString(PyExc_ValueError, "decoder configuration out of range");
         return -1;
     }
@@ -123,11 +133,11 @@ static PyObject *py_decoder_new(PyObject *self, PyObject *args) {
     if (!(h->keep = PyList_New(0)) || take_config(&m->c, ints, floats) != 0) goto fail;
     PyArrayObject *fr = (PyArrayObject *)inv_freq;
     if (!PyArray_Check(inv_freq) || PyArray_TYPE(fr) != NPY_FLOAT64 || PyArray_NDIM(fr) != 2 || !PyArray_IS_C_CONTIGUOUS(fr) ||
-        PyArray_DIM(fr, 0) < 1 || PyArray_DIM(fr, 0) > 2 || PyArray_DIM(fr, 1) != m->c.rope_dim / 2) {
-        PyErr_SetString(PyExc_ValueError, "inv_freq must be a contiguous float64 array (1 or 2, rope_dim / 2)");
+        PyArray_DIM(fr, 0) < 1 || PyArray_DIM(fr, 0) > HK_MAX_ROPE_SETS || PyArray_DIM(fr, 1) != m->c.rope_dim / 2) {
+        PyErr_Format(PyExc_ValueError, "inv_freq must be a contiguous float64 array (1 to %d, rope_dim / 2)", HK_MAX_ROPE_SETS);
         goto fail;
     }
-    m->n_rope_sets = (int)PyArray_DIM(fr, 0);
+    m->c.n_rope_sets = (int)PyArray_DIM(fr, 0);
     m->inv_freq = (const double *)PyArray_DATA(fr);
     if (keep(h, inv_freq) || take_matrix(h, embd, m->c.n_vocab, m->c.n_embd, &m->embd, "token_embd") ||
         take_matrix(h, output, m->c.n_vocab, m->c.n_embd, &m->output, "output") ||
@@ -147,7 +157,11 @@ static PyObject *py_decoder_new(PyObject *self, PyObject *args) {
         Py_XDECREF(spec);
         if (rc != 0) goto fail;
     }
-    if (hk_model_init(m) != 0) {
+    int rc = hk_model_init(m);
+    if (rc == -3) {
+        PyErr_SetString(PyExc_ValueError, "the CPU decoder takes one sliding window size for all sliding layers");
+        goto fail;
+    } else if (rc != 0) {
         PyErr_NoMemory();
         goto fail;
     }

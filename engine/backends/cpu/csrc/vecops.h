@@ -42,6 +42,9 @@ extern const hk_vecops hk_vecops_avx512;
 /* The table matching the kernels' active ISA (hk_isa_name()). */
 const hk_vecops *hk_vecops_active(void);
 
+/* x = cap * tanh(x / cap): gemma2's soft-capping of attention scores and of logits (cap > 0). */
+void hk_softcap(float *x, int n, float cap);
+
 /* Round-to-nearest-even float -> float16 bits (what F16C's conversion gives). */
 uint16_t hk_f32_to_f16(float f);
 

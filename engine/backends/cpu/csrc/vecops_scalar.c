@@ -26,6 +26,11 @@ uint16_t hk_f32_to_f16(float f) {
     return (uint16_t)(sign | h);
 }
 
+void hk_softcap(float *x, int n, float cap) {
+    const float inv = 1.0f / cap;
+    for (int i = 0; i < n; i++) x[i] = cap * tanhf(x[i] * inv);
+}
+
 static void scores_scalar(const float *q, int qs, int nr, const float *k, int d, int n, float *s, int ss) {
     for (int r = 0; r < nr; r++)
         for (int j = 0; j < n; j++) {

@@ -1,4 +1,4 @@
-"""Load GGUF tensors into MLX arrays: quantized matrices repacked to MLX affine form, dense ones as stored.
+"""Load GGUF tensors into MLX arrays: quantized matrices repacked to their MLX layout (repack.py), dense ones as stored.
 
 Tensor bytes are read with positional reads in chunks of rows, never through the file's memory map, so the
 file's pages stay in the page cache and do not count toward this process's resident memory; each chunk is
@@ -15,9 +15,9 @@ import mlx.core as mx
 import numpy as np
 from ...ggml_types import GGML_QUANT_SIZES, GGMLQuantizationType
 from ...gguf_file import GGUFFile, ModelFormatError
-from .repack import DENSE_ITEMSIZE, GROUP, REPACKS, repack_rows
+from .repack import DENSE_ITEMSIZE, GROUP, REPACKS, SUB_BLOCK, Rows, mlx_bytes, repack_rows
 
-CHUNK_ELEMENTS = 1 << 16  # weights repacked at a time: each float32 temporary of a requantization is 256 KiB
+CHUNK_ELEMENTS = 1 << 16  # weights repacked at a time: each float32 temporary of a repack is 256 KiB
 RESIDUAL_DTYPE = mx.float32  # the residual stream, embeddings, the main norms and the logits
 
 
@@ -94,7 +94,8 @@ class SymmetricMatrix:
 
 @dataclasses.dataclass(frozen=True)
 class DenseMatrix:
-    """A (rows, cols) weight kept in its stored float type (float32, float16 or bfloat16)."""
+    """A (rows, cols) weight as float values: a stored float type (float32, float16, bfloat16), or float16 for a
+    GGML type whose scales change too often for an MLX group (repack.py)."""
 
     weight: mx.array  # (rows, cols)
 
@@ -109,7 +110,64 @@ class DenseMatrix:
         return self.weight.nbytes
 
 
-Matrix = QuantizedMatrix | SymmetricMatrix | DenseMatrix
+@dataclasses.dataclass(frozen=True)
+class MxfpMatrix:
+    """A (rows, cols) weight in MLX's mxfp4 layout: E2M1 codes with an E8M0 exponent per 32 (GGUF's MXFP4)."""
+
+    packed: mx.array  # (rows, cols // 8) uint32
+    scales: mx.array  # (rows, cols // GROUP) uint8
+    bits = 4
+
+    def matmul(self, x: mx.array) -> mx.array:
+        """``x @ W.T`` for x (..., cols) -> (..., rows)."""
+        return mx.quantized_matmul(x, self.packed, self.scales, transpose=True, group_size=GROUP, bits=4,
+                                   mode="mxfp4")
+
+    def rows(self, ids: mx.array) -> mx.array:
+        """Rows ``ids`` dequantized to float32, (n, cols)."""
+        return mx.dequantize(self.packed[ids], self.scales[ids], group_size=GROUP, bits=4, mode="mxfp4",
+                             dtype=mx.float32)
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes + self.scales.nbytes
+
+
+@dataclasses.dataclass(frozen=True)
+class PairMatrix:
+    """A (rows, cols) weight whose scales change every 16 elements (Q6_K, Q3_K, Q2_K), held exactly as two
+    symmetric terms per row (``terms`` row 2r has the even 16-element sub-blocks of each group of 32 of row r,
+    row 2r + 1 the odd ones, each zero elsewhere) plus, for Q2_K, per-16 offsets applied to the 16-element
+    sums of the input. One quantized product over both terms, then a sum of each row's two outputs.
+    """
+
+    terms: SymmetricMatrix  # (2 * rows, cols)
+    offsets: mx.array | None  # (rows, cols // 16) float16
+
+    def matmul(self, x: mx.array) -> mx.array:
+        """``x @ W.T`` for x (..., cols) -> (..., rows)."""
+        y = self.terms.matmul(x)  # (..., 2 * rows)
+        y = y.reshape(*y.shape[:-1], -1, 2).sum(axis=-1)
+        if self.offsets is not None:
+            sums = x.reshape(*x.shape[:-1], -1, SUB_BLOCK).sum(axis=-1)  # (..., cols // 16)
+            y = y + sums @ self.offsets.T
+        return y.astype(x.dtype)
+
+    def rows(self, ids: mx.array) -> mx.array:
+        """Rows ``ids`` dequantized to float32, (n, cols): the two terms' rows summed (one of each pair is 0)."""
+        ids = ids.reshape(-1)
+        both = self.terms.rows((2 * ids[:, None] + mx.arange(2)).reshape(-1))  # (2n, cols)
+        w = both.reshape(ids.shape[0], 2, -1).sum(axis=1)
+        if self.offsets is not None:
+            w = w + mx.repeat(self.offsets[ids].astype(mx.float32), SUB_BLOCK, axis=1)
+        return w
+
+    @property
+    def nbytes(self) -> int:
+        return self.terms.nbytes + (0 if self.offsets is None else self.offsets.nbytes)
+
+
+Matrix = QuantizedMatrix | SymmetricMatrix | DenseMatrix | MxfpMatrix | PairMatrix
 
 
 class TensorReader:
@@ -150,12 +208,8 @@ def mlx_weight_bytes(gguf: GGUFFile) -> int:
         n = info.n_elements
         if len(info.shape) == 1:
             total += 4 * n  # vectors: float32 (float16 for those applied to float16 activations: an upper bound)
-        elif info.qtype in DENSE_ITEMSIZE:
-            total += DENSE_ITEMSIZE[info.qtype] * n
-        elif info.qtype in REPACKS:
-            repack = REPACKS[info.qtype]
-            per_group = 2 if repack.zero_code is not None else 4  # float16 scale and bias (SymmetricMatrix: no bias)
-            total += n * repack.bits // 8 + n // GROUP * per_group
+        elif info.qtype in DENSE_ITEMSIZE or info.qtype in REPACKS:
+            total += mlx_bytes(info.qtype, n)
         else:
             total += info.nbytes  # refused at load anyway
     return total
@@ -168,31 +222,53 @@ def load_matrix(reader: TensorReader, name: str) -> Matrix:
         return DenseMatrix(_dense(reader, name, qtype))
     if qtype not in REPACKS:
         raise ModelFormatError(f"tensor {name!r} has type {qtype.name}, which the MLX backend does not support")
+    return matrix_from_parts(qtype, _repacked(reader, name, qtype))
+
+
+def matrix_from_parts(qtype: GGMLQuantizationType, parts: dict[str, mx.array]) -> Matrix:
+    """The Matrix kind of ``qtype``'s layout over its arrays (the fields of repack's rows, as MLX arrays)."""
     repack = REPACKS[qtype]
+    if repack.layout == "mxfp4":
+        return MxfpMatrix(parts["packed"], parts["scales"])
+    if repack.layout == "dense":
+        return DenseMatrix(parts["weight"])
+    if repack.layout == "pairs":
+        packed, scales = parts["packed"], parts["scales"]  # (rows, 2, ...): rows of the two terms interleaved
+        terms = SymmetricMatrix(packed.reshape(-1, packed.shape[-1]), scales.reshape(-1, scales.shape[-1]),
+                                repack.zero_code, repack.bits)
+        return PairMatrix(terms, parts.get("offsets"))
     if repack.zero_code is not None:
-        packed, scales, _ = _repacked(reader, name, qtype, with_biases=False)
-        return SymmetricMatrix(packed, scales, repack.zero_code, repack.bits)
-    return QuantizedMatrix(*_repacked(reader, name, qtype), repack.bits)
+        return SymmetricMatrix(parts["packed"], parts["scales"], repack.zero_code, repack.bits)
+    return QuantizedMatrix(parts["packed"], parts["scales"], parts["biases"], repack.bits)
 
 
-def _repacked(reader: TensorReader, name: str, qtype: GGMLQuantizationType,
-              with_biases: bool = True) -> tuple[mx.array, mx.array, mx.array | None]:
-    """(packed, scales, biases or None) of tensor ``name`` in MLX affine form, repacked chunk by chunk."""
-    info, bits = reader.gguf.tensor(name), REPACKS[qtype].bits
+def rows_to_mlx(rows: Rows, qtype: GGMLQuantizationType) -> dict[str, mx.array]:
+    """Repacked NumPy rows -> the MLX arrays a Matrix holds (a symmetric type's biases are left out)."""
+    skip = {"biases"} if REPACKS[qtype].zero_code is not None else set()
+    return {f.name: mx.array(getattr(rows, f.name)) for f in dataclasses.fields(rows)
+            if getattr(rows, f.name) is not None and f.name not in skip}
+
+
+def _repacked(reader: TensorReader, name: str, qtype: GGMLQuantizationType) -> dict[str, mx.array]:
+    """The arrays of tensor ``name`` in its MLX layout, repacked chunk by chunk into preallocated arrays."""
+    info = reader.gguf.tensor(name)
     n_rows, cols = int(np.prod(info.shape[1:])), info.shape[0]
     if cols % GROUP:
         raise ModelFormatError(f"tensor {name!r}: row length {cols} is not a multiple of {GROUP}")
-    arrays = [mx.zeros((n_rows, cols * bits // 32), mx.uint32), mx.zeros((n_rows, cols // GROUP), mx.float16)]
-    if with_biases:
-        arrays.append(mx.zeros((n_rows, cols // GROUP), mx.float16))
+    arrays: dict[str, mx.array] = {}
     step = max(1, CHUNK_ELEMENTS // cols)
     for start in range(0, n_rows, step):
         stop = min(n_rows, start + step)
-        chunk = repack_rows(reader.read_rows(name, start, stop), qtype)
-        for array, part in zip(arrays, (chunk.packed, chunk.scales, chunk.biases)):
-            array[start:stop] = mx.array(part)
-        mx.eval(arrays)  # write in place now, so only one chunk is ever pending
-    return arrays[0], arrays[1], arrays[2] if with_biases else None
+        try:
+            chunk = rows_to_mlx(repack_rows(reader.read_rows(name, start, stop), qtype), qtype)
+        except ValueError as e:
+            raise ModelFormatError(f"tensor {name!r}: {e}") from e
+        for key, part in chunk.items():
+            if key not in arrays:  # allocated once, from the first chunk's shapes and dtypes
+                arrays[key] = mx.zeros((n_rows, *part.shape[1:]), part.dtype)
+            arrays[key][start:stop] = part
+        mx.eval(list(arrays.values()))  # write in place now, so only one chunk is ever pending
+    return arrays
 
 
 def _dense(reader: TensorReader, name: str, qtype: GGMLQuantizationType) -> mx.array:

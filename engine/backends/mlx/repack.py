@@ -9,7 +9,8 @@ ones set to a code of value 0), the second with the odd ones, summed after the p
 float16 matrix of per-16 offsets applied to the 16-element sums of the input. ``dense`` is float16.
 
 "Exact" below means bit for bit; "fp16 scales" means exact up to rounding the product of the block's scales to
-float16 (relative error at most 2^-11 on each group's scale and bias); "fp16 values" means each weight rounded
+float16: where the bias is a multiple of the scale (every layout but Q4_K's, Q5_K's and Q2_K's offsets) each
+weight is within 2^-11 of its own magnitude; elsewhere within 2^-11 of the scale and bias terms; "fp16 values" means each weight rounded
 to float16 (the same bound per weight). Memory is bits per weight in MLX against the GGUF file (``mlx_bytes``):
 
 =======  ========  ==============================================  ===========  ====  ====
@@ -32,7 +33,7 @@ IQ4_XS   affine    int8 codebook value + 128, scale d*(ls-32)      fp16 scales  
 MXFP4    mxfp4     E2M1 codes and E8M0 scales as stored            exact        4.25  4.25
 IQ2_XXS  affine    grid value * sign + 128 (8-bit), per 32         fp16 scales  8.5   2.06
 IQ3_XXS  affine    grid value * sign + 128 (8-bit), per 32         fp16 scales  8.5   3.06
-IQ3_S    affine    (grid value * sign + 15) / 2 (4-bit), per 32    fp16 scales  5     3.44
+IQ3_S    affine    grid value * sign + 16 (5-bit), per 32          fp16 scales  5.5   3.44
 IQ1_S    affine    8 * (grid value + delta) + 16 (5-bit), per 32   fp16 scales  5.5   1.56
 IQ2_XS   dense     float16 (scales per 16: 8-bit pairs would cost 17)  fp16 values  16    2.31
 IQ2_S    dense     float16 (scales per 16)                         fp16 values  16    2.56
@@ -284,17 +285,14 @@ GRID_SCALES: dict[GGMLQuantizationType, Callable[[np.ndarray], np.ndarray]] = { 
 }
 
 
-def _grid(qtype: GGMLQuantizationType, zero_code: int, halve: bool = False) -> Callable[[np.ndarray], Unpacked]:
-    """Codes ``value / scale + zero_code`` per 32 (``halve``: ``(value / scale + zero_code) / 2`` on odd values,
-    with the scale doubled and a bias of ``-zero_code`` scales)."""
+def _grid(qtype: GGMLQuantizationType, zero_code: int) -> Callable[[np.ndarray], Unpacked]:
+    """Codes ``value / scale + zero_code`` with the type's scale per 32 (``GRID_SCALES``)."""
     def unpack(b: np.ndarray) -> Unpacked:
         from gguf.quants import dequantize  # here: the gguf package costs every process about 6 MB resident
 
         s = GRID_SCALES[qtype](b).astype(np.float32)  # (n, 8)
         values = dequantize(b, qtype).reshape(b.shape[0], 8, GROUP)
         k = np.rint(values / np.where(s == 0, 1, s)[..., None]) + zero_code
-        if halve:
-            return (k // 2).astype(np.uint8).reshape(b.shape[0], -1), 2 * s, -zero_code * s
         return k.astype(np.uint8).reshape(b.shape[0], -1), s, -zero_code * s
     return unpack
 
@@ -325,7 +323,7 @@ REPACKS: dict[GGMLQuantizationType, Repack] = {
     Q.MXFP4: Repack("mxfp4", 4, "exact", _mxfp4),
     Q.IQ2_XXS: Repack("affine", 8, "fp16-scales", _grid(Q.IQ2_XXS, 128), zero_code=128),
     Q.IQ3_XXS: Repack("affine", 8, "fp16-scales", _grid(Q.IQ3_XXS, 128), zero_code=128),
-    Q.IQ3_S: Repack("affine", 4, "fp16-scales", _grid(Q.IQ3_S, 15, halve=True)),
+    Q.IQ3_S: Repack("affine", 5, "fp16-scales", _grid(Q.IQ3_S, 16), zero_code=16),
     Q.IQ1_S: Repack("affine", 5, "fp16-scales", _grid(Q.IQ1_S, 16), zero_code=16),
     Q.IQ2_XS: Repack("dense", 16, "fp16-values", _dense(Q.IQ2_XS)),
     Q.IQ2_S: Repack("dense", 16, "fp16-values", _dense(Q.IQ2_S)),
@@ -394,8 +392,10 @@ def repack_rows(blocks: np.ndarray, qtype: GGMLQuantizationType) -> Rows:
     parts = repack.unpack(np.ascontiguousarray(blocks).reshape(-1, type_size))
     if repack.layout == "affine":
         codes, scales, biases = parts
-        return AffineRows(pack_codes(codes.reshape(rows, cols), repack.bits),
-                          to_float16(scales.reshape(rows, cols // GROUP), f"{qtype.name} scales"),
+        scales = to_float16(scales.reshape(rows, cols // GROUP), f"{qtype.name} scales")
+        if repack.zero_code is not None:  # from the rounded scales, as a SymmetricMatrix makes them
+            biases = scales * np.float16(-repack.zero_code)
+        return AffineRows(pack_codes(codes.reshape(rows, cols), repack.bits), scales,
                           to_float16(biases.reshape(rows, cols // GROUP), f"{qtype.name} biases"))
     if repack.layout == "mxfp4":
         codes, exponents = parts

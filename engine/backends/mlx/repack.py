@@ -368,6 +368,20 @@ def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
 
 
 
+def mlx_weight_bytes(gguf) -> int:
+    """The bytes the MLX backend will allocate for a parsed GGUF's weights, from its tensor table alone."""
+    total = 0
+    for info in gguf.tensors.values():
+        n = info.n_elements
+        if len(info.shape) == 1:
+            total += 4 * n  # vectors: float32 (float16 for those applied to float16 activations: an upper bound)
+        elif info.qtype in DENSE_ITEMSIZE or info.qtype in REPACKS:
+            total += mlx_bytes(info.qtype, n)
+        else:
+            total += info.nbytes  # refused at load anyway
+    return total
+
+
 def to_float16(values: np.ndarray, what: str) -> np.ndarray:
     """float32 -> float16, refusing values past float16's range (a corrupt block) instead of making infinities."""
     with np.errstate(over="ignore"):

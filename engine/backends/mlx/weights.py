@@ -15,7 +15,8 @@ import mlx.core as mx
 import numpy as np
 from ...ggml_types import GGML_QUANT_SIZES, GGMLQuantizationType
 from ...gguf_file import GGUFFile, ModelFormatError
-from .repack import DENSE_ITEMSIZE, GROUP, REPACKS, SUB_BLOCK, Rows, mlx_bytes, repack_rows
+from .repack import DENSE_ITEMSIZE, GROUP, REPACKS, SUB_BLOCK, Rows, repack_rows
+from .repack import mlx_weight_bytes  # noqa: F401  (the backend's fit check takes it from here)
 
 CHUNK_ELEMENTS = 1 << 16  # weights repacked at a time: each float32 temporary of a repack is 256 KiB
 RESIDUAL_DTYPE = mx.float32  # the residual stream, embeddings, the main norms and the logits
@@ -129,6 +130,10 @@ class MxfpMatrix:
                              dtype=mx.float32)
 
     @property
+    def n_rows(self) -> int:
+        return self.packed.shape[0]
+
+    @property
     def nbytes(self) -> int:
         return self.packed.nbytes + self.scales.nbytes
 
@@ -161,6 +166,10 @@ class PairMatrix:
         if self.offsets is not None:
             w = w + mx.repeat(self.offsets[ids].astype(mx.float32), SUB_BLOCK, axis=1)
         return w
+
+    @property
+    def n_rows(self) -> int:
+        return self.terms.packed.shape[0] // 2
 
     @property
     def nbytes(self) -> int:
@@ -199,20 +208,6 @@ class TensorReader:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-
-def mlx_weight_bytes(gguf: GGUFFile) -> int:
-    """The bytes the MLX backend will allocate for ``gguf``'s weights, from the tensor table alone."""
-    total = 0
-    for info in gguf.tensors.values():
-        n = info.n_elements
-        if len(info.shape) == 1:
-            total += 4 * n  # vectors: float32 (float16 for those applied to float16 activations: an upper bound)
-        elif info.qtype in DENSE_ITEMSIZE or info.qtype in REPACKS:
-            total += mlx_bytes(info.qtype, n)
-        else:
-            total += info.nbytes  # refused at load anyway
-    return total
 
 
 def load_matrix(reader: TensorReader, name: str) -> Matrix:

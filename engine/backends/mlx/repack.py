@@ -6,9 +6,12 @@ bias) per group of 32 columns, ``w = scale * code + bias``. ``mxfp4`` is MLX's m
 an E8M0 scale per 32). ``pairs`` holds a type whose scales change every 16 elements, which no MLX group can
 express: two affine terms per row, the first with the even 16-element sub-blocks of each group of 32 (the odd
 ones set to a code of value 0), the second with the odd ones, summed after the product, plus for Q2_K a
-float16 matrix of per-16 offsets applied to the 16-element sums of the input. ``dense`` is float16.
+matrix of per-16 offsets applied to the 16-element sums of the input. Its scales (and offsets) stay factored
+as the file has them, a small integer per 16 times the super-block's float16, and are multiplied out at each
+product in the product's dtype: exact in float32. ``dense`` is float16.
 
-"Exact" below means bit for bit; "fp16 scales" means exact up to rounding the product of the block's scales to
+"Exact" below means bit for bit (for the pairs layout: in float32 products and row lookups; float16
+products round its scales like any other's); "fp16 scales" means exact up to rounding the product of the block's scales to
 float16: where the bias is a multiple of the scale (every layout but Q4_K's, Q5_K's and Q2_K's offsets) each
 weight is within 2^-11 of its own magnitude; elsewhere within 2^-11 of the scale and bias terms; "fp16 values" means each weight rounded
 to float16 (the same bound per weight). Memory is bits per weight in MLX against the GGUF file (``mlx_bytes``):
@@ -25,9 +28,9 @@ TQ1_0    affine    2-bit ternary, bias -scale                      exact        
 TQ2_0    affine    2-bit ternary, bias -scale                      exact        2.5   2.06
 Q4_K     affine    4-bit, scale d*sc and bias -dmin*m per 32       fp16 scales  5     4.5
 Q5_K     affine    5-bit, scale d*sc and bias -dmin*m per 32       fp16 scales  6     5.5
-Q6_K     pairs     6-bit, scale d*sc per 16, zero code 32          fp16 scales  13    6.56
-Q3_K     pairs     3-bit, scale d*(sc-32) per 16, zero code 4      fp16 scales  7     3.44
-Q2_K     pairs     2-bit, scale d*sc per 16, + offsets -dmin*m     fp16 scales  6     2.63
+Q6_K     pairs     6-bit, scale d*sc per 16, zero code 32          exact        12.6  6.56
+Q3_K     pairs     3-bit, scale d*(sc-32) per 16, zero code 4      exact        6.56  3.44
+Q2_K     pairs     2-bit, scale d*sc per 16, + offsets -dmin*m     exact        5.13  2.63
 IQ4_NL   affine    int8 codebook value + 128, scale d              exact        8.5   4.5
 IQ4_XS   affine    int8 codebook value + 128, scale d*(ls-32)      fp16 scales  8.5   4.25
 MXFP4    mxfp4     E2M1 codes and E8M0 scales as stored            exact        4.25  4.25
@@ -42,7 +45,7 @@ NVFP4    dense     float16 (E2M1 times E4M3 fits float16 exactly)  exact        
 =======  ========  ==============================================  ===========  ====  ====
 
 Q6_K's products ``d * sc * (q - 32)`` span 14 bits and change scale every 16 elements, so one 8-bit group of
-32 cannot hold them; two 6-bit terms (13 bits per weight) are cheaper than float16 (16). The grid types' codes
+32 cannot hold them; two 6-bit terms (12.56 bits per weight) are cheaper than float16 (16). The grid types' codes
 come from the gguf package's dequantizer divided by the group's scale (integers by construction).
 """
 
@@ -57,6 +60,7 @@ from ...ggml_types import GGML_QUANT_SIZES, GGMLQuantizationType
 Q = GGMLQuantizationType
 GROUP = 32  # MLX group size used for every type: the largest group every GGML type can be cut into
 SUB_BLOCK = 16  # the sub-block of the ``pairs`` layout
+SUPER_BLOCK = 256  # the K-quants' block: one float16 d (and dmin) per 256
 DENSE_ITEMSIZE = {Q.F32: 4, Q.F16: 2, Q.BF16: 2}  # float types, kept as they are (not repacked)
 
 
@@ -68,8 +72,9 @@ class Repack:
 
     * affine: codes (n, block_elems) uint8 < 2**bits, float32 scales and biases (n, block_elems // GROUP);
     * mxfp4: codes (n, 32) uint8 < 16 and E8M0 exponents (n, 1) uint8;
-    * pairs: codes (n, block_elems // 16, 16) uint8, float32 scales (n, block_elems // 16) with
-      ``w = scale * (code - zero_code)`` and float32 offsets of the same shape (added) or None;
+    * pairs: codes (n, 256 // 16, 16) uint8 and integer scales (n, 16) with ``w = d * scale * (code -
+      zero_code)``, float32 super-block scales d (n, 1), then integer offsets (n, 16) and float32 super-block
+      offset factors (n, 1), added as ``factor * offset``, or two Nones;
     * dense: float32 values (n, block_elems).
     """
 
@@ -87,8 +92,10 @@ class Repack:
             return n_elements * self.bits // 8 + groups * (2 if self.zero_code is not None else 4)
         if self.layout == "mxfp4":
             return n_elements // 2 + groups
-        if self.layout == "pairs":
-            return 2 * (n_elements * self.bits // 8 + groups * 2) + (n_elements // SUB_BLOCK * 2 if self.offsets else 0)
+        if self.layout == "pairs":  # int8 per term and group, float16 per 256
+            per_offsets = n_elements // SUB_BLOCK + n_elements // SUPER_BLOCK * 2
+            return 2 * (n_elements * self.bits // 8 + groups) + n_elements // SUPER_BLOCK * 2 + (
+                per_offsets if self.offsets else 0)
         return 2 * n_elements
 
 
@@ -111,11 +118,14 @@ class MxRows:
 
 @dataclasses.dataclass(frozen=True)
 class PairRows:
-    """Rows as two symmetric affine terms (even and odd 16-element sub-blocks) and optional per-16 offsets."""
+    """Rows as two symmetric affine terms (even and odd 16-element sub-blocks) with factored scales, and
+    optional per-16 offsets: term scale = ``super_scales * scale_ints``, offset = ``super_offsets * offset_ints``."""
 
     packed: np.ndarray  # (rows, 2, cols * bits // 32) uint32
-    scales: np.ndarray  # (rows, 2, cols // GROUP) float16
-    offsets: np.ndarray | None  # (rows, cols // 16) float16, or None
+    scale_ints: np.ndarray  # (rows, 2, cols // GROUP) int8
+    super_scales: np.ndarray  # (rows, cols // 256) float16
+    offset_ints: np.ndarray | None  # (rows, cols // 16) int8, or None
+    super_offsets: np.ndarray | None  # (rows, cols // 256) float16, or None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,33 +224,33 @@ def _q5_k(b: np.ndarray) -> Unpacked:
 
 
 # -- K-quants with sub-blocks of 16: two terms per row ---------------------------------------------------
-def _q6_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, None]:
-    """Q6_K -> codes (n, 16, 16) in 0..63 and sub-block scales (n, 16): w = s * (q - 32)."""
+def _q6_k(b: np.ndarray) -> tuple:
+    """Q6_K -> codes (n, 16, 16) in 0..63, sub-block scales (n, 16) and d (n, 1): w = d * sc * (q - 32)."""
     ql = b[:, 0:128].reshape(-1, 2, 64)
     low = np.stack([ql & 0x0F, ql >> 4], axis=2).reshape(-1, 2, 4, 32)  # half h, quarter j: nibbles of ql
     qh = b[:, 128:192].reshape(-1, 2, 1, 32) >> (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]
     codes = (low | ((qh & 3) << 4)).reshape(-1, 16, 16)
-    return codes, _f16(b[:, 208:210]) * b[:, 192:208].view(np.int8).astype(np.float32), None
+    return codes, b[:, 192:208].view(np.int8), _f16(b[:, 208:210]), None, None
 
 
-def _q3_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, None]:
-    """Q3_K -> codes (n, 16, 16) in 0..7 and sub-block scales (n, 16): w = s * (q - 4)."""
+def _q3_k(b: np.ndarray) -> tuple:
+    """Q3_K -> codes (n, 16, 16) in 0..7, sub-block scales (n, 16) and d (n, 1): w = d * (sc - 32) * (q - 4)."""
     raw = b[:, 96:108]
     low = np.concatenate([raw[:, 0:8] & 0x0F, raw[:, 0:8] >> 4], axis=1)
     high = (raw[:, 8:12][:, None, :] >> (2 * np.arange(4, dtype=np.uint8))[None, :, None]) & 3
-    sc = (low | (high.reshape(-1, 16) << 4)).astype(np.float32) - 32
+    sc = (low | (high.reshape(-1, 16) << 4)).astype(np.int8) - 32
     ql = (b[:, None, 32:96].reshape(-1, 2, 1, 32) >> (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]) & 3
     hm = _bits_of(b[:, 0:32], 8).reshape(-1, 2, 4, 32)  # hmask bit (4h + j) of byte l
     codes = (ql | (hm << 2)).reshape(-1, 16, 16)  # 0..7; llama.cpp subtracts 4 where the mask bit is clear
-    return codes, _f16(b[:, 108:110]) * sc, None
+    return codes, sc, _f16(b[:, 108:110]), None, None
 
 
-def _q2_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Q2_K -> codes (n, 16, 16) in 0..3, scales d * sc and offsets -dmin * m (n, 16): w = s * q + o."""
+def _q2_k(b: np.ndarray) -> tuple:
+    """Q2_K -> codes (n, 16, 16) in 0..3, sc and m (n, 16), d and -dmin (n, 1): w = d * sc * q - dmin * m."""
     sc = b[:, 0:16]
     q = (b[:, 16:80].reshape(-1, 2, 1, 32) >> (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]) & 3
-    s = _f16(b[:, 80:82]) * (sc & 0x0F).astype(np.float32)
-    return q.reshape(-1, 16, 16), s, -_f16(b[:, 82:84]) * (sc >> 4).astype(np.float32)
+    return q.reshape(-1, 16, 16), (sc & 0x0F).astype(np.int8), _f16(b[:, 80:82]), (sc >> 4).astype(np.int8), \
+        -_f16(b[:, 82:84])
 
 
 # -- IQ4 and MXFP4: a 16-entry codebook per 32 -----------------------------------------------------------
@@ -315,9 +325,9 @@ REPACKS: dict[GGMLQuantizationType, Repack] = {
     Q.TQ2_0: Repack("affine", 2, "exact", _ternary(Q.TQ2_0), zero_code=1),
     Q.Q4_K: Repack("affine", 4, "fp16-scales", _q4_k),
     Q.Q5_K: Repack("affine", 5, "fp16-scales", _q5_k),
-    Q.Q6_K: Repack("pairs", 6, "fp16-scales", _q6_k, zero_code=32),
-    Q.Q3_K: Repack("pairs", 3, "fp16-scales", _q3_k, zero_code=4),
-    Q.Q2_K: Repack("pairs", 2, "fp16-scales", _q2_k, zero_code=0, offsets=True),
+    Q.Q6_K: Repack("pairs", 6, "exact", _q6_k, zero_code=32),
+    Q.Q3_K: Repack("pairs", 3, "exact", _q3_k, zero_code=4),
+    Q.Q2_K: Repack("pairs", 2, "exact", _q2_k, zero_code=0, offsets=True),
     Q.IQ4_NL: Repack("affine", 8, "exact", _iq4_nl, zero_code=128),
     Q.IQ4_XS: Repack("affine", 8, "fp16-scales", _iq4_xs, zero_code=128),
     Q.MXFP4: Repack("mxfp4", 4, "exact", _mxfp4),
@@ -415,12 +425,12 @@ def repack_rows(blocks: np.ndarray, qtype: GGMLQuantizationType) -> Rows:
         codes, exponents = parts
         return MxRows(pack_codes(codes.reshape(rows, cols), 4), exponents.reshape(rows, cols // GROUP))
     if repack.layout == "pairs":
-        return _pair_rows(*parts, rows, cols, repack, qtype)
+        return _pair_rows(*parts, rows, cols, repack)
     return DenseRows(to_float16(parts.reshape(rows, cols), f"{qtype.name} weights"))
 
 
-def _pair_rows(codes: np.ndarray, scales: np.ndarray, offsets: np.ndarray | None, rows: int, cols: int,
-               repack: Repack, qtype: GGMLQuantizationType) -> PairRows:
+def _pair_rows(codes: np.ndarray, scale_ints: np.ndarray, d: np.ndarray, offset_ints: np.ndarray | None,
+               offset_d: np.ndarray | None, rows: int, cols: int, repack: Repack) -> PairRows:
     """Sub-blocks of 16 -> term 0 holding the even ones of each group of 32, term 1 the odd ones."""
     groups = cols // GROUP
     codes = codes.reshape(rows, groups, 2, SUB_BLOCK)
@@ -428,7 +438,8 @@ def _pair_rows(codes: np.ndarray, scales: np.ndarray, offsets: np.ndarray | None
     terms[:, 0, :, 0] = codes[:, :, 0]
     terms[:, 1, :, 1] = codes[:, :, 1]
     packed = pack_codes(terms.reshape(rows * 2, cols), repack.bits).reshape(rows, 2, -1)
-    term_scales = np.ascontiguousarray(scales.reshape(rows, groups, 2).transpose(0, 2, 1))
-    return PairRows(packed, to_float16(term_scales, f"{qtype.name} scales"),
-                    None if offsets is None else to_float16(offsets.reshape(rows, cols // SUB_BLOCK),
-                                                             f"{qtype.name} offsets"))
+    term_ints = np.ascontiguousarray(scale_ints.reshape(rows, groups, 2).transpose(0, 2, 1))
+    supers = cols // SUPER_BLOCK
+    return PairRows(packed, term_ints, d.reshape(rows, supers).astype(np.float16),
+                    None if offset_ints is None else offset_ints.reshape(rows, cols // SUB_BLOCK),
+                    None if offset_d is None else offset_d.reshape(rows, supers).astype(np.float16))

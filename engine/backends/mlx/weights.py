@@ -141,39 +141,69 @@ class MxfpMatrix:
 @dataclasses.dataclass(frozen=True)
 class PairMatrix:
     """A (rows, cols) weight whose scales change every 16 elements (Q6_K, Q3_K, Q2_K), held exactly as two
-    symmetric terms per row (``terms`` row 2r has the even 16-element sub-blocks of each group of 32 of row r,
+    symmetric terms per row (term row 2r has the even 16-element sub-blocks of each group of 32 of row r,
     row 2r + 1 the odd ones, each zero elsewhere) plus, for Q2_K, per-16 offsets applied to the 16-element
-    sums of the input. One quantized product over both terms, then a sum of each row's two outputs.
+    sums of the input. Scales and offsets stay factored as in the file (an integer per 16 times a float16 per
+    256) and are multiplied out in the product's dtype at each product: bit exact in float32. One quantized
+    product over both terms, then a sum of each row's two outputs.
     """
 
-    terms: SymmetricMatrix  # (2 * rows, cols)
-    offsets: mx.array | None  # (rows, cols // 16) float16
+    packed: mx.array  # (2 * rows, cols * bits // 32) uint32
+    scale_ints: mx.array  # (2 * rows, cols // GROUP) int8
+    super_scales: mx.array  # (rows, cols // 256) float16
+    offset_ints: mx.array | None  # (rows, cols // 16) int8
+    super_offsets: mx.array | None  # (rows, cols // 256) float16
+    zero_code: int
+    bits: int
+
+    def _scales(self, dtype: mx.Dtype, ids: mx.array | None = None) -> mx.array:
+        """The terms' scales (2 * rows, cols // GROUP), or of term rows ``ids``' rows ``ids // 2``."""
+        ints = self.scale_ints if ids is None else self.scale_ints[ids]
+        supers = self.super_scales if ids is None else self.super_scales[ids // 2]
+        n, n_super = ints.shape[0], supers.shape[1]
+        if ids is None:
+            supers = mx.repeat(supers, 2, axis=0)  # term rows 2r and 2r + 1 share row r's d
+        per_group = ints.astype(dtype).reshape(n, n_super, -1) * supers.astype(dtype)[:, :, None]
+        return per_group.reshape(n, -1)
+
+    def _offsets(self, dtype: mx.Dtype, ids: mx.array | None = None) -> mx.array:
+        """Per-16 offsets (rows, cols // 16), or of rows ``ids``."""
+        ints = self.offset_ints if ids is None else self.offset_ints[ids]
+        supers = self.super_offsets if ids is None else self.super_offsets[ids]
+        per_16 = ints.astype(dtype).reshape(ints.shape[0], supers.shape[1], -1) * supers.astype(dtype)[:, :, None]
+        return per_16.reshape(ints.shape[0], -1)
 
     def matmul(self, x: mx.array) -> mx.array:
         """``x @ W.T`` for x (..., cols) -> (..., rows)."""
-        y = self.terms.matmul(x)  # (..., 2 * rows)
+        scales = self._scales(x.dtype)
+        y = mx.quantized_matmul(x, self.packed, scales, scales * -self.zero_code, transpose=True,
+                                group_size=GROUP, bits=self.bits)  # (..., 2 * rows)
         y = y.reshape(*y.shape[:-1], -1, 2).sum(axis=-1)
-        if self.offsets is not None:
+        if self.offset_ints is not None:
             sums = x.reshape(*x.shape[:-1], -1, SUB_BLOCK).sum(axis=-1)  # (..., cols // 16)
-            y = y + sums @ self.offsets.T
+            y = y + sums @ self._offsets(x.dtype).T
         return y.astype(x.dtype)
 
     def rows(self, ids: mx.array) -> mx.array:
         """Rows ``ids`` dequantized to float32, (n, cols): the two terms' rows summed (one of each pair is 0)."""
         ids = ids.reshape(-1)
-        both = self.terms.rows((2 * ids[:, None] + mx.arange(2)).reshape(-1))  # (2n, cols)
+        term_ids = (2 * ids[:, None] + mx.arange(2)).reshape(-1)  # (2n,)
+        scales = self._scales(mx.float32, term_ids)
+        both = mx.dequantize(self.packed[term_ids], scales, scales * -self.zero_code, group_size=GROUP,
+                             bits=self.bits)  # (2n, cols)
         w = both.reshape(ids.shape[0], 2, -1).sum(axis=1)
-        if self.offsets is not None:
-            w = w + mx.repeat(self.offsets[ids].astype(mx.float32), SUB_BLOCK, axis=1)
+        if self.offset_ints is not None:
+            w = w + mx.repeat(self._offsets(mx.float32, ids), SUB_BLOCK, axis=1)
         return w
 
     @property
     def n_rows(self) -> int:
-        return self.terms.packed.shape[0] // 2
+        return self.packed.shape[0] // 2
 
     @property
     def nbytes(self) -> int:
-        return self.terms.nbytes + (0 if self.offsets is None else self.offsets.nbytes)
+        parts = (self.packed, self.scale_ints, self.super_scales, self.offset_ints, self.super_offsets)
+        return sum(p.nbytes for p in parts if p is not None)
 
 
 Matrix = QuantizedMatrix | SymmetricMatrix | DenseMatrix | MxfpMatrix | PairMatrix
@@ -228,10 +258,10 @@ def matrix_from_parts(qtype: GGMLQuantizationType, parts: dict[str, mx.array]) -
     if repack.layout == "dense":
         return DenseMatrix(parts["weight"])
     if repack.layout == "pairs":
-        packed, scales = parts["packed"], parts["scales"]  # (rows, 2, ...): rows of the two terms interleaved
-        terms = SymmetricMatrix(packed.reshape(-1, packed.shape[-1]), scales.reshape(-1, scales.shape[-1]),
-                                repack.zero_code, repack.bits)
-        return PairMatrix(terms, parts.get("offsets"))
+        packed, ints = parts["packed"], parts["scale_ints"]  # (rows, 2, ...): rows of the two terms interleaved
+        return PairMatrix(packed.reshape(-1, packed.shape[-1]), ints.reshape(-1, ints.shape[-1]),
+                          parts["super_scales"], parts.get("offset_ints"), parts.get("super_offsets"),
+                          repack.zero_code, repack.bits)
     if repack.zero_code is not None:
         return SymmetricMatrix(parts["packed"], parts["scales"], repack.zero_code, repack.bits)
     return QuantizedMatrix(parts["packed"], parts["scales"], parts["biases"], repack.bits)

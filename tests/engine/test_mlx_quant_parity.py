@@ -48,8 +48,9 @@ FILE_TYPES = {
     "IQ4_XS": {"IQ4_XS", "Q6_K"},
     "IQ3_S": {"IQ3_S", "Q6_K"},
 }
-# types llama_model_quantize refuses without an importance matrix (or, MXFP4, uses only for MoE experts)
-GGML_TYPES = ("MXFP4", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ1_S", "IQ1_M")
+# types llama_model_quantize refuses without an importance matrix (MXFP4: it uses it for MoE experts only; NVFP4:
+# its file type fails on this model)
+GGML_TYPES = ("MXFP4", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ1_S", "IQ1_M", "NVFP4")
 # Every matrix of those models is in the one type, down to 1.56 bits per weight; at 0.15 llama.cpp's 8-bit
 # activations alone move its IQ2_XXS logits 1.3 from the NumPy reference's (exact weights, float32), so
 # those models have smaller weights (logits' standard deviation about 1.6 instead of 2.4).
@@ -173,7 +174,7 @@ def test_quantized_model_meets_llama_cpp_parity_in_float32_and_float16(name, flo
         assert not parity_failures(got, ref), (name, str(dtype), parity_failures(got, ref)[:5])
 
 
-@pytest.mark.parametrize("name", ["Q2_K", "Q3_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "MXFP4"])
+@pytest.mark.parametrize("name", ["Q2_K", "Q3_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "MXFP4", "NVFP4"])
 def test_mlx_holds_the_weights_gguf_dequantizes(name, float_model):
     """Float32 products on MLX vs the NumPy reference decoder on gguf's dequantized weights. Files of types
     whose MLX layout is bit exact (repack's table) agree to 0.001 of the logits' standard deviation (measured:
@@ -181,7 +182,7 @@ def test_mlx_holds_the_weights_gguf_dequantizes(name, float_model):
     The former lossy repack missed by 0.55 (Q6_K), 2.96 (Q3_K_M) and 5.80 (Q2_K) on these very files."""
     path = quantized_model(float_model.parent, name)
     exact = all(REPACKS[Q[t]].exactness == "exact" for t in matrix_types(path))
-    assert exact == (name in ("Q2_K", "Q6_K", "IQ4_NL", "MXFP4"))
+    assert exact == (name in ("Q2_K", "Q6_K", "IQ4_NL", "MXFP4", "NVFP4"))
     got, ref = mlx_logits(path, mx.float32), numpy_logits(path)
     bound = (0.001 if exact else 0.05) * ref.std()
     assert np.abs(got - ref).max() <= bound, (float(np.abs(got - ref).max()), float(bound))

@@ -37,8 +37,8 @@ def random_blocks(qtype: GGMLQuantizationType, rows: int, blocks_per_row: int, s
         words = blocks[:, 48:56].copy().view(np.uint16) & np.uint16(0x0FFF)
         words |= (d[:, None] >> np.array([0, 4, 8, 12], np.uint16)) << np.uint16(12) & np.uint16(0xF000)
         blocks[:, 48:56] = words.view(np.uint8)
-    if qtype == Q.NVFP4:  # UE4M3 scales below 2^8 (a byte under 0x78)
-        blocks[:, 0:4] = rng.integers(0, 0x78, (blocks.shape[0], 4))
+    if qtype == Q.NVFP4:  # UE4M3 scales below 2^8 (a byte under 0x78), and sign bits ggml ignores
+        blocks[:, 0:4] = rng.integers(0, 0x78, (blocks.shape[0], 4)) | (rng.integers(0, 2, (blocks.shape[0], 4)) << 7)
     return blocks.reshape(rows, blocks_per_row * type_size)
 
 
@@ -164,7 +164,7 @@ def test_memory_per_weight_against_the_file_is_the_documented_table():
     assert mlx_bits == {"Q4_0": 4.5, "Q4_1": 5, "Q5_0": 5.5, "Q5_1": 6, "Q8_0": 8.5, "TQ1_0": 2.5, "TQ2_0": 2.5,
                         "Q4_K": 5, "Q5_K": 6, "Q6_K": 12.5625, "Q3_K": 6.5625, "Q2_K": 5.125, "IQ4_NL": 8.5, "IQ4_XS": 8.5,
                         "MXFP4": 4.25, "IQ2_XXS": 8.5, "IQ3_XXS": 8.5, "IQ3_S": 5.5, "IQ1_S": 5.5, "IQ2_XS": 16,
-                        "IQ2_S": 16, "IQ1_M": 16, "NVFP4": 16}
+                        "IQ2_S": 16, "IQ1_M": 16, "NVFP4": 4.5}
 
 
 def test_legacy_types_match_what_mx_load_reads_from_gguf(tiny_model_path):
@@ -221,3 +221,15 @@ def test_types_with_a_zero_code_have_biases_of_minus_zero_code_scales(qtype):
     for n, dtype in ((1, mx.float32), (5, mx.float32), (3, mx.float16)):
         x = mx.array(np.random.default_rng(n).standard_normal((n, a.packed.shape[1] * 32 // bits)), dtype)
         np.testing.assert_array_equal(np.array(symmetric.matmul(x)), np.array(full.matmul(x)))
+
+
+def test_nvfp4_scale_bytes_read_as_ggml_reads_them():
+    """ggml's unsigned E4M3: the top bit ignored and 0x7F read as 0 (NaN and negative in MLX's E4M3)."""
+    blocks = random_blocks(Q.NVFP4, rows=1, blocks_per_row=2)
+    blocks[0, 0:4] = [0x7F, 0x80, 0x80 | 0x38, 0x38]
+    got = mlx_rows(blocks, Q.NVFP4)
+    np.testing.assert_array_equal(got, dequantize(blocks, Q.NVFP4).reshape(got.shape))
+    assert (got[0, :32] == 0).all() and (got[0, 32:64] != 0).any()
+    blocks[0, 37] = 0xFF  # the second block's second scale
+    with pytest.raises(ValueError, match="0xFF"):
+        repack_rows(blocks, Q.NVFP4)

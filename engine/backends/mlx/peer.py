@@ -3,7 +3,7 @@
 The peer gets the very same quantized arrays (no copy), mapped to mlx-lm's parameter names, so a benchmark
 compares the decoders, not the weights; only the biases of symmetric types (Q4_0, Q5_0, Q8_0, ...), which this
 backend makes at each product instead of keeping them (weights.SymmetricMatrix), are made for it, once; matrices
-in layouts mlx-lm has no layer for (Q6_K, Q3_K and Q2_K as pairs of terms, MXFP4) reach it as float16. mlx-lm
+in layouts mlx-lm has no layer for (Q6_K, Q3_K and Q2_K as pairs of terms, MXFP4, NVFP4) reach it as float16. mlx-lm
 computes in the dtype its embedding lookup returns (float16, the scales' dtype), which is what this backend's
 products use on the GPU; on the CPU, where this backend computes in float32, the peer's embedding lookup is cast
 to float32 too (float16 is an order of magnitude slower on MLX's CPU device, which would flatter us). Needs the

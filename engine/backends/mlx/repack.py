@@ -2,8 +2,8 @@
 
 Every GGML type is rewritten, vectorised in NumPy, into one of four layouts. ``affine`` is MLX's packed
 quantization: ``bits``-bit unsigned codes as a little-endian bit stream in uint32 words, one float16 scale (and
-bias) per group of 32 columns, ``w = scale * code + bias``. ``mxfp4`` is MLX's microscaling mode (E2M1 codes,
-an E8M0 scale per 32). ``pairs`` holds a type whose scales change every 16 elements, which no MLX group can
+bias) per group of 32 columns, ``w = scale * code + bias``. ``mxfp4`` and ``nvfp4`` are MLX's microscaling
+modes (E2M1 codes with an E8M0 scale per 32, or an E4M3 scale per 16), which GGUF's MXFP4 and NVFP4 are. ``pairs`` holds a type whose scales change every 16 elements, which no MLX group can
 express: two affine terms per row, the first with the even 16-element sub-blocks of each group of 32 (the odd
 ones set to a code of value 0), the second with the odd ones, summed after the product, plus for Q2_K a
 matrix of per-16 offsets applied to the 16-element sums of the input. Its scales (and offsets) stay factored
@@ -41,7 +41,7 @@ IQ1_S    affine    8 * (grid value + delta) + 16 (5-bit), per 32   fp16 scales  
 IQ2_XS   dense     float16 (scales per 16: 8-bit pairs would cost 17)  fp16 values  16    2.31
 IQ2_S    dense     float16 (scales per 16)                         fp16 values  16    2.56
 IQ1_M    dense     float16 (scales per 16)                         fp16 values  16    1.75
-NVFP4    dense     float16 (E2M1 times E4M3 fits float16 exactly)  exact        16    4.5
+NVFP4    nvfp4     E2M1 codes and E4M3 scales as ggml reads them   exact        4.5   4.5
 =======  ========  ==============================================  ===========  ====  ====
 
 Q6_K's products ``d * sc * (q - 32)`` span 14 bits and change scale every 16 elements, so one 8-bit group of
@@ -61,6 +61,7 @@ Q = GGMLQuantizationType
 GROUP = 32  # MLX group size used for every type: the largest group every GGML type can be cut into
 SUB_BLOCK = 16  # the sub-block of the ``pairs`` layout
 SUPER_BLOCK = 256  # the K-quants' block: one float16 d (and dmin) per 256
+FP4_GROUP = {"mxfp4": 32, "nvfp4": 16}  # MLX's group (elements per scale byte) of its E2M1 modes
 DENSE_ITEMSIZE = {Q.F32: 4, Q.F16: 2, Q.BF16: 2}  # float types, kept as they are (not repacked)
 
 
@@ -71,14 +72,14 @@ class Repack:
     ``unpack`` turns blocks (n_blocks, type_size) uint8 into, by layout:
 
     * affine: codes (n, block_elems) uint8 < 2**bits, float32 scales and biases (n, block_elems // GROUP);
-    * mxfp4: codes (n, 32) uint8 < 16 and E8M0 exponents (n, 1) uint8;
+    * mxfp4, nvfp4: codes (n, block_elems) uint8 < 16 and scale bytes (n, block_elems // 32 or 16) uint8;
     * pairs: codes (n, 256 // 16, 16) uint8 and integer scales (n, 16) with ``w = d * scale * (code -
       zero_code)``, float32 super-block scales d (n, 1), then integer offsets (n, 16) and float32 super-block
       offset factors (n, 1), added as ``factor * offset``, or two Nones;
     * dense: float32 values (n, block_elems).
     """
 
-    layout: str  # "affine", "mxfp4", "pairs" or "dense"
+    layout: str  # "affine", "mxfp4", "nvfp4", "pairs" or "dense"
     bits: int  # bits per code (16 for dense float16)
     exactness: str  # "exact", "fp16-scales" or "fp16-values": what the tests hold each type to
     unpack: Callable[[np.ndarray], tuple]
@@ -90,8 +91,8 @@ class Repack:
         groups = n_elements // GROUP
         if self.layout == "affine":
             return n_elements * self.bits // 8 + groups * (2 if self.zero_code is not None else 4)
-        if self.layout == "mxfp4":
-            return n_elements // 2 + groups
+        if self.layout in FP4_GROUP:
+            return n_elements // 2 + n_elements // FP4_GROUP[self.layout]
         if self.layout == "pairs":  # int8 per term and group, float16 per 256
             per_offsets = n_elements // SUB_BLOCK + n_elements // SUPER_BLOCK * 2
             return 2 * (n_elements * self.bits // 8 + groups) + n_elements // SUPER_BLOCK * 2 + (
@@ -110,10 +111,10 @@ class AffineRows:
 
 @dataclasses.dataclass(frozen=True)
 class MxRows:
-    """Rows in MLX's mxfp4 layout."""
+    """Rows in MLX's mxfp4 or nvfp4 layout."""
 
     packed: np.ndarray  # (rows, cols // 8) uint32
-    scales: np.ndarray  # (rows, cols // GROUP) uint8, E8M0
+    scales: np.ndarray  # (rows, cols // 32) uint8 E8M0, or (rows, cols // 16) uint8 E4M3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,6 +272,20 @@ def _iq4_xs(b: np.ndarray) -> Unpacked:
     return codes.astype(np.uint8), s, -128 * s
 
 
+def _nvfp4(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """NVFP4 (4 sub-blocks of 16: scale bytes, then 8 bytes each, low nibbles first) -> codes and E4M3 scales.
+
+    ggml reads a scale byte as unsigned E4M3 (the top bit ignored) with 0x7F as 0; MLX's E4M3 has a sign bit and
+    0x7F as NaN, so the top bit is dropped and 0x7F becomes 0, which reads the same. 0xFF, which ggml reads as
+    480 and MLX cannot hold, is refused (ggml's quantizer writes none of these bytes).
+    """
+    raw = b[:, 0:4]
+    if (raw == 0xFF).any():
+        raise ValueError("NVFP4 block with scale byte 0xFF (480 to ggml, NaN in MLX's E4M3)")
+    scales = np.where(raw == 0x7F, 0, raw & 0x7F).astype(np.uint8)
+    return _nibbles(b[:, 4:36].reshape(-1, 4, 8)).reshape(-1, 64), scales
+
+
 def _mxfp4(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if (b[:, 0] == 255).any():
         raise ValueError("MXFP4 block with scale exponent 255, which the MX format reserves for NaN")
@@ -338,7 +353,7 @@ REPACKS: dict[GGMLQuantizationType, Repack] = {
     Q.IQ2_XS: Repack("dense", 16, "fp16-values", _dense(Q.IQ2_XS)),
     Q.IQ2_S: Repack("dense", 16, "fp16-values", _dense(Q.IQ2_S)),
     Q.IQ1_M: Repack("dense", 16, "fp16-values", _dense(Q.IQ1_M)),
-    Q.NVFP4: Repack("dense", 16, "exact", _dense(Q.NVFP4)),
+    Q.NVFP4: Repack("nvfp4", 4, "exact", _nvfp4),
 }
 
 
@@ -421,9 +436,9 @@ def repack_rows(blocks: np.ndarray, qtype: GGMLQuantizationType) -> Rows:
             biases = scales * np.float16(-repack.zero_code)
         return AffineRows(pack_codes(codes.reshape(rows, cols), repack.bits), scales,
                           to_float16(biases.reshape(rows, cols // GROUP), f"{qtype.name} biases"))
-    if repack.layout == "mxfp4":
-        codes, exponents = parts
-        return MxRows(pack_codes(codes.reshape(rows, cols), 4), exponents.reshape(rows, cols // GROUP))
+    if repack.layout in FP4_GROUP:
+        codes, scales = parts
+        return MxRows(pack_codes(codes.reshape(rows, cols), 4), scales.reshape(rows, cols // FP4_GROUP[repack.layout]))
     if repack.layout == "pairs":
         return _pair_rows(*parts, rows, cols, repack)
     return DenseRows(to_float16(parts.reshape(rows, cols), f"{qtype.name} weights"))

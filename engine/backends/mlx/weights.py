@@ -15,7 +15,7 @@ import mlx.core as mx
 import numpy as np
 from ...ggml_types import GGML_QUANT_SIZES, GGMLQuantizationType
 from ...gguf_file import GGUFFile, ModelFormatError
-from .repack import DENSE_ITEMSIZE, GROUP, REPACKS, SUB_BLOCK, Rows, repack_rows
+from .repack import DENSE_ITEMSIZE, FP4_GROUP, GROUP, REPACKS, SUB_BLOCK, Rows, repack_rows
 from .repack import mlx_weight_bytes  # noqa: F401  (the backend's fit check takes it from here)
 
 CHUNK_ELEMENTS = 1 << 16  # weights repacked at a time: each float32 temporary of a repack is 256 KiB
@@ -113,20 +113,26 @@ class DenseMatrix:
 
 @dataclasses.dataclass(frozen=True)
 class MxfpMatrix:
-    """A (rows, cols) weight in MLX's mxfp4 layout: E2M1 codes with an E8M0 exponent per 32 (GGUF's MXFP4)."""
+    """A (rows, cols) weight in one of MLX's E2M1 modes: ``"mxfp4"`` (an E8M0 exponent per 32, GGUF's MXFP4) or
+    ``"nvfp4"`` (an E4M3 scale per 16, GGUF's NVFP4)."""
 
     packed: mx.array  # (rows, cols // 8) uint32
-    scales: mx.array  # (rows, cols // GROUP) uint8
+    scales: mx.array  # (rows, cols // group_size) uint8
+    mode: str
     bits = 4
+
+    @property
+    def group_size(self) -> int:
+        return FP4_GROUP[self.mode]
 
     def matmul(self, x: mx.array) -> mx.array:
         """``x @ W.T`` for x (..., cols) -> (..., rows)."""
-        return mx.quantized_matmul(x, self.packed, self.scales, transpose=True, group_size=GROUP, bits=4,
-                                   mode="mxfp4")
+        return mx.quantized_matmul(x, self.packed, self.scales, transpose=True, group_size=self.group_size, bits=4,
+                                   mode=self.mode)
 
     def rows(self, ids: mx.array) -> mx.array:
         """Rows ``ids`` dequantized to float32, (n, cols)."""
-        return mx.dequantize(self.packed[ids], self.scales[ids], group_size=GROUP, bits=4, mode="mxfp4",
+        return mx.dequantize(self.packed[ids], self.scales[ids], group_size=self.group_size, bits=4, mode=self.mode,
                              dtype=mx.float32)
 
     @property
@@ -253,8 +259,8 @@ def load_matrix(reader: TensorReader, name: str) -> Matrix:
 def matrix_from_parts(qtype: GGMLQuantizationType, parts: dict[str, mx.array]) -> Matrix:
     """The Matrix kind of ``qtype``'s layout over its arrays (the fields of repack's rows, as MLX arrays)."""
     repack = REPACKS[qtype]
-    if repack.layout == "mxfp4":
-        return MxfpMatrix(parts["packed"], parts["scales"])
+    if repack.layout in FP4_GROUP:
+        return MxfpMatrix(parts["packed"], parts["scales"], repack.layout)
     if repack.layout == "dense":
         return DenseMatrix(parts["weight"])
     if repack.layout == "pairs":

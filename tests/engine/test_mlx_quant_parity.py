@@ -161,6 +161,7 @@ def quantized_model(tmp_dir: Path, name: str) -> Path:
     return _write(tmp_dir / f"{name}.gguf", {m: name for m in MATRICES}, ggml_quantize, GGML_WEIGHT_STD)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [*FILE_TYPES, *GGML_TYPES])
 def test_quantized_model_meets_llama_cpp_parity_in_float32_and_float16(name, float_model, record_property):
     path = quantized_model(float_model.parent, name)
@@ -174,6 +175,7 @@ def test_quantized_model_meets_llama_cpp_parity_in_float32_and_float16(name, flo
         assert not parity_failures(got, ref), (name, str(dtype), parity_failures(got, ref)[:5])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["Q2_K", "Q3_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "MXFP4", "NVFP4"])
 def test_mlx_holds_the_weights_gguf_dequantizes(name, float_model):
     """Float32 products on MLX vs the NumPy reference decoder on gguf's dequantized weights. Files of types

@@ -1,9 +1,10 @@
 """The MLX backend against llama.cpp on small random-weight llama models quantized by llama.cpp's own code.
 
 Each model is a float32 llama (2 layers, n_embd 256, n_ff 512, weights of standard deviation 0.15, so the
-logits spread over several units; 0.1 for the one-type models below) quantized either by ``llama_model_quantize`` with a file type (which picks
-its own mix of tensor types: recorded in ``FILE_TYPES``) or, for types the quantizer makes only with an
-importance matrix, tensor by tensor with ggml's ``ggml_quantize_chunk`` and a uniform importance matrix.
+logits spread over several units; 0.1 for the one-type models below) quantized either by
+``llama_model_quantize`` with a file type (which picks its own mix of tensor types: recorded in
+``FILE_TYPES``) or, for types the quantizer makes only with an importance matrix, tensor by tensor with ggml's
+``ggml_quantize_chunk`` and a uniform importance matrix.
 
 The criterion is the project's parity criterion against llama.cpp, on 64 teacher-forced tokens, with the
 products in float32 and in the float16 a Mac uses: the same argmax wherever llama.cpp's top-2 gap is at least

@@ -162,7 +162,8 @@ def test_memory_per_weight_against_the_file_is_the_documented_table():
     n = 256 * 256
     mlx_bits = {t.name: mlx_bytes(t, n) * 8 / n for t in REPACKS}
     assert mlx_bits == {"Q4_0": 4.5, "Q4_1": 5, "Q5_0": 5.5, "Q5_1": 6, "Q8_0": 8.5, "TQ1_0": 2.5, "TQ2_0": 2.5,
-                        "Q4_K": 5, "Q5_K": 6, "Q6_K": 12.5625, "Q3_K": 6.5625, "Q2_K": 5.125, "IQ4_NL": 8.5, "IQ4_XS": 8.5,
+                        "Q4_K": 5, "Q5_K": 6, "Q6_K": 12.5625, "Q3_K": 6.5625, "Q2_K": 5.125, "IQ4_NL": 8.5,
+                        "IQ4_XS": 8.5,
                         "MXFP4": 4.25, "IQ2_XXS": 8.5, "IQ3_XXS": 8.5, "IQ3_S": 5.5, "IQ1_S": 5.5, "IQ2_XS": 16,
                         "IQ2_S": 16, "IQ1_M": 16, "NVFP4": 4.5}
 

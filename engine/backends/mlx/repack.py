@@ -1,48 +1,51 @@
 """Repack GGUF quantized blocks into MLX layouts that hold the same weights, exactly (no requantization).
 
-Every GGML type is rewritten, vectorised in NumPy, into one of four layouts. ``affine`` is MLX's packed
-quantization: ``bits``-bit unsigned codes as a little-endian bit stream in uint32 words, one float16 scale (and
-bias) per group of 32 columns, ``w = scale * code + bias``. ``mxfp4`` and ``nvfp4`` are MLX's microscaling
-modes (E2M1 codes with an E8M0 scale per 32, or an E4M3 scale per 16), which GGUF's MXFP4 and NVFP4 are. ``pairs`` holds a type whose scales change every 16 elements, which no MLX group can
-express: two affine terms per row, the first with the even 16-element sub-blocks of each group of 32 (the odd
-ones set to a code of value 0), the second with the odd ones, summed after the product, plus for Q2_K a
-matrix of per-16 offsets applied to the 16-element sums of the input. Its scales (and offsets) stay factored
-as the file has them, a small integer per 16 times the super-block's float16, and are multiplied out at each
-product in the product's dtype: exact in float32. ``dense`` is float16.
+Every GGML type is rewritten, vectorised in NumPy, into one of these layouts:
 
-"Exact" below means bit for bit (for the pairs layout: in float32 products and row lookups; float16
-products round its scales like any other's); "fp16 scales" means exact up to rounding the product of the block's scales to
-float16: where the bias is a multiple of the scale (every layout but Q4_K's, Q5_K's and Q2_K's offsets) each
-weight is within 2^-11 of its own magnitude; elsewhere within 2^-11 of the scale and bias terms; "fp16 values" means each weight rounded
-to float16 (the same bound per weight). Memory is bits per weight in MLX against the GGUF file (``mlx_bytes``):
+* ``affine``: MLX's packed quantization, ``bits``-bit unsigned codes as a little-endian bit stream in uint32
+  words, one float16 scale (and bias) per group of 32 columns: ``w = scale * code + bias``.
+* ``mxfp4`` and ``nvfp4``: MLX's microscaling modes (E2M1 codes with an E8M0 scale per 32, or an E4M3 scale per
+  16), which is what GGUF's MXFP4 and NVFP4 are.
+* ``pairs``, for a type whose scales change every 16 elements, which no MLX group can express: two symmetric
+  affine terms per row, the first with the even 16-element sub-blocks of each group of 32 (the odd ones set to
+  the code of 0), the second with the odd ones, summed after the product; for Q2_K also per-16 offsets applied
+  to the 16-element sums of the input. Scales and offsets stay factored as the file has them (a small integer
+  per 16 times the super-block's float16) and are multiplied out in the product's dtype at each product.
+* ``dense``: float16 values.
 
-=======  ========  ==============================================  ===========  ====  ====
-type     layout    codes                                           exactness    MLX   file
-=======  ========  ==============================================  ===========  ====  ====
-Q4_0     affine    4-bit, bias -8 scale made at each product       exact        4.5   4.5
-Q4_1     affine    4-bit, scale and bias                           exact        5     5
-Q5_0     affine    5-bit, bias -16 scale made at each product      exact        5.5   5.5
-Q5_1     affine    5-bit, scale and bias                           exact        6     6
-Q8_0     affine    int8 + 128, bias -128 scale                     exact        8.5   8.5
-TQ1_0    affine    2-bit ternary, bias -scale                      exact        2.5   1.69
-TQ2_0    affine    2-bit ternary, bias -scale                      exact        2.5   2.06
-Q4_K     affine    4-bit, scale d*sc and bias -dmin*m per 32       fp16 scales  5     4.5
-Q5_K     affine    5-bit, scale d*sc and bias -dmin*m per 32       fp16 scales  6     5.5
-Q6_K     pairs     6-bit, scale d*sc per 16, zero code 32          exact        12.6  6.56
-Q3_K     pairs     3-bit, scale d*(sc-32) per 16, zero code 4      exact        6.56  3.44
-Q2_K     pairs     2-bit, scale d*sc per 16, + offsets -dmin*m     exact        5.13  2.63
-IQ4_NL   affine    int8 codebook value + 128, scale d              exact        8.5   4.5
-IQ4_XS   affine    int8 codebook value + 128, scale d*(ls-32)      fp16 scales  8.5   4.25
-MXFP4    mxfp4     E2M1 codes and E8M0 scales as stored            exact        4.25  4.25
-IQ2_XXS  affine    grid value * sign + 128 (8-bit), per 32         fp16 scales  8.5   2.06
-IQ3_XXS  affine    grid value * sign + 128 (8-bit), per 32         fp16 scales  8.5   3.06
-IQ3_S    affine    grid value * sign + 16 (5-bit), per 32          fp16 scales  5.5   3.44
-IQ1_S    affine    8 * (grid value + delta) + 16 (5-bit), per 32   fp16 scales  5.5   1.56
-IQ2_XS   dense     float16 (scales per 16: 8-bit pairs would cost 17)  fp16 values  16    2.31
-IQ2_S    dense     float16 (scales per 16)                         fp16 values  16    2.56
-IQ1_M    dense     float16 (scales per 16)                         fp16 values  16    1.75
-NVFP4    nvfp4     E2M1 codes and E4M3 scales as ggml reads them   exact        4.5   4.5
-=======  ========  ==============================================  ===========  ====  ====
+"Exact" below means bit for bit (pairs: in float32 products and row lookups; a float16 product rounds its
+scales, as it does every type's). "fp16 scales" means exact up to rounding a product of the block's scales to
+float16: where the bias is a multiple of the scale (all but Q4_K and Q5_K) each weight is within 2^-11 of its
+own magnitude, else within 2^-11 of its scale and bias terms. "fp16 values": each weight rounded to float16.
+Memory is in bits per weight, in MLX against the GGUF file (``mlx_bytes``):
+
+=======  ========  ==============================================  ===========  =====  ====
+type     layout    codes                                           exactness    MLX    file
+=======  ========  ==============================================  ===========  =====  ====
+Q4_0     affine    4-bit, bias -8 scale made at each product       exact        4.5    4.5
+Q4_1     affine    4-bit, scale and bias                           exact        5      5
+Q5_0     affine    5-bit, bias -16 scale made at each product      exact        5.5    5.5
+Q5_1     affine    5-bit, scale and bias                           exact        6      6
+Q8_0     affine    int8 + 128, bias -128 scale                     exact        8.5    8.5
+TQ1_0    affine    2-bit ternary, bias -scale                      exact        2.5    1.69
+TQ2_0    affine    2-bit ternary, bias -scale                      exact        2.5    2.06
+Q4_K     affine    4-bit, scale d*sc and bias -dmin*m per 32       fp16 scales  5      4.5
+Q5_K     affine    5-bit, scale d*sc and bias -dmin*m per 32       fp16 scales  6      5.5
+Q6_K     pairs     6-bit, scale d*sc per 16, zero code 32          exact        12.56  6.56
+Q3_K     pairs     3-bit, scale d*(sc-32) per 16, zero code 4      exact        6.56   3.44
+Q2_K     pairs     2-bit, scale d*sc per 16, + offsets -dmin*m     exact        5.13   2.63
+IQ4_NL   affine    int8 codebook value + 128, scale d              exact        8.5    4.5
+IQ4_XS   affine    int8 codebook value + 128, scale d*(ls-32)      fp16 scales  8.5    4.25
+MXFP4    mxfp4     E2M1 codes and E8M0 scales as stored            exact        4.25   4.25
+IQ2_XXS  affine    grid value * sign + 128 (8-bit), per 32         fp16 scales  8.5    2.06
+IQ3_XXS  affine    grid value * sign + 128 (8-bit), per 32         fp16 scales  8.5    3.06
+IQ3_S    affine    grid value * sign + 16 (5-bit), per 32          fp16 scales  5.5    3.44
+IQ1_S    affine    8 * (grid value + delta) + 16 (5-bit), per 32   fp16 scales  5.5    1.56
+IQ2_XS   dense     float16 (scales per 16; 8-bit pairs: 17 bits)   fp16 values  16     2.31
+IQ2_S    dense     float16 (scales per 16)                         fp16 values  16     2.56
+IQ1_M    dense     float16 (scales per 16)                         fp16 values  16     1.75
+NVFP4    nvfp4     E2M1 codes and E4M3 scales as ggml reads them   exact        4.5    4.5
+=======  ========  ==============================================  ===========  =====  ====
 
 Q6_K's products ``d * sc * (q - 32)`` span 14 bits and change scale every 16 elements, so one 8-bit group of
 32 cannot hold them; two 6-bit terms (12.56 bits per weight) are cheaper than float16 (16). The grid types' codes

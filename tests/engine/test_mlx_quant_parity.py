@@ -15,11 +15,11 @@ holds the MLX weights to much less: a lossy repack fails it on every K-quant wit
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import functools
 from pathlib import Path
 
+import llama_cpp
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -33,7 +33,6 @@ from engine.gguf_file import read_gguf
 
 from .gguf_builders import write_tiny_llama
 
-llama_cpp = pytest.importorskip("llama_cpp")  # a test dependency (pyproject's test extras): present in CI
 pytestmark = pytest.mark.mlx
 Q = GGMLQuantizationType
 
@@ -60,7 +59,10 @@ GGML_WEIGHT_STD = 0.1
 
 @functools.cache
 def _ggml() -> ctypes.CDLL:
-    lib = Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"
+    """ggml's base library as llama-cpp-python ships it (libggml-base.so, .dylib or ggml-base.dll)."""
+    lib_dir = Path(llama_cpp.__file__).parent / "lib"
+    lib = next(p for pattern in ("libggml-base.so", "libggml-base.dylib", "ggml-base.dll", "libggml-base.*")
+               for p in sorted(lib_dir.glob(pattern)))
     ggml = ctypes.CDLL(str(lib))
     ggml.ggml_quantize_chunk.restype = ctypes.c_size_t
     ggml.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,

@@ -164,13 +164,13 @@ class PairMatrix:
 
     def _scales(self, dtype: mx.Dtype, ids: mx.array | None = None) -> mx.array:
         """The terms' scales (2 * rows, cols // GROUP), or of term rows ``ids``' rows ``ids // 2``."""
-        ints = self.scale_ints if ids is None else self.scale_ints[ids]
-        supers = self.super_scales if ids is None else self.super_scales[ids // 2]
-        n, n_super = ints.shape[0], supers.shape[1]
-        if ids is None:
-            supers = mx.repeat(supers, 2, axis=0)  # term rows 2r and 2r + 1 share row r's d
-        per_group = ints.astype(dtype).reshape(n, n_super, -1) * supers.astype(dtype)[:, :, None]
-        return per_group.reshape(n, -1)
+        if ids is None:  # term rows 2r and 2r + 1 share row r's super-block scales
+            rows, n_super = self.super_scales.shape
+            ints = self.scale_ints.astype(dtype).reshape(rows, 2, n_super, -1)
+            return (ints * self.super_scales.astype(dtype)[:, None, :, None]).reshape(2 * rows, -1)
+        supers = self.super_scales[ids // 2]  # (n, n_super)
+        ints = self.scale_ints[ids].astype(dtype).reshape(ids.shape[0], supers.shape[1], -1)
+        return (ints * supers.astype(dtype)[:, :, None]).reshape(ids.shape[0], -1)
 
     def _offsets(self, dtype: mx.Dtype, ids: mx.array | None = None) -> mx.array:
         """Per-16 offsets (rows, cols // 16), or of rows ``ids``."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter, TokenType
@@ -260,7 +260,8 @@ def _encode_tensor(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarra
 def write_tiny_llama(path: str | Path, *, n_layers: int = 2, n_embd: int = 64, n_heads: int = 4, n_kv_heads: int = 2,
                      n_ff: int = 128, n_ctx: int = 256, seed: int = 0, tie_embeddings: bool = True,
                      tensor_types: dict[str, GGMLQuantizationType | str] | None = None,
-                     metadata: dict[str, Any] | None = None) -> Path:
+                     metadata: dict[str, Any] | None = None, weight_std: float = 0.02,
+                     quantizer: Callable[[np.ndarray, GGMLQuantizationType], np.ndarray] = quantize) -> Path:
     """Write a tiny random-weight llama model with a byte-level GPT-2-style tokenizer and a ChatML template.
 
     Args:
@@ -271,6 +272,8 @@ def write_tiny_llama(path: str | Path, *, n_layers: int = 2, n_embd: int = 64, n
         tensor_types: type by tensor-name suffix (``"attn_q.weight": "F32"``) over ``DEFAULT_TYPES``.
         metadata: keys to add or replace (``None`` removes one, except general.architecture); a value's GGUF
             type is inferred, or given as ``(value, GGUFValueType)`` or ``(values, GGUFValueType.ARRAY, element_type)``.
+        weight_std: the standard deviation of the matrices' random weights (larger makes larger logits).
+        quantizer: ``(values, qtype) -> blocks`` for the quantized types (default: the gguf package's).
 
     Returns:
         ``path`` as a ``Path``.
@@ -296,8 +299,8 @@ def write_tiny_llama(path: str | Path, *, n_layers: int = 2, n_embd: int = 64, n
         if len(shape) == 1:
             values = 1.0 + 0.1 * rng.standard_normal(shape[::-1])
         else:
-            values = 0.02 * rng.standard_normal(shape[::-1])  # numpy order: (rows, row length)
-        encoded = _encode_tensor(values, qtype)
+            values = weight_std * rng.standard_normal(shape[::-1])  # numpy order: (rows, row length)
+        encoded = _encode_tensor(values, qtype) if qtype in (Q.F32, Q.F16) else quantizer(values.astype(np.float32), qtype)
         writer.add_tensor(name, encoded, raw_dtype=qtype if qtype not in (Q.F32, Q.F16) else None)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

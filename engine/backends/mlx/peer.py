@@ -2,7 +2,8 @@
 
 The peer gets the very same quantized arrays (no copy), mapped to mlx-lm's parameter names, so a benchmark
 compares the decoders, not the weights; only the biases of symmetric types (Q4_0, Q5_0, Q8_0, ...), which this
-backend makes at each product instead of keeping them (weights.SymmetricMatrix), are made for it, once. mlx-lm
+backend makes at each product instead of keeping them (weights.SymmetricMatrix), are made for it, once; matrices
+in layouts mlx-lm has no layer for (Q6_K, Q3_K and Q2_K as pairs of terms, MXFP4, NVFP4) reach it as float16. mlx-lm
 computes in the dtype its embedding lookup returns (float16, the scales' dtype), which is what this backend's
 products use on the GPU; on the CPU, where this backend computes in float32, the peer's embedding lookup is cast
 to float32 too (float16 is an order of magnitude slower on MLX's CPU device, which would flatter us). Needs the
@@ -15,7 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ...config import ModelConfig
-from .weights import GROUP, DenseMatrix, Matrix
+from .weights import GROUP, DenseMatrix, Matrix, MxfpMatrix, PairMatrix
 
 # our LayerWeights field -> mlx-lm module path inside a decoder layer
 PROJECTIONS = {
@@ -54,6 +55,8 @@ def model_args(config: ModelConfig) -> tuple[type[nn.Module], object]:
 def _matrix_params(prefix: str, m: Matrix) -> list[tuple[str, mx.array]]:
     if isinstance(m, DenseMatrix):
         return [(f"{prefix}.weight", m.weight)]
+    if isinstance(m, (PairMatrix, MxfpMatrix)):  # layouts mlx-lm's layers cannot hold: float16 rows instead
+        return [(f"{prefix}.weight", m.rows(mx.arange(m.n_rows)).astype(mx.float16))]
     return [(f"{prefix}.weight", m.packed), (f"{prefix}.scales", m.scales), (f"{prefix}.biases", m.biases)]
 
 

@@ -1,4 +1,4 @@
-"""Load GGUF tensors into MLX arrays: quantized matrices repacked to MLX affine form, dense ones as stored.
+"""Load GGUF tensors into MLX arrays: quantized matrices repacked to their MLX layout (repack.py), dense ones as stored.
 
 Tensor bytes are read with positional reads in chunks of rows, never through the file's memory map, so the
 file's pages stay in the page cache and do not count toward this process's resident memory; each chunk is
@@ -15,9 +15,10 @@ import mlx.core as mx
 import numpy as np
 from ...ggml_types import GGML_QUANT_SIZES, GGMLQuantizationType
 from ...gguf_file import GGUFFile, ModelFormatError
-from .repack import DENSE_ITEMSIZE, GROUP, REPACKS, repack_rows
+from .repack import DENSE_ITEMSIZE, FP4_GROUP, GROUP, REPACKS, SUB_BLOCK, Rows, repack_rows
+from .repack import mlx_weight_bytes  # noqa: F401  (the backend's fit check takes it from here)
 
-CHUNK_ELEMENTS = 1 << 16  # weights repacked at a time: each float32 temporary of a requantization is 256 KiB
+CHUNK_ELEMENTS = 1 << 16  # weights repacked at a time: each float32 temporary of a repack is 256 KiB
 RESIDUAL_DTYPE = mx.float32  # the residual stream, embeddings, the main norms and the logits
 
 
@@ -94,7 +95,8 @@ class SymmetricMatrix:
 
 @dataclasses.dataclass(frozen=True)
 class DenseMatrix:
-    """A (rows, cols) weight kept in its stored float type (float32, float16 or bfloat16)."""
+    """A (rows, cols) weight as float values: a stored float type (float32, float16, bfloat16), or float16 for a
+    GGML type whose scales change too often for an MLX group (repack.py)."""
 
     weight: mx.array  # (rows, cols)
 
@@ -109,7 +111,108 @@ class DenseMatrix:
         return self.weight.nbytes
 
 
-Matrix = QuantizedMatrix | SymmetricMatrix | DenseMatrix
+@dataclasses.dataclass(frozen=True)
+class MxfpMatrix:
+    """A (rows, cols) weight in one of MLX's E2M1 modes: ``"mxfp4"`` (an E8M0 exponent per 32, GGUF's MXFP4) or
+    ``"nvfp4"`` (an E4M3 scale per 16, GGUF's NVFP4)."""
+
+    packed: mx.array  # (rows, cols // 8) uint32
+    scales: mx.array  # (rows, cols // group_size) uint8
+    mode: str
+    bits = 4
+
+    @property
+    def group_size(self) -> int:
+        return FP4_GROUP[self.mode]
+
+    def matmul(self, x: mx.array) -> mx.array:
+        """``x @ W.T`` for x (..., cols) -> (..., rows)."""
+        return mx.quantized_matmul(x, self.packed, self.scales, transpose=True, group_size=self.group_size, bits=4,
+                                   mode=self.mode)
+
+    def rows(self, ids: mx.array) -> mx.array:
+        """Rows ``ids`` dequantized to float32, (n, cols)."""
+        return mx.dequantize(self.packed[ids], self.scales[ids], group_size=self.group_size, bits=4, mode=self.mode,
+                             dtype=mx.float32)
+
+    @property
+    def n_rows(self) -> int:
+        return self.packed.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes + self.scales.nbytes
+
+
+@dataclasses.dataclass(frozen=True)
+class PairMatrix:
+    """A (rows, cols) weight whose scales change every 16 elements (Q6_K, Q3_K, Q2_K), held exactly as two
+    symmetric terms per row (term row 2r has the even 16-element sub-blocks of each group of 32 of row r,
+    row 2r + 1 the odd ones, each zero elsewhere) plus, for Q2_K, per-16 offsets applied to the 16-element
+    sums of the input. Scales and offsets stay factored as in the file (an integer per 16 times a float16 per
+    256) and are multiplied out in the product's dtype at each product: bit exact in float32. One quantized
+    product over both terms, then a sum of each row's two outputs.
+    """
+
+    packed: mx.array  # (2 * rows, cols * bits // 32) uint32
+    scale_ints: mx.array  # (2 * rows, cols // GROUP) int8
+    super_scales: mx.array  # (rows, cols // 256) float16
+    offset_ints: mx.array | None  # (rows, cols // 16) int8
+    super_offsets: mx.array | None  # (rows, cols // 256) float16
+    zero_code: int
+    bits: int
+
+    def _scales(self, dtype: mx.Dtype, ids: mx.array | None = None) -> mx.array:
+        """The terms' scales (2 * rows, cols // GROUP), or of term rows ``ids``' rows ``ids // 2``."""
+        if ids is None:  # term rows 2r and 2r + 1 share row r's super-block scales
+            rows, n_super = self.super_scales.shape
+            ints = self.scale_ints.astype(dtype).reshape(rows, 2, n_super, -1)
+            return (ints * self.super_scales.astype(dtype)[:, None, :, None]).reshape(2 * rows, -1)
+        supers = self.super_scales[ids // 2]  # (n, n_super)
+        ints = self.scale_ints[ids].astype(dtype).reshape(ids.shape[0], supers.shape[1], -1)
+        return (ints * supers.astype(dtype)[:, :, None]).reshape(ids.shape[0], -1)
+
+    def _offsets(self, dtype: mx.Dtype, ids: mx.array | None = None) -> mx.array:
+        """Per-16 offsets (rows, cols // 16), or of rows ``ids``."""
+        ints = self.offset_ints if ids is None else self.offset_ints[ids]
+        supers = self.super_offsets if ids is None else self.super_offsets[ids]
+        per_16 = ints.astype(dtype).reshape(ints.shape[0], supers.shape[1], -1) * supers.astype(dtype)[:, :, None]
+        return per_16.reshape(ints.shape[0], -1)
+
+    def matmul(self, x: mx.array) -> mx.array:
+        """``x @ W.T`` for x (..., cols) -> (..., rows)."""
+        scales = self._scales(x.dtype)
+        y = mx.quantized_matmul(x, self.packed, scales, scales * -self.zero_code, transpose=True,
+                                group_size=GROUP, bits=self.bits)  # (..., 2 * rows)
+        y = y.reshape(*y.shape[:-1], -1, 2).sum(axis=-1)
+        if self.offset_ints is not None:
+            sums = x.reshape(*x.shape[:-1], -1, SUB_BLOCK).sum(axis=-1)  # (..., cols // 16)
+            y = y + sums @ self._offsets(x.dtype).T
+        return y.astype(x.dtype)
+
+    def rows(self, ids: mx.array) -> mx.array:
+        """Rows ``ids`` dequantized to float32, (n, cols): the two terms' rows summed (one of each pair is 0)."""
+        ids = ids.reshape(-1)
+        term_ids = (2 * ids[:, None] + mx.arange(2)).reshape(-1)  # (2n,)
+        scales = self._scales(mx.float32, term_ids)
+        both = mx.dequantize(self.packed[term_ids], scales, scales * -self.zero_code, group_size=GROUP,
+                             bits=self.bits)  # (2n, cols)
+        w = both.reshape(ids.shape[0], 2, -1).sum(axis=1)
+        if self.offset_ints is not None:
+            w = w + mx.repeat(self._offsets(mx.float32, ids), SUB_BLOCK, axis=1)
+        return w
+
+    @property
+    def n_rows(self) -> int:
+        return self.packed.shape[0] // 2
+
+    @property
+    def nbytes(self) -> int:
+        parts = (self.packed, self.scale_ints, self.super_scales, self.offset_ints, self.super_offsets)
+        return sum(p.nbytes for p in parts if p is not None)
+
+
+Matrix = QuantizedMatrix | SymmetricMatrix | DenseMatrix | MxfpMatrix | PairMatrix
 
 
 class TensorReader:
@@ -143,24 +246,6 @@ class TensorReader:
             self._fd = -1
 
 
-def mlx_weight_bytes(gguf: GGUFFile) -> int:
-    """The bytes the MLX backend will allocate for ``gguf``'s weights, from the tensor table alone."""
-    total = 0
-    for info in gguf.tensors.values():
-        n = info.n_elements
-        if len(info.shape) == 1:
-            total += 4 * n  # vectors: float32 (float16 for those applied to float16 activations: an upper bound)
-        elif info.qtype in DENSE_ITEMSIZE:
-            total += DENSE_ITEMSIZE[info.qtype] * n
-        elif info.qtype in REPACKS:
-            repack = REPACKS[info.qtype]
-            per_group = 2 if repack.zero_code is not None else 4  # float16 scale and bias (SymmetricMatrix: no bias)
-            total += n * repack.bits // 8 + n // GROUP * per_group
-        else:
-            total += info.nbytes  # refused at load anyway
-    return total
-
-
 def load_matrix(reader: TensorReader, name: str) -> Matrix:
     """Tensor ``name`` as a matrix; raises ModelFormatError for a type the MLX backend cannot hold."""
     qtype = reader.gguf.tensor(name).qtype
@@ -168,31 +253,53 @@ def load_matrix(reader: TensorReader, name: str) -> Matrix:
         return DenseMatrix(_dense(reader, name, qtype))
     if qtype not in REPACKS:
         raise ModelFormatError(f"tensor {name!r} has type {qtype.name}, which the MLX backend does not support")
+    return matrix_from_parts(qtype, _repacked(reader, name, qtype))
+
+
+def matrix_from_parts(qtype: GGMLQuantizationType, parts: dict[str, mx.array]) -> Matrix:
+    """The Matrix kind of ``qtype``'s layout over its arrays (the fields of repack's rows, as MLX arrays)."""
     repack = REPACKS[qtype]
+    if repack.layout in FP4_GROUP:
+        return MxfpMatrix(parts["packed"], parts["scales"], repack.layout)
+    if repack.layout == "dense":
+        return DenseMatrix(parts["weight"])
+    if repack.layout == "pairs":
+        packed, ints = parts["packed"], parts["scale_ints"]  # (rows, 2, ...): rows of the two terms interleaved
+        return PairMatrix(packed.reshape(-1, packed.shape[-1]), ints.reshape(-1, ints.shape[-1]),
+                          parts["super_scales"], parts.get("offset_ints"), parts.get("super_offsets"),
+                          repack.zero_code, repack.bits)
     if repack.zero_code is not None:
-        packed, scales, _ = _repacked(reader, name, qtype, with_biases=False)
-        return SymmetricMatrix(packed, scales, repack.zero_code, repack.bits)
-    return QuantizedMatrix(*_repacked(reader, name, qtype), repack.bits)
+        return SymmetricMatrix(parts["packed"], parts["scales"], repack.zero_code, repack.bits)
+    return QuantizedMatrix(parts["packed"], parts["scales"], parts["biases"], repack.bits)
 
 
-def _repacked(reader: TensorReader, name: str, qtype: GGMLQuantizationType,
-              with_biases: bool = True) -> tuple[mx.array, mx.array, mx.array | None]:
-    """(packed, scales, biases or None) of tensor ``name`` in MLX affine form, repacked chunk by chunk."""
-    info, bits = reader.gguf.tensor(name), REPACKS[qtype].bits
+def rows_to_mlx(rows: Rows, qtype: GGMLQuantizationType) -> dict[str, mx.array]:
+    """Repacked NumPy rows -> the MLX arrays a Matrix holds (a symmetric type's biases are left out)."""
+    skip = {"biases"} if REPACKS[qtype].zero_code is not None else set()
+    return {f.name: mx.array(getattr(rows, f.name)) for f in dataclasses.fields(rows)
+            if getattr(rows, f.name) is not None and f.name not in skip}
+
+
+def _repacked(reader: TensorReader, name: str, qtype: GGMLQuantizationType) -> dict[str, mx.array]:
+    """The arrays of tensor ``name`` in its MLX layout, repacked chunk by chunk into preallocated arrays."""
+    info = reader.gguf.tensor(name)
     n_rows, cols = int(np.prod(info.shape[1:])), info.shape[0]
     if cols % GROUP:
         raise ModelFormatError(f"tensor {name!r}: row length {cols} is not a multiple of {GROUP}")
-    arrays = [mx.zeros((n_rows, cols * bits // 32), mx.uint32), mx.zeros((n_rows, cols // GROUP), mx.float16)]
-    if with_biases:
-        arrays.append(mx.zeros((n_rows, cols // GROUP), mx.float16))
+    arrays: dict[str, mx.array] = {}
     step = max(1, CHUNK_ELEMENTS // cols)
     for start in range(0, n_rows, step):
         stop = min(n_rows, start + step)
-        chunk = repack_rows(reader.read_rows(name, start, stop), qtype)
-        for array, part in zip(arrays, (chunk.packed, chunk.scales, chunk.biases)):
-            array[start:stop] = mx.array(part)
-        mx.eval(arrays)  # write in place now, so only one chunk is ever pending
-    return arrays[0], arrays[1], arrays[2] if with_biases else None
+        try:
+            chunk = rows_to_mlx(repack_rows(reader.read_rows(name, start, stop), qtype), qtype)
+        except ValueError as e:
+            raise ModelFormatError(f"tensor {name!r}: {e}") from e
+        for key, part in chunk.items():
+            if key not in arrays:  # allocated once, from the first chunk's shapes and dtypes
+                arrays[key] = mx.zeros((n_rows, *part.shape[1:]), part.dtype)
+            arrays[key][start:stop] = part
+        mx.eval(list(arrays.values()))  # write in place now, so only one chunk is ever pending
+    return arrays
 
 
 def _dense(reader: TensorReader, name: str, qtype: GGMLQuantizationType) -> mx.array:

@@ -1,0 +1,167 @@
+"""Splitting a reply into thinking and answer as it streams, counting thinking tokens, and templates' profiles."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engine.chat_template import ChatTemplate
+from engine.gguf_file import read_gguf
+from engine.reasoning import (HARMONY, THINK, ReasoningProfile, ReasoningSplitter, Split, count_thinking_tokens,
+                              detect_syntax, prompt_opens_thinking, thinking_stats)
+from engine.tokenizer import Tokenizer
+from tests.llama_cpp_sources import chat_template, vocab_file
+
+QWEN_REPLY = "<think>\nThe user asks 2+2.\nThat is 4.\n</think>\n\nIt is **4**."
+HARMONY_REPLY = ("<|channel|>analysis<|message|>User asks 2+2. Simple.<|end|><|start|>assistant<|channel|>final"
+                 "<|message|>It is 4.")
+
+
+def _split(pieces, syntax, starts_in_thinking=False) -> Split:
+    splitter = ReasoningSplitter(syntax, starts_in_thinking)
+    for piece in pieces:
+        splitter.feed(piece)
+    splitter.finish()
+    return splitter.split()
+
+
+def _chunkings(text: str, n: int, seed: int = 0):
+    """Every cut into two pieces, and ``n`` random cuts into many (markers split anywhere)."""
+    for i in range(len(text) + 1):
+        yield [text[:i], text[i:]]
+    rng = random.Random(seed)
+    for _ in range(n):
+        cuts = sorted(rng.sample(range(1, len(text)), rng.randint(1, len(text) // 2)))
+        yield [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+
+
+def test_think_reply_splits_into_thinking_and_answer() -> None:
+    assert _split([QWEN_REPLY], THINK) == Split("The user asks 2+2.\nThat is 4.", "It is **4**.", False)
+
+
+@pytest.mark.parametrize("syntax,text", [(THINK, QWEN_REPLY), (HARMONY, HARMONY_REPLY)])
+def test_split_does_not_depend_on_how_the_text_arrives(syntax: str, text: str) -> None:
+    whole = _split([text], syntax)
+    assert whole.thinking and whole.answer
+    for pieces in _chunkings(text, 200):
+        assert _split(pieces, syntax) == whole, pieces
+
+
+def test_a_marker_split_across_pieces_is_held_back_until_whole() -> None:
+    splitter = ReasoningSplitter(THINK)
+    splitter.feed("Hmm <thi")
+    assert splitter.split() == Split("", "Hmm", False)  # "<thi" may become <think>
+    splitter.feed("nk>idea")
+    assert splitter.split() == Split("idea", "Hmm", True)
+    splitter.feed("</thi")
+    assert splitter.split().thinking == "idea"
+    splitter.feed("s is not a marker")
+    assert splitter.split() == Split("idea</this is not a marker", "Hmm", True)
+
+
+def test_a_reply_that_never_closes_its_thinking_is_all_thinking() -> None:
+    assert _split(["<think>\nStill going", " and going <"], THINK) == Split("Still going and going <", "", True)
+
+
+def test_a_prompt_that_opened_the_thinking_starts_the_reply_inside_it() -> None:
+    reply = "The user asks.\n</think>\n\nAnswer."
+    assert _split([reply], THINK, starts_in_thinking=True) == Split("The user asks.", "Answer.", False)
+    splitter = ReasoningSplitter(THINK, starts_in_thinking=True)
+    splitter.feed("The user")
+    assert splitter.split() == Split("The user", "", True)
+
+
+def test_a_close_without_an_open_turns_the_text_before_it_into_thinking() -> None:
+    # the template opened <think> in the prompt but the app did not know: the reply is corrected when it closes
+    splitter = ReasoningSplitter(THINK)
+    splitter.feed("The user asks.\n")
+    assert splitter.split() == Split("", "The user asks.", False)
+    splitter.feed("</think>\n\nAnswer.")
+    assert splitter.split() == Split("The user asks.", "Answer.", False)
+
+
+def test_text_without_markers_and_models_without_reasoning_are_all_answer() -> None:
+    assert _split(["a < b and c > d"], THINK) == Split("", "a < b and c > d", False)
+    assert _split(["<think>not parsed</think> here"], None) == Split("", "<think>not parsed</think> here", False)
+
+
+def test_two_thoughts_are_kept_apart() -> None:
+    split = _split(["<think>one</think>middle<think>two</think>end"], THINK)
+    assert split == Split("one\n\ntwo", "middleend", False)
+
+
+def test_harmony_analysis_is_thinking_and_final_is_answer() -> None:
+    assert _split([HARMONY_REPLY], HARMONY) == Split("User asks 2+2. Simple.", "It is 4.", False)
+    tool_call = "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}"
+    assert _split([tool_call], HARMONY) == Split("", "{}", False)
+
+
+def test_unknown_syntax_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown reasoning syntax 'xml'"):
+        ReasoningSplitter("xml")
+
+
+# -- token counts ------------------------------------------------------------------------------------------
+def test_thinking_tokens_count_the_markers_with_the_thinking() -> None:
+    pieces = ["<think>", "\n", "Let", " me", " see", "\n", "</think>", "\n\n", "Yes", "."]
+    assert count_thinking_tokens(pieces, THINK) == 7
+    assert count_thinking_tokens(pieces[1:], THINK, starts_in_thinking=True) == 6
+    assert count_thinking_tokens(pieces[1:], THINK) == 6  # the close without an open counts what came before
+    assert count_thinking_tokens(["Just", " an", " answer"], THINK) == 0
+    assert count_thinking_tokens(["<think>", "never", " closed"], THINK) == 3
+
+
+def test_thinking_tokens_of_a_marker_split_across_tokens() -> None:
+    assert count_thinking_tokens(["<th", "ink", ">\n", "hi", "</", "think", ">\n\n", "Yes"], THINK) == 7
+    assert count_thinking_tokens(["a", " <", "b"], THINK) == 0
+
+
+def test_harmony_headers_count_with_their_message() -> None:
+    pieces = ["<|channel|>", "analysis", "<|message|>", "User", " asks", "<|end|>",
+              "<|start|>", "assistant", "<|channel|>", "final", "<|message|>", "Hi"]
+    assert count_thinking_tokens(pieces, HARMONY) == 6
+
+
+def test_thinking_stats_decode_the_generated_ids_as_the_stream_did() -> None:
+    tok = Tokenizer.from_gguf(read_gguf(vocab_file("qwen2")))  # <think> is several tokens in this vocabulary
+    prompt = tok.encode("<|im_start|>assistant\n", add_special=False, parse_special=True)
+    reply = tok.encode("<think>\nhi there\n</think>\n\nAnswer", add_special=False)
+    assert thinking_stats(tok, ReasoningProfile(THINK), prompt + reply, len(reply)) == {
+        "thinking_tokens": len(reply) - 1}
+    opened = tok.encode("<|im_start|>assistant\n<think>\n", add_special=False, parse_special=True)
+    rest = tok.encode("hi there\n</think>\n\nAnswer", add_special=False)
+    assert thinking_stats(tok, ReasoningProfile(THINK), opened + rest, len(rest)) == {"thinking_tokens": len(rest) - 1}
+    assert thinking_stats(tok, ReasoningProfile(None), prompt + reply, len(reply)) == {}
+    assert thinking_stats(tok, ReasoningProfile(THINK), prompt, 0) == {}
+
+
+# -- templates -----------------------------------------------------------------------------------------------
+def test_prompt_opens_thinking() -> None:
+    assert prompt_opens_thinking("<|im_start|>assistant\n<think>\n", THINK)
+    assert not prompt_opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n", THINK)
+    assert not prompt_opens_thinking("<|im_start|>assistant\n<think>\n", None)
+
+
+@pytest.mark.parametrize("name,profile", [
+    ("Qwen-Qwen3-0.6B", ReasoningProfile(THINK, True, False, False)),
+    ("Qwen3.5-4B", ReasoningProfile(THINK, True, True, False)),
+    ("HuggingFaceTB-SmolLM3-3B", ReasoningProfile(THINK, True, False, False)),
+    ("Qwen-QwQ-32B", ReasoningProfile(THINK, True, True, False)),
+    ("openai-gpt-oss-120b", ReasoningProfile(HARMONY, False, False, False)),
+    ("meta-llama-Llama-3.2-3B-Instruct", ReasoningProfile(None, False, False, False)),
+    ("google-gemma-2-2b-it", ReasoningProfile(None, False, False, False)),
+])
+def test_real_templates_reasoning_profiles(name: str, profile: ReasoningProfile) -> None:
+    template = ChatTemplate(chat_template(name))
+    assert template.reasoning == profile
+    assert detect_syntax(template.source) == profile.syntax
+    assert template.reasoning.template_vars(False) == ({"enable_thinking": False} if profile.has_switch else {})
+
+
+def test_profile_round_trips_and_malformed_data_means_no_reasoning() -> None:
+    profile = ReasoningProfile(THINK, True, True, False)
+    assert ReasoningProfile.from_dict(profile.to_dict()) == profile
+    assert ReasoningProfile.from_dict({"syntax": "xml"}) == ReasoningProfile()
+    assert ReasoningProfile.from_dict(None) == ReasoningProfile()
+    assert profile.opens(True) and profile.opens(None) and not profile.opens(False)

@@ -136,8 +136,10 @@ class ReasoningSplitter:
         self._parse(final=True)
 
     def split(self) -> Split:
-        """The thinking and the answer so far (held-back text excluded), each without surrounding blank lines."""
-        return Split("".join(self._thinking).strip(), "".join(self._answer).lstrip("\n").rstrip(),
+        """The thinking and the answer so far (held-back text excluded); the thinking without surrounding
+        whitespace, the answer without the blank lines that follow a thought."""
+        answer = "".join(self._answer)
+        return Split("".join(self._thinking).strip(), answer.lstrip() if self._thinking else answer,
                      self._thinking_now())
 
     def _thinking_now(self) -> bool:

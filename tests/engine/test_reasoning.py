@@ -51,13 +51,13 @@ def test_split_does_not_depend_on_how_the_text_arrives(syntax: str, text: str) -
 def test_a_marker_split_across_pieces_is_held_back_until_whole() -> None:
     splitter = ReasoningSplitter(THINK)
     splitter.feed("Hmm <thi")
-    assert splitter.split() == Split("", "Hmm", False)  # "<thi" may become <think>
+    assert splitter.split() == Split("", "Hmm ", False)  # "<thi" may become <think>
     splitter.feed("nk>idea")
-    assert splitter.split() == Split("idea", "Hmm", True)
+    assert splitter.split() == Split("idea", "Hmm ", True)
     splitter.feed("</thi")
     assert splitter.split().thinking == "idea"
     splitter.feed("s is not a marker")
-    assert splitter.split() == Split("idea</this is not a marker", "Hmm", True)
+    assert splitter.split() == Split("idea</this is not a marker", "Hmm ", True)
 
 
 def test_a_reply_that_never_closes_its_thinking_is_all_thinking() -> None:
@@ -76,7 +76,7 @@ def test_a_close_without_an_open_turns_the_text_before_it_into_thinking() -> Non
     # the template opened <think> in the prompt but the app did not know: the reply is corrected when it closes
     splitter = ReasoningSplitter(THINK)
     splitter.feed("The user asks.\n")
-    assert splitter.split() == Split("", "The user asks.", False)
+    assert splitter.split() == Split("", "The user asks.\n", False)
     splitter.feed("</think>\n\nAnswer.")
     assert splitter.split() == Split("The user asks.", "Answer.", False)
 

@@ -90,7 +90,7 @@ class ThinkingBlock(QFrame):
         self.body.hide()
         self._user_choice: bool | None = None
         layout = QVBoxLayout(self)
-        layout.setContentsMargins(8, 0, 0, 2)
+        layout.setContentsMargins(0, 0, 0, 2)
         layout.setSpacing(2)
         layout.addWidget(self.header, 0, Qt.AlignmentFlag.AlignLeft)
         layout.addWidget(self.body)

@@ -17,7 +17,8 @@ from tests.llama_cpp_sources import llama_cpp_tree
 
 FAMILIES = (
     "Qwen-Qwen3-0.6B", "Qwen3.5-4B", "HuggingFaceTB-SmolLM3-3B", "google-gemma-2-2b-it",
-    "microsoft-Phi-3.5-mini-instruct", "Mistral-Small-3.2-24B-Instruct-2506", "mistralai-Ministral-3-14B-Reasoning-2512",
+    "microsoft-Phi-3.5-mini-instruct", "Mistral-Small-3.2-24B-Instruct-2506",
+    "mistralai-Ministral-3-14B-Reasoning-2512",
     "ibm-granite-granite-3.3-2B-Instruct", "ibm-granite-granite-4.0", "meta-llama-Llama-3.1-8B-Instruct",
     "meta-llama-Llama-3.2-3B-Instruct", "meta-llama-Llama-3.3-70B-Instruct", "openai-gpt-oss-120b",
 )

@@ -16,6 +16,7 @@ template uses, whether it has an ``enable_thinking`` switch and whether its gene
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -128,7 +129,8 @@ class ReasoningSplitter:
         self._pending += text
         self._parse(final=False)
         if n_tokens:
-            held = self._header or (bool(text) and len(self._pending) >= len(text))  # all of it may be a marker
+            # no text yet (a character or a space clean-up still pending) or all of it may be a marker: decided later
+            held = self._header or len(self._pending) >= len(text)
             self._count(n_tokens, was_thinking, self._thinking_now() or self._thinking_chars > chars, held)
 
     def finish(self) -> None:
@@ -274,10 +276,10 @@ def thinking_stats(tokenizer: Any, profile: ReasoningProfile, sequence: Sequence
     """
     if profile.syntax is None or n_generated <= 0 or n_generated > len(sequence):
         return {}
-    from engine.tokenizer import IncrementalDecoder  # the tokenizer imports nothing from here
     prompt = sequence[:len(sequence) - n_generated]
     opened = prompt_opens_thinking(tokenizer.decode(prompt[-_PROMPT_TAIL_TOKENS:]), profile.syntax)
-    decoder = IncrementalDecoder(tokenizer, skip_special=True)  # as the reply was streamed
-    pieces = [decoder.add(token) for token in sequence[len(prompt):]]
-    pieces[-1] += decoder.flush()
+    # each token's own text (no space clean-up, which would hold text back to a later token), as streamed
+    utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+    pieces = [utf8.decode(tokenizer.token_to_bytes(token, skip_special=True)) for token in sequence[len(prompt):]]
+    pieces[-1] += utf8.decode(b"", final=True)
     return {"thinking_tokens": count_thinking_tokens(pieces, profile.syntax, opened)}

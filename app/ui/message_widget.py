@@ -98,7 +98,8 @@ class ThinkingBlock(QFrame):
     def show_thinking(self, text: str, title: str, open_by_default: bool) -> None:
         self.header.setText(title)
         self.header.setAccessibleName(title)
-        self.body.set_markdown(text)
+        # thoughts are written line by line: keep their line breaks (Markdown would join the lines of a paragraph)
+        self.body.set_markdown(text if "```" in text else text.replace("\n", "  \n"))
         self._set_open(open_by_default if self._user_choice is None else self._user_choice)
 
     def is_open(self) -> bool:

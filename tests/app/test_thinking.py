@@ -55,6 +55,8 @@ def test_a_thinking_reply_is_stored_apart_and_shown_folded(qtbot, make_session):
     assert widget.body.markdown == "Hello!" and "10 tokens (7 thinking)" in widget._stats.text()
     qtbot.mouseClick(widget.thinking.header, Qt.MouseButton.LeftButton)
     assert widget.thinking.is_open() and widget.thinking.body.markdown == "The user greets me."
+    widget.set_thinking("Line one\nLine two", False)
+    assert widget.thinking.body.markdown == "Line one  \nLine two"  # a hard break: the lines stay apart
 
 
 def test_the_thinking_switch_reaches_the_template_and_the_panel_shows_it(qtbot, make_session):

@@ -123,7 +123,7 @@ def test_harmony_headers_count_with_their_message() -> None:
     assert count_thinking_tokens(pieces, HARMONY) == 6
 
 
-def test_thinking_stats_decode_the_generated_ids_as_the_stream_did() -> None:
+def test_thinking_stats_read_each_generated_token_s_own_text() -> None:
     tok = Tokenizer.from_gguf(read_gguf(vocab_file("qwen2")))  # <think> is several tokens in this vocabulary
     prompt = tok.encode("<|im_start|>assistant\n", add_special=False, parse_special=True)
     reply = tok.encode("<think>\nhi there\n</think>\n\nAnswer", add_special=False)
@@ -165,3 +165,29 @@ def test_profile_round_trips_and_malformed_data_means_no_reasoning() -> None:
     assert ReasoningProfile.from_dict({"syntax": "xml"}) == ReasoningProfile()
     assert ReasoningProfile.from_dict(None) == ReasoningProfile()
     assert profile.opens(True) and profile.opens(None) and not profile.opens(False)
+
+
+# -- through the model --------------------------------------------------------------------------------------
+def test_model_passes_enable_thinking_to_its_template_and_counts_thinking(tmp_path) -> None:
+    from engine.model import load
+    from tests.engine.gguf_builders import write_tiny_llama
+
+    path = write_tiny_llama(tmp_path / "qwen3-template.gguf",
+                            metadata={"tokenizer.chat_template": chat_template("Qwen-Qwen3-0.6B")})
+    model = load(path, backend="numpy", n_ctx=256)
+    try:
+        assert model.reasoning == ReasoningProfile(THINK, True, False, False)
+        messages = [{"role": "user", "content": "Hi"}]
+        off = model.detokenize(model.chat_ids(messages, template_vars={"enable_thinking": False}))
+        on = model.detokenize(model.chat_ids(messages, template_vars={"enable_thinking": True}))
+        assert off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n") and on.endswith("assistant\n")
+        prompt = model.chat_ids(messages)
+        reply = model.tokenize("<think>\nhm\n</think>\n\nYes", add_special=False)
+        closed = next(k for k in range(len(reply) + 1) if "</think>" in model.detokenize(reply[:k]))
+        assert 10 < closed < len(reply)  # tiny vocabulary: the markers are several tokens
+        assert model.thinking_stats(len(reply), prompt + reply) == {"thinking_tokens": closed}
+        _, events = model.chat(messages, max_tokens=4, template_vars={"enable_thinking": False})
+        last = list(events)[-1]
+        assert set(model.thinking_stats(last.generated_tokens)) == {"thinking_tokens"}  # the live sequence
+    finally:
+        model.close()

@@ -20,7 +20,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
 from jinja2.visitor import NodeTransformer
 
-from .reasoning import ReasoningProfile, detect_syntax, prompt_opens_thinking
+from .reasoning import ReasoningProfile, profile_of
 
 MAX_SOURCE_CHARS = 1_000_000  # the largest real chat templates are a few tens of kilobytes
 MAX_RANGE = 100_000  # longest range() a template may build
@@ -605,20 +605,9 @@ class ChatTemplate:
 
     @functools.cached_property
     def reasoning(self) -> ReasoningProfile:
-        """How this template handles reasoning: its syntax, its ``enable_thinking`` switch, and whether the
-        generation prompt opens the thinking (found by rendering a one-message conversation each way)."""
-        syntax, has_switch = detect_syntax(self.source), "enable_thinking" in self.source
-        if syntax is None:
-            return ReasoningProfile(None, has_switch)
-
-        def opens(**extra: Any) -> bool:
-            try:
-                return prompt_opens_thinking(self.render(_PROBE, add_generation_prompt=True, **extra), syntax)
-            except TemplateError:
-                return False
-
-        on = opens(enable_thinking=True) if has_switch else opens()
-        return ReasoningProfile(syntax, has_switch, on, opens(enable_thinking=False) if has_switch else on)
+        """How this template handles reasoning: its syntax, its ``enable_thinking`` switch, and whether its
+        generation prompt opens the thinking (``engine.reasoning.profile_of``)."""
+        return profile_of(self.source, lambda **extra: self.render(_PROBE, add_generation_prompt=True, **extra))
 
     def _probe(self) -> None:
         if _PROBE[0]["content"] not in self.render(_PROBE, add_generation_prompt=True):

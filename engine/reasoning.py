@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 THINK, HARMONY = "think", "harmony"
@@ -71,6 +71,28 @@ def detect_syntax(template_source: str) -> str | None:
     if THINK_CLOSE in template_source:
         return THINK
     return None
+
+
+def profile_of(template_source: str, render_probe: Callable[..., str]) -> ReasoningProfile:
+    """A chat template's ``ReasoningProfile``.
+
+    Args:
+        template_source: the template's text (its syntax and switch are read from it).
+        render_probe: renders a one-message conversation with a generation prompt, with extra template variables
+            as keyword arguments; a ``ValueError`` (``TemplateError``) counts as "does not open the thinking".
+    """
+    syntax, has_switch = detect_syntax(template_source), "enable_thinking" in template_source
+    if syntax is None:
+        return ReasoningProfile(None, has_switch)
+
+    def opens(**extra: Any) -> bool:
+        try:
+            return prompt_opens_thinking(render_probe(**extra), syntax)
+        except ValueError:
+            return False
+
+    on = opens(enable_thinking=True) if has_switch else opens()
+    return ReasoningProfile(syntax, has_switch, on, opens(enable_thinking=False) if has_switch else on)
 
 
 def prompt_opens_thinking(prompt_text: str, syntax: str | None) -> bool:

@@ -9,7 +9,7 @@ import pytest
 from engine.chat_template import ChatTemplate
 from engine.gguf_file import read_gguf
 from engine.reasoning import (HARMONY, THINK, ReasoningProfile, ReasoningSplitter, Split, count_thinking_tokens,
-                              detect_syntax, prompt_opens_thinking, thinking_stats)
+                              detect_syntax, profile_of, prompt_opens_thinking, thinking_stats)
 from engine.tokenizer import Tokenizer
 from tests.llama_cpp_sources import chat_template, vocab_file
 
@@ -157,6 +157,15 @@ def test_real_templates_reasoning_profiles(name: str, profile: ReasoningProfile)
     assert template.reasoning == profile
     assert detect_syntax(template.source) == profile.syntax
     assert template.reasoning.template_vars(False) == ({"enable_thinking": False} if profile.has_switch else {})
+
+
+def test_a_template_that_fails_to_render_does_not_open_the_thinking() -> None:
+    def failing(**extra):
+        raise ValueError("System role not supported")
+
+    assert profile_of("{{ raise_exception('x') }} </think>", failing) == ReasoningProfile(THINK, False, False, False)
+    assert profile_of("<think>{% if enable_thinking %}", lambda **extra: "<think>\n" if extra["enable_thinking"]
+                      else "") == ReasoningProfile(None, True)  # no </think>: no syntax to split on
 
 
 def test_profile_round_trips_and_malformed_data_means_no_reasoning() -> None:

@@ -1,10 +1,13 @@
 """Reasoning ("thinking") in a reply: split the generated text into thinking and answer, as it streams.
 
-Two syntaxes are understood:
+Three syntaxes are understood:
 
 * ``think``: Qwen3, QwQ, SmolLM3, DeepSeek-R1 distills write ``<think>…</think>`` before the answer. Some templates
   put ``<think>`` at the end of the prompt (Qwen3.5, QwQ), so the reply starts inside the thinking and only closes
   it; a ``</think>`` with no ``<think>`` before it therefore turns everything before it into thinking.
+* ``mistral``: Magistral and Ministral 3 Reasoning write ``[THINK]…[/THINK]``, the same way. Those markers are
+  control tokens, which a reply's text leaves out unless the vocabulary preserves them (``engine.vocab`` does when
+  the chat template uses them, as llama.cpp's server does).
 * ``harmony``: gpt-oss writes messages ``<|channel|>NAME<|message|>TEXT<|end|>`` (the last one ends at
   ``<|return|>``, an end-of-generation token the decoder leaves out); the ``analysis`` channel is thinking, the
   others (``final``, ``commentary``) are answer. Headers such as ``<|start|>assistant`` are dropped.
@@ -21,9 +24,10 @@ import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-THINK, HARMONY = "think", "harmony"
-SYNTAXES = (THINK, HARMONY)
+THINK, MISTRAL, HARMONY = "think", "mistral", "harmony"
+SYNTAXES = (THINK, MISTRAL, HARMONY)
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+MARKERS = {THINK: (THINK_OPEN, THINK_CLOSE), MISTRAL: ("[THINK]", "[/THINK]")}  # open, close
 CHANNEL, MESSAGE, END, START = "<|channel|>", "<|message|>", "<|end|>", "<|start|>"
 THINKING_CHANNELS = ("analysis",)
 _PROMPT_TAIL_TOKENS = 24  # prompt tokens decoded to see whether the prompt opened the thinking
@@ -34,7 +38,7 @@ class ReasoningProfile:
     """How a model's chat template handles reasoning.
 
     Attributes:
-        syntax: ``"think"``, ``"harmony"`` or None (the template shows no reasoning syntax).
+        syntax: ``"think"``, ``"mistral"``, ``"harmony"`` or None (the template shows no reasoning syntax).
         has_switch: the template reads ``enable_thinking``.
         opens_on: the generation prompt ends inside an open ``<think>`` with thinking on (or no switch set).
         opens_off: the same with ``enable_thinking`` false.
@@ -68,9 +72,7 @@ def detect_syntax(template_source: str) -> str | None:
     """The reasoning syntax a chat template writes or parses, from its source text."""
     if CHANNEL in template_source and "analysis" in template_source:
         return HARMONY
-    if THINK_CLOSE in template_source:
-        return THINK
-    return None
+    return next((syntax for syntax, (_, close) in MARKERS.items() if close in template_source), None)
 
 
 def profile_of(template_source: str, render_probe: Callable[..., str]) -> ReasoningProfile:
@@ -97,9 +99,10 @@ def profile_of(template_source: str, render_probe: Callable[..., str]) -> Reason
 
 def prompt_opens_thinking(prompt_text: str, syntax: str | None) -> bool:
     """True when ``prompt_text`` ends inside an unclosed ``<think>`` (the reply starts by thinking)."""
-    if syntax != THINK:
+    if syntax not in MARKERS:
         return False
-    return prompt_text.rfind(THINK_OPEN) > prompt_text.rfind(THINK_CLOSE)
+    opening, closing = MARKERS[syntax]
+    return prompt_text.rfind(opening) > prompt_text.rfind(closing)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +118,7 @@ class ReasoningSplitter:
     """Splits streamed reply text into thinking and answer, holding back a marker split across pieces.
 
     Args:
-        syntax: ``"think"``, ``"harmony"`` or None (everything is answer).
+        syntax: ``"think"``, ``"mistral"``, ``"harmony"`` or None (everything is answer).
         starts_in_thinking: the prompt opened the thinking (``ReasoningProfile.opens``).
 
     Attributes:
@@ -137,7 +140,8 @@ class ReasoningSplitter:
         self._answer: list[str] = []
         self._thinking_chars = 0
         self._pending = ""  # text not yet parsed: it may end with the start of a marker
-        self._in_thinking = starts_in_thinking and syntax == THINK
+        self._open, self._close = MARKERS.get(syntax, ("", ""))
+        self._in_thinking = starts_in_thinking and syntax in MARKERS
         self._opened = self._in_thinking  # a <think> was seen (or the prompt opened one)
         self._reopened_all = False  # a </think> without <think> just made everything before it thinking
         self._header = syntax == HARMONY  # harmony: before a message's <|message|>
@@ -185,7 +189,7 @@ class ReasoningSplitter:
             self._undecided = 0
 
     def _parse(self, final: bool) -> None:
-        if self.syntax == THINK:
+        if self.syntax in MARKERS:
             self._parse_think(final)
         elif self.syntax == HARMONY:
             self._parse_harmony(final)
@@ -199,18 +203,18 @@ class ReasoningSplitter:
             if part is self._thinking:
                 self._thinking_chars += len(text)
 
-    # -- <think> ... </think> ----------------------------------------------------------------------------------
+    # -- <think> ... </think>, [THINK] ... [/THINK] ------------------------------------------------------------------
     def _parse_think(self, final: bool) -> None:
         while self._pending:
-            marker = THINK_CLOSE if self._in_thinking else THINK_OPEN
+            marker = self._close if self._in_thinking else self._open
             at = self._pending.find(marker)
             if not self._in_thinking and not self._opened:
-                close = self._pending.find(THINK_CLOSE)
+                close = self._pending.find(self._close)
                 if close >= 0 and (at < 0 or close < at):
                     self._close_unopened(close)
                     continue
             if at < 0:
-                keep = 0 if final else _partial_marker(self._pending, (marker, THINK_CLOSE))
+                keep = 0 if final else _partial_marker(self._pending, (marker, self._close))
                 self._emit(self._pending[:len(self._pending) - keep])
                 self._pending = self._pending[len(self._pending) - keep:]
                 return
@@ -226,7 +230,7 @@ class ReasoningSplitter:
         earlier, self._answer = self._answer, []
         for text in (*earlier, self._pending[:close]):
             self._append(self._thinking, text)
-        self._pending = self._pending[close + len(THINK_CLOSE):]
+        self._pending = self._pending[close + len(self._close):]
         self._opened = self._reopened_all = True
 
     def _emit(self, text: str) -> None:

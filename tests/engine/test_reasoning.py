@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from engine.chat_template import ChatTemplate
 from engine.gguf_file import read_gguf
-from engine.reasoning import (HARMONY, THINK, ReasoningProfile, ReasoningSplitter, Split, count_thinking_tokens,
-                              detect_syntax, profile_of, prompt_opens_thinking, thinking_stats)
+from engine.reasoning import (HARMONY, MISTRAL, THINK, ReasoningProfile, ReasoningSplitter, Split,
+                              count_thinking_tokens, detect_syntax, profile_of, prompt_opens_thinking, thinking_stats)
 from engine.tokenizer import Tokenizer
+from engine.vocab import load_vocab
 from tests.llama_cpp_sources import chat_template, vocab_file
 
 QWEN_REPLY = "<think>\nThe user asks 2+2.\nThat is 4.\n</think>\n\nIt is **4**."
@@ -200,3 +202,38 @@ def test_model_passes_enable_thinking_to_its_template_and_counts_thinking(tmp_pa
         assert set(model.thinking_stats(last.generated_tokens)) == {"thinking_tokens"}  # the live sequence
     finally:
         model.close()
+
+
+# -- Mistral's [THINK] ------------------------------------------------------------------------------------------
+def test_mistral_think_markers_split_like_think_tags() -> None:
+    reply = "[THINK]Check the units.[/THINK]It is 5 m."
+    assert _split([reply], MISTRAL) == Split("Check the units.", "It is 5 m.", False)
+    for pieces in _chunkings(reply, 50):
+        assert _split(pieces, MISTRAL) == _split([reply], MISTRAL)
+    assert count_thinking_tokens(["[THINK]", "Check", "[/THINK]", "It"], MISTRAL) == 3
+
+
+def test_ministral_reasoning_template_profile() -> None:
+    template = ChatTemplate(chat_template("mistralai-Ministral-3-14B-Reasoning-2512"))
+    assert template.reasoning == ReasoningProfile(MISTRAL, False, False, False)
+
+
+def _mistral_vocab(template: str | None) -> Tokenizer:
+    """A small SentencePiece vocabulary with Mistral's [THINK] control tokens and a given chat template."""
+    tokens = ["<unk>", "<s>", "</s>", "[THINK]", "[/THINK]", "\u2581Hi", *(f"<0x{b:02X}>" for b in range(256))]
+    metadata = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
+                "tokenizer.ggml.token_type": np.array([2, 3, 3, 3, 3, 1] + [6] * 256, "int32")}
+    if template is not None:
+        metadata["tokenizer.chat_template"] = template
+    return Tokenizer(load_vocab(metadata))
+
+
+def test_the_markers_a_template_uses_survive_skip_special() -> None:
+    tok = _mistral_vocab("{{ '[THINK]' + thinking + '[/THINK]' }}")
+    ids = [3, 5, 4, 5]
+    assert tok.decode(ids, skip_special=True) == "[THINK] Hi[/THINK] Hi"
+    assert tok.decode([1, *ids, 2], skip_special=True) == "[THINK] Hi[/THINK] Hi"  # BOS and EOS still left out
+    plain = _mistral_vocab("{{ messages }}")  # a template without them: they stay control tokens, left out
+    assert plain.decode(ids, skip_special=True) == " Hi Hi"
+    assert _mistral_vocab(None).decode(ids, skip_special=True) == " Hi Hi"
+    assert tok.encode("[THINK]", add_special=False) != [3]  # still matched only with parse_special, as in llama.cpp

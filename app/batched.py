@@ -153,7 +153,8 @@ class BatchRunner:
         prefill are the lone stream's when the reply was handed over; decode speed is over the batched part."""
         model, first, last = self.model, reply.before, reply.last
         stats = {"dropped": reply.dropped, "n_ctx": model.n_ctx, "model": model.name, "finish_reason": reason,
-                 "generated_tokens": reply.generated_tokens, "batched": True}
+                 "generated_tokens": reply.generated_tokens, "batched": True,
+                 **model.thinking_stats(reply.generated_tokens, reply.sequence)}
         timed = first or last
         if timed is None:  # cancelled before its first token
             return stats

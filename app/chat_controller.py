@@ -11,6 +11,7 @@ import dataclasses
 
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
+from engine.reasoning import ReasoningProfile, ReasoningSplitter
 from engine.thermal import Mode
 
 from .chat_settings import ChatSettings
@@ -43,7 +44,9 @@ class ChatController(QObject):
         conversations_changed(): the list of conversations (titles, order, membership, which are answering) changed.
         conversation_opened(int): the shown conversation changed; views reload ``messages()``.
         messages_changed(int): a conversation's messages were added, edited or deleted.
-        reply_text(int, str): message id and the whole text so far of the streaming reply.
+        reply_text(int, str): message id and the whole answer so far of the streaming reply.
+        reply_thinking(int, str, bool): message id, the whole thinking so far of the streaming reply, and whether
+            it is still thinking (emitted only for models whose template has a reasoning syntax).
         generating_changed(bool): whether a reply is being generated for the shown conversation.
         model_changed(dict): the loaded model's info (path, name, n_ctx, notices); {} while none is loaded.
         status(str): a short line for the status bar.
@@ -57,6 +60,7 @@ class ChatController(QObject):
     conversation_opened = Signal(int)
     messages_changed = Signal(int)
     reply_text = Signal(int, str)
+    reply_thinking = Signal(int, str, bool)
     generating_changed = Signal(bool)
     model_changed = Signal(object)
     status = Signal(str)
@@ -112,7 +116,8 @@ class ChatController(QObject):
         reply = self._replies.get(self.current_id)
         if reply is not None:
             live = reply.writer
-            messages = [dataclasses.replace(m, content=live.text) if m.id == live.message_id else m for m in messages]
+            messages = [dataclasses.replace(m, content=live.text, thinking=live.thinking) if m.id == live.message_id
+                        else m for m in messages]
         return messages
 
     def settings(self) -> ChatSettings:
@@ -135,6 +140,10 @@ class ChatController(QObject):
         if self.model_info.get("path") == path:
             return self.model_info.get("name") or path
         return path.replace("\\", "/").rsplit("/", 1)[-1]
+
+    def reasoning(self) -> ReasoningProfile:
+        """How the loaded model's chat template handles reasoning (none while no model is loaded)."""
+        return ReasoningProfile.from_dict(self.model_info.get("reasoning"))
 
     def is_generating(self) -> bool:
         """Whether the shown conversation has a reply being generated."""
@@ -235,7 +244,7 @@ class ChatController(QObject):
         reply = self._replies.get(self.current_id if conversation_id is None else conversation_id)
         if reply is None:
             return
-        if reply.writer.text:
+        if reply.writer.text or reply.writer.thinking:
             self.host.stop(reply.request_id)
         else:
             self.stop_and_forget(reply.conversation_id)
@@ -278,7 +287,7 @@ class ChatController(QObject):
         if reply is None:
             return
         self.host.stop(reply.request_id)
-        if reply.writer.text:
+        if reply.writer.text or reply.writer.thinking:
             reply.writer.finish("stopped", {"finish_reason": "cancelled"})
         else:
             self.store.delete_message(reply.writer.message_id)
@@ -311,7 +320,7 @@ class ChatController(QObject):
         history = self.history(conv.id)
         options = {**conv.settings.sampling_kwargs(), "max_tokens": conv.settings.max_tokens,
                    "speculation": conv.settings.speculation_options(), "conversation_id": conv.id,
-                   "thermal_mode": self.thermal_mode()}
+                   "thermal_mode": self.thermal_mode(), "template_vars": conv.settings.template_options()}
         writer = self.store.begin_reply(conv.id)
         request_id = self.host.generate(path, conv.settings.n_ctx, history, options)
         self._replies[conv.id] = _Reply(request_id, conv.id, writer, model)
@@ -329,12 +338,21 @@ class ChatController(QObject):
         reply = self._current_reply(request_id)
         if reply is None:
             return
-        reply.writer.append(text)
-        if not reply.streaming:
+        if not reply.streaming:  # the model is loaded now (its "loaded" came first): read its reasoning syntax
             reply.streaming = True
+            reply.writer.splitter = self._splitter(reply.conversation_id)
             emit(self.status, "Answering…  (Esc to stop)")
+        writer = reply.writer
+        writer.append(text)
         if reply.conversation_id == self.current_id:
-            emit(self.reply_text, reply.writer.message_id, reply.writer.text)
+            if writer.splitter.syntax is not None:
+                emit(self.reply_thinking, writer.message_id, writer.thinking, writer.in_thinking)
+            emit(self.reply_text, writer.message_id, writer.text)
+
+    def _splitter(self, conversation_id: int) -> ReasoningSplitter:
+        profile = self.reasoning()
+        enable = self.store.conversation(conversation_id).settings.enable_thinking
+        return ReasoningSplitter(profile.syntax, profile.opens(enable if profile.has_switch else None))
 
     @Slot(int, object)
     def _on_finished(self, request_id: int, stats: dict) -> None:

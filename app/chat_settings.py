@@ -1,4 +1,5 @@
-"""Per-conversation generation settings: system prompt, sampling, reply length, context length, speculation."""
+"""Per-conversation generation settings: system prompt, sampling, reply length, context length, speculation,
+thinking."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ class ChatSettings:
     speculation: str = "lookup"  # one of SPECULATION_MODES
     draft_model: str = ""
     max_draft: int = 8  # the most tokens drafted per verify pass; the adaptive controller often drafts fewer
+    enable_thinking: bool = True  # the chat template's own switch, for templates that read enable_thinking
 
     @classmethod
     def from_dict(cls, data: dict) -> ChatSettings:
@@ -44,6 +46,8 @@ class ChatSettings:
             default = field.default
             if isinstance(default, str) and not isinstance(value, str):
                 continue  # str() of a number or null would make a mode or path that was never chosen
+            if isinstance(default, bool) and not isinstance(value, bool):
+                continue  # bool() of "false" is True
             try:
                 values[key] = type(default)(value)
             except (TypeError, ValueError):
@@ -73,6 +77,10 @@ class ChatSettings:
         """Keyword arguments for ``engine.sampling.SamplingParams`` (seed None for a random one)."""
         return dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
                     repeat_penalty=self.repeat_penalty, seed=None if self.seed < 0 else self.seed)
+
+    def template_options(self) -> dict:
+        """Chat-template variables this conversation asks for; the engine passes on only those a template reads."""
+        return {"enable_thinking": self.enable_thinking}
 
     def speculation_options(self) -> dict:
         """What the engine worker needs to build the reply's speculator (``app.speculation.SpeculationChoice``)."""

@@ -24,7 +24,7 @@ from engine.atomic_write import atomic_write
 from .chat_settings import ChatSettings
 from .store import Conversation, ConversationStore
 
-FORMAT, VERSION = "hearth-conversation", 1
+FORMAT, VERSION = "hearth-conversation", 2  # 2: a message's "thinking", the "enable_thinking" setting
 ARCHIVE_FORMAT, ARCHIVE_VERSION = "hearth-archive", 1
 MANIFEST = "manifest.json"
 MAX_JSON_BYTES = 64 << 20  # one conversation file
@@ -38,10 +38,13 @@ SHA256 = re.compile(r"[0-9a-f]{64}")
 TOP_KEYS = {"format", "version", "exported_at", "exported_by", "title", "created_at", "updated_at", "model",
             "system_prompt", "settings", "messages"}
 OPTIONAL_TOP_KEYS = {"exported_at", "exported_by"}
-MESSAGE_KEYS = {"role", "content", "created_at", "state", "stats"}
+MESSAGE_KEYS = {"role", "content", "created_at", "state", "stats", "thinking"}
+OPTIONAL_MESSAGE_KEYS = {"state", "stats", "thinking"}
+SINCE_VERSION_2 = {"thinking", "enable_thinking"}  # a version-1 document may not have them
 # speed choices of this machine (speculative decoding, a local draft model path): not part of the format
 LOCAL_SETTINGS = {"speculation", "draft_model", "max_draft"}
 SETTINGS_KEYS = {f.name for f in dataclasses.fields(ChatSettings)} - {"system_prompt"} - LOCAL_SETTINGS
+OPTIONAL_SETTINGS = {"enable_thinking"}  # absent from version-1 documents
 
 
 class ConversationFormatError(ValueError):
@@ -64,6 +67,7 @@ class ImportedMessage:
     state: str
     stats: dict
     created_at: float
+    thinking: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +90,8 @@ def conversation_document(store: ConversationStore, conversation_id: int, model:
     settings = {k: v for k, v in conv.settings.to_dict().items() if k in SETTINGS_KEYS}
     system_prompt = conv.settings.system_prompt
     messages = [{"role": m.role, "content": m.content, "created_at": iso_time(m.created_at),
-                 "state": "interrupted" if m.state == "streaming" else m.state, "stats": m.stats}
+                 "state": "interrupted" if m.state == "streaming" else m.state, "stats": m.stats,
+                 **({"thinking": m.thinking} if m.thinking else {})}
                 for m in store.messages(conversation_id)]
     return {"format": FORMAT, "version": VERSION, "exported_at": iso_time(clock()),
             "exported_by": f"Hearth {__version__}", "title": conv.title, "created_at": iso_time(conv.created_at),
@@ -106,14 +111,28 @@ def to_markdown(document: dict) -> str:
         digest = f" (sha256 {model['sha256']})" if model.get("sha256") else ""
         lines.append(f"- Model: {model['name']}{digest}")
     lines.append(f"- Started: {_readable_time(document['created_at'])}")
-    lines.append("- Settings: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in document["settings"].items()))
+    lines.append("- Settings: " + ", ".join(f"{k.replace('_', ' ')} {_setting_text(v)}"
+                                            for k, v in document["settings"].items()))
     lines.append("")
     if document["system_prompt"].strip():
         lines += ["## System prompt", "", *[f"> {line}" for line in document["system_prompt"].splitlines()], ""]
     for m in document["messages"]:
         note = "" if m["state"] == "complete" else f" ({m['state']})"
-        lines += [f"## {m['role'].capitalize()} — {_readable_time(m['created_at'])}{note}", "", m["content"], ""]
+        lines += [f"## {m['role'].capitalize()} — {_readable_time(m['created_at'])}{note}", ""]
+        if m.get("thinking"):
+            lines += [*_thinking_quote(m["thinking"], m.get("stats", {}).get("thinking_tokens")), ""]
+        lines += [m["content"], ""]
     return "\n".join(lines)
+
+
+def _setting_text(value) -> str:
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
+
+
+def _thinking_quote(thinking: str, tokens) -> list[str]:
+    """The model's reasoning as a block quote headed "Thinking", apart from the answer that follows it."""
+    count = f" ({tokens:,} tokens)" if isinstance(tokens, int) and not isinstance(tokens, bool) else ""
+    return [f"> **Thinking**{count}", ">", *[f"> {line}".rstrip() for line in thinking.splitlines()]]
 
 
 def export_json(store: ConversationStore, conversation_id: int, path: str | Path,
@@ -197,7 +216,7 @@ def read_archive(path: str | Path) -> list[ImportedConversation]:
 def add_to_store(store: ConversationStore, conversation: ImportedConversation,
                  model_path: str | None = None) -> Conversation:
     """Add a validated conversation to the store as a new conversation."""
-    messages = [(m.role, m.content, m.state, m.stats, m.created_at) for m in conversation.messages]
+    messages = [(m.role, m.content, m.state, m.stats, m.created_at, m.thinking) for m in conversation.messages]
     return store.import_conversation(conversation.title, model_path, conversation.settings, messages,
                                      conversation.created_at, conversation.updated_at)
 
@@ -284,10 +303,11 @@ def _conversation(doc) -> ImportedConversation:
     messages = _typed(doc["messages"], list, "messages")
     if len(messages) > MAX_MESSAGES:
         raise ConversationFormatError(f"messages: {len(messages)} messages; at most {MAX_MESSAGES} are imported")
-    settings = _settings(doc["settings"], _text(doc["system_prompt"], "system_prompt", MAX_TEXT_CHARS))
+    drop = SINCE_VERSION_2 if doc["version"] < 2 else set()
+    settings = _settings(doc["settings"], _text(doc["system_prompt"], "system_prompt", MAX_TEXT_CHARS), drop)
     return ImportedConversation(title, parse_time(doc["created_at"], "created_at"),
                                 parse_time(doc["updated_at"], "updated_at"), _model(doc["model"]), settings,
-                                tuple(_message(m, i) for i, m in enumerate(messages)))
+                                tuple(_message(m, i, drop) for i, m in enumerate(messages)))
 
 
 def _check_format(doc: dict, name: str, version: int, where: str) -> None:
@@ -317,13 +337,16 @@ def _model(value) -> ModelIdentity | None:
     return ModelIdentity(_text(value["name"], "model.name", 500), digest, file)
 
 
-def _settings(value, system_prompt: str) -> ChatSettings:
-    _expect_keys(_typed(value, dict, "settings"), SETTINGS_KEYS, set(), "settings")
+def _settings(value, system_prompt: str, drop: set[str]) -> ChatSettings:
+    _expect_keys(_typed(value, dict, "settings"), SETTINGS_KEYS - drop, OPTIONAL_SETTINGS, "settings")
     defaults = ChatSettings()
     values = {}
     for key, v in value.items():
         kind = type(getattr(defaults, key))
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (kind is float or isinstance(v, int))
+        if kind is bool:
+            ok = isinstance(v, bool)
+        else:
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (kind is float or isinstance(v, int))
         if not ok:
             raise ConversationFormatError(f"settings.{key}: expected a {kind.__name__}, not {v!r}")
         values[key] = kind(v)
@@ -334,9 +357,9 @@ def _settings(value, system_prompt: str) -> ChatSettings:
     return settings
 
 
-def _message(value, i: int) -> ImportedMessage:
+def _message(value, i: int, drop: set[str]) -> ImportedMessage:
     where = f"messages[{i}]"
-    _expect_keys(_typed(value, dict, where), MESSAGE_KEYS, {"state", "stats"}, where)
+    _expect_keys(_typed(value, dict, where), MESSAGE_KEYS - drop, OPTIONAL_MESSAGE_KEYS, where)
     role = value["role"]
     if role not in ("user", "assistant"):
         raise ConversationFormatError(f"{where}.role: expected 'user' or 'assistant', not {role!r}")
@@ -347,7 +370,8 @@ def _message(value, i: int) -> ImportedMessage:
     if len(stats) > 64 or not all(isinstance(v, (str, int, float, bool)) or v is None for v in stats.values()):
         raise ConversationFormatError(f"{where}.stats: expected at most 64 plain values (numbers, text, booleans)")
     return ImportedMessage(role, _text(value["content"], f"{where}.content", MAX_TEXT_CHARS), state, stats,
-                           parse_time(value["created_at"], f"{where}.created_at"))
+                           parse_time(value["created_at"], f"{where}.created_at"),
+                           _text(value.get("thinking", ""), f"{where}.thinking", MAX_TEXT_CHARS))
 
 
 def _expect_keys(doc: dict, allowed: set[str], optional: set[str], where: str) -> None:

@@ -1,4 +1,10 @@
-"""``--smoke-test OUTDIR``: chat once with the real window and model, screenshot every page, write a transcript."""
+"""``--smoke-test OUTDIR``: chat once with the real window and model, screenshot every page, write a transcript.
+
+The built-in model does not think, so the Thinking block is shown on a stored sample: a reply written the way
+Qwen3 writes one (``<think>…</think>`` then the answer), fed through the app's own reply writer and reasoning
+splitter, tokenized by the built-in model's tokenizer for its token count, and opened in the real window
+(``chat-thinking*.png``; the transcript's ``thinking_sample`` says so).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,10 @@ from pathlib import Path
 from PySide6.QtCore import QObject, QTimer
 from PySide6.QtWidgets import QApplication
 
+from engine.gguf_file import read_gguf
+from engine.reasoning import THINK, ReasoningSplitter, count_thinking_tokens
+from engine.tokenizer import IncrementalDecoder, Tokenizer
+
 from .app_session import AppSession
 from .ui.theme import dark_palette
 
@@ -22,6 +32,13 @@ DASHBOARD_AFTER_S = 6  # of decoding (or half the tokens) before dashboard.png, 
 # (400 tok/s with prompt lookup) once finished between two samples.
 DASHBOARD_MAX_TOKENS = 1500
 TIMEOUT_S = 600
+THINKING_PROMPT = "Is 97 a prime number?"
+THINKING_REPLY = (  # as a thinking model (Qwen3, SmolLM3) writes it; a sample, not generated here
+    "<think>\nThe user asks whether 97 is prime. The square root of 97 is a little under 10, so I only need to "
+    "try 2, 3, 5 and 7.\n97 is odd; 9 + 7 = 16 is not a multiple of 3; it does not end in 0 or 5; "
+    "7 × 13 = 91 and 7 × 14 = 98.\nNo divisor, so 97 is prime.\n</think>\n\n"
+    "Yes — **97 is a prime number**. It is not divisible by 2, 3, 5 or 7, and those are the only primes up to "
+    "√97 ≈ 9.8, so it has no divisors other than 1 and itself.")
 
 
 class SmokeTest(QObject):
@@ -136,9 +153,47 @@ class SmokeTest(QObject):
         if "dashboard" not in self.pages:
             self._fail(f"the dashboard's answer ended before its screenshot: {stats}")
             return
+        QTimer.singleShot(300, self._capture_thinking)
+
+    def _capture_thinking(self) -> None:
+        """Open the stored thinking sample; its screenshots follow once the previous conversation's widgets are gone."""
+        message = self._store_thinking_sample()
+        self.session.window.show_page("chat")
+        QTimer.singleShot(300, lambda: self._grab_thinking(message))
+
+    def _grab_thinking(self, message) -> None:
+        """The thinking sample folded, folded in dark, and opened; then the transcript."""
+        widget = self.session.window.chat_view.widgets.get(message.id)
+        if widget is None or widget.thinking.isHidden() or widget.thinking.is_open():
+            self._fail("the thinking sample did not show as a folded Thinking block")
+            return
+        self.pages["chat-thinking"] = self._grab("chat-thinking")
+        self.pages["chat-thinking-dark"] = self._grab_dark("chat-thinking-dark")
+        widget.thinking.header.click()
+        self.pages["chat-thinking-open"] = self._grab("chat-thinking-open")
+        self.transcript["thinking_sample"] = {
+            "note": "a stored sample reply (the built-in model does not think), split by the app's reply writer",
+            "prompt": THINKING_PROMPT, "thinking": message.thinking, "answer": message.content,
+            "stats": message.stats}
         (self.out / "transcript.json").write_text(json.dumps(self.transcript, indent=2, ensure_ascii=False))
         self.exit_code = 0
         QApplication.instance().quit()
+
+    def _store_thinking_sample(self):
+        c, store = self.session.controller, self.session.store
+        conv = c.new_conversation()
+        c.rename(conv, "Thinking (sample reply)")
+        store.add_message(conv, "user", THINKING_PROMPT)
+        tokenizer = Tokenizer.from_gguf(read_gguf(c.builtin_path))
+        decoder = IncrementalDecoder(tokenizer, skip_special=True)
+        pieces = [decoder.add(t) for t in tokenizer.encode(THINKING_REPLY, add_special=False)] + [decoder.flush()]
+        writer = store.begin_reply(conv, splitter=ReasoningSplitter(THINK))
+        for piece in pieces:
+            writer.append(piece)
+        writer.finish("complete", {"generated_tokens": len(pieces) - 1,
+                                   "thinking_tokens": count_thinking_tokens(pieces, THINK)})
+        c.open_conversation(conv)
+        return store.message(writer.message_id)
 
     def _grab_dark(self, name: str) -> str:
         app = QApplication.instance()

@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from engine.reasoning import ReasoningSplitter
+
 from .chat_settings import ChatSettings
 
 DB_FILENAME = "conversations.db"
@@ -42,8 +44,9 @@ class Message:
     role: str  # "user", "assistant" (system prompts live in the settings)
     content: str
     state: str  # one of MESSAGE_STATES
-    stats: dict  # per-answer numbers (tokens, prefill_s, decode_tps, ...), {} for user messages
+    stats: dict  # per-answer numbers (tokens, thinking_tokens, prefill_s, decode_tps, ...), {} for user messages
     created_at: float
+    thinking: str = ""  # the model's reasoning before its answer ("Thinking"), kept apart from ``content``
 
 
 def _v1(db: sqlite3.Connection) -> None:
@@ -80,6 +83,11 @@ def _v2(db: sqlite3.Connection) -> None:
     """)
 
 
+def _v3(db: sqlite3.Connection) -> None:
+    # a reply's reasoning, kept apart from its answer; older messages have none
+    _run_script(db, "ALTER TABLE messages ADD COLUMN thinking TEXT NOT NULL DEFAULT ''")
+
+
 def _run_script(db: sqlite3.Connection, script: str) -> None:
     # statement by statement: executescript() would commit the migration's transaction half-way
     for statement in script.split(";"):
@@ -87,7 +95,7 @@ def _run_script(db: sqlite3.Connection, script: str) -> None:
             db.execute(statement)
 
 
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_v1, _v2)  # MIGRATIONS[i]: version i -> i + 1
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_v1, _v2, _v3)  # MIGRATIONS[i]: version i -> i + 1
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -178,20 +186,22 @@ class ConversationStore:
         return self.conversation(cur.lastrowid)
 
     def import_conversation(self, title: str, model_path: str | None, settings: ChatSettings,
-                            messages: list[tuple[str, str, str, dict, float]], created_at: float,
+                            messages: list[tuple], created_at: float,
                             updated_at: float) -> Conversation:
-        """Add a whole conversation (messages as role, content, state, stats, created_at) in one transaction."""
-        for _, _, state, _, _ in messages:
+        """Add a whole conversation (messages as role, content, state, stats, created_at and optionally thinking)
+        in one transaction."""
+        messages = [(*m, "")[:6] for m in messages]
+        for _, _, state, _, _, _ in messages:
             _check_state(state)
         with self._transaction():
             cur = self.db.execute(
                 "INSERT INTO conversations (title, created_at, updated_at, model_path, settings) VALUES (?,?,?,?,?)",
                 (title, created_at, updated_at, model_path, json.dumps(settings.to_dict())))
             self.db.executemany(
-                "INSERT INTO messages (conversation_id, seq, role, content, state, stats, created_at, updated_at)"
-                " VALUES (?,?,?,?,?,?,?,?)",
-                [(cur.lastrowid, seq, role, content, state, json.dumps(stats), at, at)
-                 for seq, (role, content, state, stats, at) in enumerate(messages)])
+                "INSERT INTO messages (conversation_id, seq, role, content, state, stats, created_at, updated_at,"
+                " thinking) VALUES (?,?,?,?,?,?,?,?,?)",
+                [(cur.lastrowid, seq, role, content, state, json.dumps(stats), at, at, thinking)
+                 for seq, (role, content, state, stats, at, thinking) in enumerate(messages)])
         return self.conversation(cur.lastrowid)
 
     def conversation(self, conversation_id: int) -> Conversation:
@@ -263,7 +273,7 @@ class ConversationStore:
         return [(_message(r), r["conversation_title"]) for r in rows]
 
     def add_message(self, conversation_id: int, role: str, content: str, state: str = "complete",
-                    stats: dict | None = None) -> Message:
+                    stats: dict | None = None, thinking: str = "") -> Message:
         """Append a message in its own transaction; it is on disk when this returns."""
         _check_state(state)
         now = self.clock()
@@ -271,19 +281,22 @@ class ConversationStore:
             seq = self.db.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM messages WHERE conversation_id = ?",
                                   (conversation_id,)).fetchone()[0]
             cur = self.db.execute(
-                "INSERT INTO messages (conversation_id, seq, role, content, state, stats, created_at, updated_at)"
-                " VALUES (?,?,?,?,?,?,?,?)",
-                (conversation_id, seq, role, content, state, json.dumps(stats or {}), now, now))
+                "INSERT INTO messages (conversation_id, seq, role, content, state, stats, created_at, updated_at,"
+                " thinking) VALUES (?,?,?,?,?,?,?,?,?)",
+                (conversation_id, seq, role, content, state, json.dumps(stats or {}), now, now, thinking))
             self.db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, conversation_id))
         return self.message(cur.lastrowid)
 
     def update_message(self, message_id: int, content: str | None = None, state: str | None = None,
-                       stats: dict | None = None) -> None:
-        """Change a message's text, state or stats in one transaction."""
+                       stats: dict | None = None, thinking: str | None = None) -> None:
+        """Change a message's text, state, stats or thinking in one transaction."""
         sets, args = ["updated_at = ?"], [self.clock()]
         if content is not None:
             sets.append("content = ?")
             args.append(content)
+        if thinking is not None:
+            sets.append("thinking = ?")
+            args.append(thinking)
         if state is not None:
             _check_state(state)
             sets.append("state = ?")
@@ -312,10 +325,11 @@ class ConversationStore:
             return self.db.execute("UPDATE messages SET state = 'interrupted' WHERE state = 'streaming'").rowcount
 
     def begin_reply(self, conversation_id: int, interval: float = 0.5,
-                    clock: Callable[[], float] = time.monotonic) -> ReplyWriter:
+                    clock: Callable[[], float] = time.monotonic,
+                    splitter: ReasoningSplitter | None = None) -> ReplyWriter:
         """Start an assistant reply that will stream in; see ``ReplyWriter``."""
         message = self.add_message(conversation_id, "assistant", "", state="streaming")
-        return ReplyWriter(self, message.id, interval, clock)
+        return ReplyWriter(self, message.id, interval, clock, splitter)
 
     # -- app settings --------------------------------------------------------------------------------
     def setting(self, key: str, default=None):
@@ -333,23 +347,29 @@ class ReplyWriter:
 
     ``append`` writes when ``interval`` has passed since the last write; between pieces, a timer calls
     ``flush_due`` (ChatController: every FLUSH_TICK_S) so text that no later piece follows is saved in time too.
+    The streamed text goes through a ``ReasoningSplitter``: ``text`` is the answer and ``thinking`` the model's
+    reasoning, saved apart (a splitter without a syntax, the default, makes everything answer).
     """
 
     def __init__(self, store: ConversationStore, message_id: int, interval: float = 0.5,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, splitter: ReasoningSplitter | None = None):
         self.store = store
         self.message_id = message_id
         self.interval = interval
         self.clock = clock
+        self.splitter = splitter or ReasoningSplitter(None)
         self.text = ""
-        self._saved_text = ""
+        self.thinking = ""
+        self.in_thinking = False  # the reply is inside its thinking now
+        self._saved = ("", "")
         self._saved_at = clock()
         self._unsaved_since: float | None = None  # when the oldest text not yet on disk arrived
 
     def append(self, piece: str) -> bool:
         """Add streamed text; write it out when ``interval`` has passed since the last write. True if written."""
-        self.text += piece
-        if self.text == self._saved_text:
+        self.splitter.feed(piece)
+        self._take_split()
+        if (self.text, self.thinking) == self._saved:
             return False
         if self._unsaved_since is None:
             self._unsaved_since = self.clock()
@@ -366,13 +386,20 @@ class ReplyWriter:
         return True
 
     def save(self) -> None:
-        self.store.update_message(self.message_id, content=self.text)
-        self._saved_text, self._saved_at, self._unsaved_since = self.text, self.clock(), None
+        self.store.update_message(self.message_id, content=self.text, thinking=self.thinking)
+        self._saved, self._saved_at, self._unsaved_since = (self.text, self.thinking), self.clock(), None
 
     def finish(self, state: str = "complete", stats: dict | None = None) -> None:
         """Write the whole text with its final state in one transaction."""
-        self.store.update_message(self.message_id, content=self.text, state=state, stats=stats or {})
-        self._saved_text, self._unsaved_since = self.text, None
+        self.splitter.finish()
+        self._take_split()
+        self.store.update_message(self.message_id, content=self.text, state=state, stats=stats or {},
+                                  thinking=self.thinking)
+        self._saved, self._unsaved_since = (self.text, self.thinking), None
+
+    def _take_split(self) -> None:
+        split = self.splitter.split()
+        self.text, self.thinking, self.in_thinking = split.answer, split.thinking, split.in_thinking
 
 
 class _Transaction:
@@ -402,4 +429,4 @@ def _conversation(row: sqlite3.Row) -> Conversation:
 
 def _message(row: sqlite3.Row) -> Message:
     return Message(row["id"], row["conversation_id"], row["seq"], row["role"], row["content"], row["state"],
-                   json.loads(row["stats"] or "{}"), row["created_at"])
+                   json.loads(row["stats"] or "{}"), row["created_at"], row["thinking"])

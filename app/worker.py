@@ -283,7 +283,8 @@ class EngineWorker(QObject):
         self._states.attach(model)
         emit(self.loaded, {"path": path, "name": model.name, "n_ctx": model.n_ctx,
                           "arch": getattr(model.config, "arch", ""), "notices": list(model.notices),
-                          "backend": getattr(model.backend, "name", ""), "sha256": model.sha256, **memory})
+                          "backend": getattr(model.backend, "name", ""), "sha256": model.sha256,
+                          "reasoning": model.reasoning.to_dict(), **memory})
         self._probe.model_changed(model)
         self._switch(self._shown)
 
@@ -307,13 +308,15 @@ class EngineWorker(QObject):
 
     def _stream(self, request_id: int, messages: list, options: dict, conversation_id: int | None) -> None:
         max_tokens = int(options.pop("max_tokens", 512))
+        template_vars = options.pop("template_vars", None)
         speculator, notice = self._speculators.for_reply(self._model,
                                                          SpeculationChoice.from_options(options.pop("speculation", None)))
         chunk = self._pacer.begin(thermal_mode(options.pop("thermal_mode", None)), speculator, CHAT_PREFILL_CHUNK)
         emit(self.progress, "Reading the conversation…")
         self._probe.started(self._model, request_id, speculator, self._speculators.method, chunk)
         dropped, events = self._model.chat(messages, params=self._params_factory(options), max_tokens=max_tokens,
-                                           overflow="drop_oldest", prefill_chunk=chunk, speculation=speculator)
+                                           overflow="drop_oldest", prefill_chunk=chunk, speculation=speculator,
+                                           template_vars=template_vars)
         try:
             last, hand_over = self._emit_coalesced(request_id, events, timed=speculator is None)
         finally:
@@ -329,6 +332,8 @@ class EngineWorker(QObject):
             return
         timing = self._probe.finished(self._model, last)
         stats = {**self._stats(last, dropped, request_id), **(note or {}), **timing}
+        if last is not None:
+            stats.update(self._model.thinking_stats(last.generated_tokens))
         if speculator is not None and last is not None:  # (cancelled during prefill: the stats are the last reply's)
             stats.update(speculation_stats(speculator, self._speculators.method, last.decode_tps))
         if notice:
@@ -408,11 +413,13 @@ class EngineWorker(QObject):
             options = dict(options)
             conversation_id = options.pop("conversation_id", None)
             max_tokens = int(options.pop("max_tokens", 512))
+            template_vars = options.pop("template_vars", None)
             for key in ("speculation", "thermal_mode"):  # one model pass per step for all: no drafts
                 options.pop(key, None)
             try:
                 dropped, request = self._model.chat_request(messages, self._params_factory(options), max_tokens,
-                                                            self._priority(conversation_id))
+                                                            self._priority(conversation_id),
+                                                            template_vars=template_vars)
                 runner.add(BatchedReply(request_id, conversation_id, request, dropped))
             except Exception as exc:  # noqa: BLE001 - a bad prompt or template fails its own request only
                 emit(self.error, request_id, describe(exc))

@@ -20,6 +20,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
 from jinja2.visitor import NodeTransformer
 
+from .reasoning import ReasoningProfile, profile_of
+
 MAX_SOURCE_CHARS = 1_000_000  # the largest real chat templates are a few tens of kilobytes
 MAX_RANGE = 100_000  # longest range() a template may build
 MAX_LOOP_ITERATIONS = 1_000_000  # all loops of one render together; real templates need thousands
@@ -600,6 +602,12 @@ class ChatTemplate:
         if budget.failure is not None:
             raise budget.failure
         return "".join(chunks)
+
+    @functools.cached_property
+    def reasoning(self) -> ReasoningProfile:
+        """How this template handles reasoning: its syntax, its ``enable_thinking`` switch, and whether its
+        generation prompt opens the thinking (``engine.reasoning.profile_of``)."""
+        return profile_of(self.source, lambda **extra: self.render(_PROBE, add_generation_prompt=True, **extra))
 
     def _probe(self) -> None:
         if _PROBE[0]["content"] not in self.render(_PROBE, add_generation_prompt=True):

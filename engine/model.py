@@ -20,6 +20,7 @@ from .context import fit_messages
 from .generate import GenerationEvent, generate_step, prefill, reusable_prefix, stream_generate
 from .gguf_file import GGUFFile, read_gguf
 from .memory_estimate import kv_cache_bytes
+from .reasoning import ReasoningProfile, thinking_stats
 from .sampling import SamplingParams, make_sampler
 from .scheduler import Request
 from .session import Session, SessionError, load_session, save_session
@@ -122,6 +123,17 @@ class Model:
         """The chat template applied to ``messages`` (OpenAI-style role/content dicts)."""
         return self.template.render(messages, add_generation_prompt=add_generation_prompt, **extra)
 
+    @property
+    def reasoning(self) -> ReasoningProfile:
+        """How the chat template handles reasoning ("thinking"): syntax, ``enable_thinking`` switch."""
+        return self.template.reasoning
+
+    def thinking_stats(self, n_generated: int, sequence: Sequence[int] | None = None) -> dict:
+        """``{"thinking_tokens": n}`` for a reply of ``n_generated`` tokens at the end of ``sequence`` (by default
+        the live sequence); ``{}`` when the template has no reasoning syntax."""
+        return thinking_stats(self.tokenizer, self.reasoning, self._history if sequence is None else sequence,
+                              n_generated)
+
     # -- compute -------------------------------------------------------------------------------------
     def next_token_logits(self, ids: Sequence[int]) -> np.ndarray:
         """float32 logits (n_vocab,) for the token after ``ids``, reusing the cached prefix."""
@@ -203,7 +215,8 @@ class Model:
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None, max_tokens: int = 512,
              overflow: str = "drop_oldest", stop: Sequence[str] = (), prefill_chunk: int = CHAT_PREFILL_CHUNK,
-             speculation: Speculator | None = None) -> tuple[int, Iterator[GenerationEvent]]:
+             speculation: Speculator | None = None,
+             template_vars: dict | None = None) -> tuple[int, Iterator[GenerationEvent]]:
         """Render ``messages`` with the chat template and stream the reply.
 
         Args:
@@ -215,21 +228,24 @@ class Model:
             stop: strings that end the reply.
             prefill_chunk: tokens per prefill step; ``cancel`` takes effect between steps.
             speculation: drafts tokens for the target to verify several at a time (see ``generate_ids``).
+            template_vars: more chat-template variables, e.g. ``enable_thinking`` (templates ignore those they
+                do not read).
 
         Returns:
             How many messages were dropped to fit, and the event stream.
         """
-        dropped, ids = self.fit_chat(messages, max_tokens, overflow)
+        dropped, ids = self.fit_chat(messages, max_tokens, overflow, template_vars)
         return dropped, self.generate_ids(ids, params or SamplingParams(), max_tokens, stop, prefill_chunk,
                                           skip_special=True, speculation=speculation)
 
-    def fit_chat(self, messages: list[dict], max_tokens: int, overflow: str = "drop_oldest") -> tuple[int, list[int]]:
+    def fit_chat(self, messages: list[dict], max_tokens: int, overflow: str = "drop_oldest",
+                 template_vars: dict | None = None) -> tuple[int, list[int]]:
         """How many messages must be dropped (see ``chat``) for the prompt to leave room for the reply, and its ids."""
         reserve = min(max_tokens, self.n_ctx // 4)
         rendered: list[list[int]] = []
 
         def count(msgs: list[dict]) -> int:
-            rendered.append(self.chat_ids(msgs))
+            rendered.append(self.chat_ids(msgs, template_vars=template_vars))
             return len(rendered[-1])
 
         _, dropped = fit_messages(messages, count, self.n_ctx - reserve, overflow)
@@ -237,11 +253,11 @@ class Model:
 
     # -- several replies at once (engine.scheduler) ----------------------------------------------------
     def chat_request(self, messages: list[dict], params: SamplingParams, max_tokens: int, priority: int = 0,
-                     overflow: str = "drop_oldest") -> tuple[int, Request]:
+                     overflow: str = "drop_oldest", template_vars: dict | None = None) -> tuple[int, Request]:
         """A chat reply as a scheduler Request on a cache of its own (this model's cache is left alone).
 
         Returns how many messages were dropped to fit, and the request."""
-        dropped, ids = self.fit_chat(messages, max_tokens, overflow)
+        dropped, ids = self.fit_chat(messages, max_tokens, overflow, template_vars)
         return dropped, Request(tuple(ids), make_sampler(params), max_tokens, priority, frozenset(self.tokenizer.eog_ids),
                                 decoder=IncrementalDecoder(self.tokenizer, skip_special=True))
 
@@ -275,10 +291,12 @@ class Model:
         self._tokens = self._history[:self._cache.n_past]
         self._stream = None
 
-    def chat_ids(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-        """Token ids of the rendered conversation, with one BOS even when the template writes it too."""
-        ids = self.tokenize(self.render(messages, add_generation_prompt=add_generation_prompt),
-                            add_special=True, parse_special=True)
+    def chat_ids(self, messages: list[dict], add_generation_prompt: bool = True,
+                 template_vars: dict | None = None) -> list[int]:
+        """Token ids of the rendered conversation (``template_vars``: more template variables such as
+        ``enable_thinking``), with one BOS even when the template writes it too."""
+        text = self.render(messages, add_generation_prompt=add_generation_prompt, **(template_vars or {}))
+        ids = self.tokenize(text, add_special=True, parse_special=True)
         bos = self.tokenizer.bos_id
         if bos is not None and len(ids) > 1 and ids[0] == bos and ids[1] == bos:
             ids = ids[1:]  # the tokenizer added BOS and the template wrote one (as Gemma's and Llama 3's do)

@@ -57,6 +57,7 @@ class Tokenizer:
         self._is_spm = vocab.model == "llama"
         self._pre = None if self._is_spm else PreTokenizer(vocab.pre)
         self._pieces: dict[int, bytes] = {}
+        self._preserved = vocab.preserved  # control tokens written out even with skip_special (reasoning markers)
         self._bpe_word = functools.lru_cache(maxsize=_WORD_CACHE_SIZE)(self._bpe_word_uncached)
 
     @classmethod
@@ -82,7 +83,8 @@ class Tokenizer:
 
         Args:
             id: the token id.
-            skip_special: give b"" for control and unknown tokens instead of their text.
+            skip_special: give b"" for control and unknown tokens instead of their text (except the reasoning
+                markers the chat template uses, ``Vocab.preserved``).
 
         Returns:
             The bytes; a piece may be part of a multi-byte character (see ``IncrementalDecoder``).
@@ -209,8 +211,9 @@ class Tokenizer:
 
         Args:
             ids: token ids.
-            skip_special: leave out control tokens (and a leading BOS / trailing EOS the model adds);
-                otherwise they are written out as their text.
+            skip_special: leave out control tokens (and a leading BOS / trailing EOS the model adds), except the
+                reasoning markers the chat template uses (``Vocab.preserved``); otherwise they are written out as
+                their text.
 
         Returns:
             The text; byte sequences that are not valid UTF-8 become U+FFFD.
@@ -234,7 +237,7 @@ class Tokenizer:
 
     def _piece(self, tid: int, special: bool) -> bytes:
         attr = self._attrs[tid]
-        if not special and attr & (UNKNOWN | CONTROL):
+        if not special and attr & (UNKNOWN | CONTROL) and tid not in self._preserved:
             return b""
         piece = self._pieces.get(tid)
         if piece is None:

@@ -48,6 +48,9 @@ _EOG_TEXTS = frozenset((
     "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", "<\uff5cend\u2581of\u2581sentence\uff5c>", "[e~[",
 ))
 _ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")  # gpt-oss
+# Control tokens a reply's text keeps when the chat template uses them: reasoning markers the app splits on
+# (llama.cpp's server keeps them as "preserved tokens" for the same reason).
+_PRESERVED_IF_TEMPLATED = ("[THINK]", "[/THINK]")  # Magistral, Ministral 3 Reasoning
 
 
 @dataclasses.dataclass
@@ -68,6 +71,7 @@ class Vocab:
     add_space_prefix: bool
     clean_spaces: bool
     ignore_merges: bool
+    preserved: frozenset[int] = frozenset()  # control tokens decoded as text even when special tokens are skipped
 
 
 def load_vocab(metadata: dict[str, Any]) -> Vocab:
@@ -88,6 +92,7 @@ def load_vocab(metadata: dict[str, Any]) -> Vocab:
     _detect_special_by_text(vocab)
     _mark_unused(vocab)
     vocab.eog_ids = frozenset(_end_of_generation(vocab))
+    vocab.preserved = _preserved(vocab, metadata.get("tokenizer.chat_template"))
     _model_specific_attrs(vocab, str(metadata.get("general.name", "")).lower(), pre,
                           str(metadata.get("general.architecture", "")))
     return vocab
@@ -251,6 +256,13 @@ def _end_of_generation(vocab: Vocab) -> set[int]:
         eog.discard(by_text["</s>"])
         attrs[by_text["</s>"]] = NORMAL
     return eog
+
+
+def _preserved(vocab: Vocab, template: Any) -> frozenset[int]:
+    if not isinstance(template, str):
+        return frozenset()
+    ids = vocab.token_to_id
+    return frozenset(ids[text] for text in _PRESERVED_IF_TEMPLATED if text in template and text in ids)
 
 
 def _model_specific_attrs(vocab: Vocab, name: str, pre: str, arch: str) -> None:

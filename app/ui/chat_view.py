@@ -76,6 +76,11 @@ class ChatView(QScrollArea):
         if widget is not None:
             widget.set_text(text)
 
+    def set_streaming_thinking(self, message_id: int, thinking: str, thinking_now: bool) -> None:
+        widget = self.widgets.get(message_id)
+        if widget is not None:
+            widget.set_thinking(thinking, thinking_now)
+
     def scroll_to_bottom(self) -> None:
         self._stick_to_bottom = True
         QTimer.singleShot(0, self, lambda: self.verticalScrollBar().setValue(self.verticalScrollBar().maximum()))

@@ -174,6 +174,7 @@ class MainWindow(QMainWindow):
         c.conversation_opened.connect(self._on_conversation_opened)
         c.messages_changed.connect(self._on_messages_changed)
         c.reply_text.connect(self.chat_view.set_streaming_text)
+        c.reply_thinking.connect(self.chat_view.set_streaming_thinking)
         c.generating_changed.connect(self.composer.set_generating)
         c.model_changed.connect(self._on_model_changed)
         c.status.connect(lambda text: self.statusBar().showMessage(text))
@@ -347,6 +348,7 @@ class MainWindow(QMainWindow):
     def _on_model_changed(self, info: dict) -> None:
         self._model_info = dict(info or {})
         self.models_page.set_current(info)
+        self.settings_panel.set_thinking_available(self.controller.reasoning().has_switch)
         self._show_model_text()
         self._on_messages_changed(self.controller.current_id)
 

@@ -1,6 +1,9 @@
-"""One message in the chat: who said it, the rendered text, actions (copy, edit, delete, regenerate) and stats."""
+"""One message in the chat: who said it, its thinking (collapsible), the rendered text, actions (copy, edit, delete,
+regenerate) and stats."""
 
 from __future__ import annotations
+
+import dataclasses
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QGuiApplication
@@ -21,7 +24,9 @@ def stats_text(message: Message) -> str:
     s = message.stats
     parts = []
     if "generated_tokens" in s and "prefill_s" in s:
-        parts.append(f"{s['generated_tokens']} tokens")
+        thinking = s.get("thinking_tokens")
+        parts.append(f"{s['generated_tokens']} tokens"
+                     + (f" ({thinking} thinking)" if _is_count(thinking) and thinking else ""))
         parts.append(f"{s['prefill_s']:.2f} s to first token")
         if s.get("decode_tps"):
             parts.append(f"{s['decode_tps']:.1f} tok/s")
@@ -50,6 +55,67 @@ def _is_count(value) -> bool:
     return _is_number(value) and value >= 0 and float(value).is_integer()
 
 
+def thinking_title(message: Message, thinking_now: bool) -> str:
+    """The Thinking block's header: "Thinking…" while the model thinks, then its token count when known."""
+    if thinking_now:
+        return "Thinking…"
+    tokens = message.stats.get("thinking_tokens")
+    return f"Thinking · {tokens:,} tokens" if _is_count(tokens) and tokens else "Thinking"
+
+
+class ThinkingBlock(QFrame):
+    """The model's reasoning before its answer: a header that folds it away and the text, muted.
+
+    It is open while the model thinks and folds itself once the answer starts; after the user opens or closes it,
+    it stays as the user left it.
+
+    Signals:
+        toggled(bool): the user opened (True) or closed (False) it.
+    """
+
+    toggled = Signal(bool)
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("thinkingBlock")
+        self.header = QToolButton()
+        self.header.setObjectName("thinkingToggle")
+        self.header.setCheckable(True)
+        self.header.setAutoRaise(True)
+        self.header.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.header.setArrowType(Qt.ArrowType.RightArrow)
+        self.header.setToolTip("Show or hide the model's thinking")
+        self.header.clicked.connect(self._on_click)
+        self.body = MarkdownView()
+        self.body.hide()
+        self._user_choice: bool | None = None
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 2)
+        layout.setSpacing(2)
+        layout.addWidget(self.header, 0, Qt.AlignmentFlag.AlignLeft)
+        layout.addWidget(self.body)
+
+    def show_thinking(self, text: str, title: str, open_by_default: bool) -> None:
+        self.header.setText(title)
+        self.header.setAccessibleName(title)
+        # thoughts are written line by line: keep their line breaks (Markdown would join the lines of a paragraph)
+        self.body.set_markdown(text if "```" in text else text.replace("\n", "  \n"))
+        self._set_open(open_by_default if self._user_choice is None else self._user_choice)
+
+    def is_open(self) -> bool:
+        return self.header.isChecked()
+
+    def _set_open(self, is_open: bool) -> None:
+        self.header.setChecked(is_open)
+        self.header.setArrowType(Qt.ArrowType.DownArrow if is_open else Qt.ArrowType.RightArrow)
+        self.body.setVisible(is_open)
+
+    def _on_click(self, checked: bool) -> None:
+        self._user_choice = checked
+        self._set_open(checked)
+        emit(self.toggled, checked)
+
+
 class MessageWidget(QFrame):
     """Shows one message and emits what the user wants done with it.
 
@@ -72,6 +138,9 @@ class MessageWidget(QFrame):
         self._author = QLabel("You" if message.role == "user" else assistant_name)
         self._author.setObjectName("author")
         self._author.setMinimumWidth(1)  # a long model name is clipped rather than widening the chat
+        self.thinking = ThinkingBlock()
+        self.thinking.hide()
+        self._thinking_now = False
         self.body = MarkdownView()
         self._stats = QLabel()
         self._stats.setObjectName("stats")
@@ -97,6 +166,7 @@ class MessageWidget(QFrame):
         self._layout.setContentsMargins(14, 8, 14, 10)
         self._layout.setSpacing(4)
         self._layout.addLayout(header)
+        self._layout.addWidget(self.thinking)
         self._layout.addWidget(self.body)
         self._layout.addWidget(self._error)
         self._layout.addWidget(self._stats)
@@ -116,8 +186,10 @@ class MessageWidget(QFrame):
 
     def set_message(self, message: Message, streaming: bool = False) -> None:
         self.message = message
+        self._thinking_now = streaming and self._thinking_now  # (set_thinking says, while the reply streams)
+        self._show_thinking(message.thinking, self._thinking_now, has_answer=bool(message.content))
         text = message.content
-        if streaming and not text:
+        if streaming and not text and not message.thinking:
             text = "*Thinking…*"
         self.body.set_markdown(text)
         self.body.setVisible(bool(text))
@@ -138,9 +210,29 @@ class MessageWidget(QFrame):
         self.regenerate_button.setVisible(visible)
 
     def set_text(self, text: str) -> None:
-        """New streamed text for this (assistant) message."""
-        self.body.set_markdown(text or "*Thinking…*")
-        self.body.setVisible(True)
+        """New streamed answer text for this (assistant) message."""
+        self.message = dataclasses.replace(self.message, content=text)
+        placeholder = "" if self.message.thinking else "*Thinking…*"
+        self.body.set_markdown(text or placeholder)
+        self.body.setVisible(bool(text or placeholder))
+        if text and self.message.thinking:
+            self._show_thinking(self.message.thinking, False, has_answer=True)
+
+    def set_thinking(self, thinking: str, thinking_now: bool) -> None:
+        """New streamed thinking for this (assistant) message; ``thinking_now``: the model is still thinking."""
+        self.message = dataclasses.replace(self.message, thinking=thinking)
+        self._thinking_now = thinking_now
+        self._show_thinking(thinking, thinking_now, has_answer=bool(self.message.content))
+        if self.message.thinking and not self.message.content:
+            self.body.setVisible(False)
+
+    def _show_thinking(self, thinking: str, thinking_now: bool, has_answer: bool) -> None:
+        """Open while the model thinks or when there is no answer to show; folded once the answer starts."""
+        shown = bool(thinking) or thinking_now
+        self.thinking.setVisible(shown)
+        if shown:
+            self.thinking.show_thinking(thinking, thinking_title(self.message, thinking_now),
+                                        open_by_default=thinking_now or not has_answer)
 
     def _copy(self) -> None:
         QGuiApplication.clipboard().setText(self.message.content)

@@ -1,12 +1,13 @@
-"""The per-conversation settings panel: model, system prompt, sampling, reply length, context length, speculation."""
+"""The per-conversation settings panel: model, system prompt, thinking, sampling, reply length, context length,
+speculation."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QFrame, QHBoxLayout, QLabel, QPlainTextEdit,
-                               QPushButton, QScrollArea, QSpinBox, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QFrame, QHBoxLayout, QLabel,
+                               QPlainTextEdit, QPushButton, QScrollArea, QSpinBox, QVBoxLayout, QWidget)
 
 from ..chat_settings import MAX_DRAFT_LIMIT, ChatSettings
 from ..paths import file_name
@@ -30,11 +31,14 @@ SPECULATION_TIP = ("Speculative decoding: guess several tokens, then let the mod
                    "lookup guesses from text already in the conversation (free; fast when the answer quotes it); a "
                    "draft model is a smaller model with the same vocabulary. Greedy answers stay the same, and it "
                    "switches itself off while the guesses do not pay.")
+THINKING_TIP = ("The model reasons before it answers; its thinking is shown folded above the answer. Off: it answers "
+                "at once (the model's own switch, enable_thinking).")
 
 
 class SettingsPanel(QFrame):
     """Edits one conversation's ChatSettings and shows its model; ``set_draft_models`` lists the draft models
-    that can speculate for that model.
+    that can speculate for that model; the Thinking switch shows only for a model whose chat template has one
+    (``set_thinking_available``).
 
     Signals:
         settings_changed(object): the new ChatSettings, after an edit settles.
@@ -60,6 +64,11 @@ class SettingsPanel(QFrame):
         self.system_prompt.setPlaceholderText("Instructions the model follows in this conversation")
         self.system_prompt.setFixedHeight(96)
         self.system_prompt.textChanged.connect(self._changed_soon)
+        self.thinking = QCheckBox("Thinking")
+        self.thinking.setToolTip(THINKING_TIP)
+        self.thinking.setAccessibleName("Thinking")
+        self.thinking.toggled.connect(self._changed_soon)
+        self.thinking.hide()  # until the model's template is known to have the switch
         self.inputs: dict[str, QSpinBox | QDoubleSpinBox] = {}
         form = QFormLayout()
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
@@ -97,6 +106,7 @@ class SettingsPanel(QFrame):
         layout.addLayout(model_row)
         layout.addWidget(QLabel("System prompt"))
         layout.addWidget(self.system_prompt)
+        layout.addWidget(self.thinking)
         layout.addLayout(form)
         layout.addWidget(self.draft_note)
         layout.addWidget(reset, 0, Qt.AlignmentFlag.AlignLeft)
@@ -139,6 +149,7 @@ class SettingsPanel(QFrame):
         """Show ``settings`` without emitting settings_changed."""
         self._loading = True
         self.system_prompt.setPlainText(settings.system_prompt)
+        self.thinking.setChecked(settings.enable_thinking)
         for name, box in self.inputs.items():
             box.setValue(getattr(settings, name))
         self.speculation.setCurrentIndex(max(0, self.speculation.findData(settings.speculation)))
@@ -186,9 +197,14 @@ class SettingsPanel(QFrame):
     def set_model(self, text: str) -> None:
         self.model_name.setText(text)
 
+    def set_thinking_available(self, available: bool) -> None:
+        """Show the Thinking switch: the model's chat template reads ``enable_thinking``."""
+        self.thinking.setVisible(available)
+
     def settings(self) -> ChatSettings:
         values = {name: box.value() for name, box in self.inputs.items()}
         return dataclasses.replace(ChatSettings(), system_prompt=self.system_prompt.toPlainText(), **values,
+                                   enable_thinking=self.thinking.isChecked(),
                                    speculation=self.speculation.currentData(),
                                    draft_model=self.draft_model.currentData() or "", max_draft=self.max_draft.value())
 

@@ -138,6 +138,9 @@ def style_sheet(palette: QPalette) -> str:
         #cardLegend, #stripItem {{ color: {n['muted']}; }}
         #messageError {{ color: {n['error']}; }}
         QTextBrowser#prose {{ background: transparent; }}
+        #thinkingBlock {{ border: none; border-left: 2px solid {n['box_line']}; padding-left: 6px; }}
+        #thinkingToggle {{ border: none; background: transparent; padding: 1px 0; }}
+        #thinkingToggle, #thinkingBlock QTextBrowser#prose {{ color: {n['muted']}; }}
         #codeBlock {{ background: {n['code']}; border: 1px solid {n['code_line']}; border-radius: 6px; }}
         #codeBlock QPlainTextEdit {{ background: transparent; }}
         #composerBox {{ background: {n['base']}; border: 1px solid {n['box_line']}; border-radius: 12px; }}

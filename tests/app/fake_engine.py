@@ -8,6 +8,7 @@ import time
 from engine.backends.base import MemoryStats
 from engine.generate import GenerationEvent
 from engine.model import KVCacheUsage
+from engine.reasoning import ReasoningProfile, count_thinking_tokens
 from engine.session import SessionError
 from engine.thermal import Limits, ScriptedProvider, ThermalMonitor, ThermalState
 
@@ -22,10 +23,11 @@ class FakeBackend:
 
 
 class FakeModel:
-    """Streams ``pieces`` one per token after ``prefill_s``; ``fail_with`` is raised from chat()."""
+    """Streams ``pieces`` one per token after ``prefill_s``; ``fail_with`` is raised from chat(). ``reasoning`` is
+    the chat template's reasoning profile (none by default); thinking tokens are counted over the pieces."""
 
     def __init__(self, pieces=("Hello", " there", "!"), token_s=0.0, prefill_s=0.0, fail_with=None,
-                 n_ctx=4096, dropped=0):
+                 n_ctx=4096, dropped=0, reasoning=ReasoningProfile()):
         self.name, self.n_ctx, self.notices, self.sha256 = "Fake", n_ctx, [], "f" * 64
         self.pieces, self.token_s, self.prefill_s = list(pieces), token_s, prefill_s
         self.fail_with, self.dropped = fail_with, dropped
@@ -33,12 +35,16 @@ class FakeModel:
         self.backend = FakeBackend()
         self.positions = 0  # "KV cache" positions: the last prompt and reply
         self.calls: list[list[dict]] = []
+        self.template_vars: list[dict | None] = []  # per chat() call
+        self.reasoning = reasoning
         self.prefill_chunks: list[int] = []  # per chat() call
         self.closed = False
         self._cancel = threading.Event()
 
-    def chat(self, messages, params=None, max_tokens=512, overflow="drop_oldest", prefill_chunk=128, speculation=None):
+    def chat(self, messages, params=None, max_tokens=512, overflow="drop_oldest", prefill_chunk=128, speculation=None,
+             template_vars=None):
         self.calls.append(messages)
+        self.template_vars.append(template_vars)
         self.prefill_chunks.append(prefill_chunk)
         if self.fail_with is not None:
             raise self.fail_with
@@ -59,6 +65,12 @@ class FakeModel:
             yield GenerationEvent(i, self.pieces[i], -0.1, i, 10, 0, first - start, now - first, finish)
             if cancelled:
                 return
+
+    def thinking_stats(self, n_generated, sequence=None):
+        if self.reasoning.syntax is None:
+            return {}
+        return {"thinking_tokens": count_thinking_tokens(self.pieces[:n_generated], self.reasoning.syntax,
+                                                         self.reasoning.opens_on)}
 
     @property
     def kv_cache_usage(self) -> KVCacheUsage:

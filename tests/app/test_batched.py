@@ -19,6 +19,9 @@ class FakeModel:
     def __init__(self):
         self.backend = FakeBackend()
 
+    def thinking_stats(self, n_generated, sequence=None):
+        return {}
+
 
 class Decoder:
     """Each token is its id and a space."""

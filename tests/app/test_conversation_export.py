@@ -41,7 +41,7 @@ def add_chat(store, title="Tea", settings=None):
                                                                              top_k=12, seed=7, n_ctx=2048))
     store.add_message(conv.id, "user", "What is **tea**?\n\n```py\nprint('hi')\n```")
     store.add_message(conv.id, "assistant", "A drink — from *Camellia sinensis*. 🍵", stats={"generated_tokens": 9,
-                                                                                         "cached_tokens": 4})
+                      "cached_tokens": 4, "thinking_tokens": 5}, thinking="The user asks about tea.\n\nKeep it short.")
     store.add_message(conv.id, "user", "More?")
     store.add_message(conv.id, "assistant", "Half an ans", state="stopped")
     return store.conversation(conv.id)
@@ -49,7 +49,8 @@ def add_chat(store, title="Tea", settings=None):
 
 def snapshot(store, conversation_id):
     conv = store.conversation(conversation_id)
-    messages = [(m.role, m.content, m.state, m.stats, round(m.created_at, 3)) for m in store.messages(conversation_id)]
+    messages = [(m.role, m.content, m.state, m.stats, round(m.created_at, 3), m.thinking)
+                for m in store.messages(conversation_id)]
     return conv.title, round(conv.created_at, 3), round(conv.updated_at, 3), conv.settings, messages
 
 
@@ -58,7 +59,9 @@ def test_json_round_trip_keeps_everything(store, tmp_path):
     path = tmp_path / "tea.json"
     ce.export_json(store, conv.id, path, MODEL)
     doc = json.loads(path.read_text(encoding="utf-8"))
-    assert doc["format"] == "hearth-conversation" and doc["version"] == 1
+    assert doc["format"] == "hearth-conversation" and doc["version"] == 2
+    assert doc["messages"][1]["thinking"] == "The user asks about tea.\n\nKeep it short."
+    assert "thinking" not in doc["messages"][0] and doc["settings"]["enable_thinking"] is True
     assert doc["model"] == {"name": "SmolLM2 135M Instruct", "sha256": SHA, "file": "SmolLM2.gguf"}
     assert doc["system_prompt"] == "Be brief." and doc["settings"]["top_k"] == 12 and "system_prompt" not in doc["settings"]
     assert doc["messages"][0]["created_at"].endswith("Z")
@@ -93,6 +96,21 @@ def test_markdown_holds_title_model_settings_and_every_message(store, tmp_path):
     assert headings[-1].endswith("(stopped)")
     for m in store.messages(conv.id):
         assert m.content in text  # code fences and emoji are kept verbatim
+    thought = "> **Thinking** (5 tokens)\n>\n> The user asks about tea.\n>\n> Keep it short.\n\nA drink"
+    assert thought in text  # the reasoning apart, marked, before its answer
+    assert text.count("**Thinking**") == 1 and "enable thinking on" in text
+
+
+def test_a_version_1_document_imports_without_thinking(store):
+    doc = ce.conversation_document(store, add_chat(store).id, MODEL)
+    doc["version"] = 1
+    del doc["settings"]["enable_thinking"]
+    del doc["messages"][1]["thinking"]
+    imported = ce.parse_document(json.dumps(doc).encode())
+    assert imported.settings.enable_thinking is True and all(m.thinking == "" for m in imported.messages)
+    doc["messages"][1]["thinking"] = "a thought"
+    with pytest.raises(ce.ConversationFormatError, match=r"messages\[1\]: unknown field 'thinking'"):
+        ce.parse_document(json.dumps(doc).encode())
 
 
 def test_archive_round_trip_of_every_conversation(store, tmp_path):
@@ -128,7 +146,10 @@ def with_change(doc, change):
 
 BAD_DOCUMENTS = [
     (lambda d: d.update(format="chatgpt-export"), "format is 'chatgpt-export'"),
-    (lambda d: d.update(version=2), "written by a newer Hearth (format version 2"),
+    (lambda d: d.update(version=3), "written by a newer Hearth (format version 3"),
+    (lambda d: d["messages"][1].update(thinking=["a"]), "messages[1].thinking: expected text, not list"),
+    (lambda d: d["settings"].update(enable_thinking="no"), "settings.enable_thinking: expected a bool, not 'no'"),
+    (lambda d: d["settings"].update(enable_thinking=1), "settings.enable_thinking: expected a bool, not 1"),
     (lambda d: d.update(version="1"), "version must be a positive integer"),
     (lambda d: d.update(extra=1), "unknown field 'extra'"),
     (lambda d: d.pop("messages"), "missing messages"),

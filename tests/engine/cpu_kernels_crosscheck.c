@@ -1,6 +1,7 @@
 /* Cross-check of the CPU kernels without Python: every ISA this CPU runs against the scalar kernels, on
    random blocks of every type, awkward sizes and token counts. Built and run by test_cpu_kernels.py; also
-   the way to check the arm64 kernels on an x86 machine (cross-compile statically, run under qemu-aarch64):
+   the way to check the arm64 kernels on an x86 machine (cross-compile statically, run under qemu-aarch64, as
+   test_cpu_kernels_neon.py does):
      aarch64-linux-gnu-gcc -O2 -static -pthread -Iengine/backends/cpu/csrc \
        tests/engine/cpu_kernels_crosscheck.c engine/backends/cpu/csrc/{matmul,pool,kernels_*}.c -lm
    Prints one line per ISA and exits non-zero on the first mismatch. */

@@ -289,6 +289,8 @@ const hk_isa hk_isa_avx512 = {
         [HK_Q2_K] = FN(dot_q2_k), [HK_Q3_K] = FN(dot_q3_k), [HK_Q4_K] = FN(dot512_q4_k), [HK_Q5_K] = FN(dot512_q5_k),
         [HK_Q6_K] = FN(dot_q6_k), [HK_TQ1_0] = FN(dot_tq1_0), [HK_TQ2_0] = FN(dot_tq2_0),
         [HK_IQ4_NL] = FN(dot512_iq4_nl), [HK_MXFP4] = FN(dot512_mxfp4), [HK_IQ4_XS] = FN(dot_iq4_xs),
+        [HK_IQ2_XXS] = FN(dot_iq2_xxs), [HK_IQ2_XS] = FN(dot_iq2_xs), [HK_IQ2_S] = FN(dot_iq2_s),
+        [HK_IQ3_XXS] = FN(dot_iq3_xxs), [HK_IQ3_S] = FN(dot_iq3_s),
     },
     .dot16 = {[HK_Q4_0] = rows16_q4_0, [HK_Q4_1] = rows16_q4_1, [HK_Q8_0] = rows16_q8_0, [HK_IQ4_NL] = rows16_iq4_nl,
               [HK_MXFP4] = rows16_mxfp4},

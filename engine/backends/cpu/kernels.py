@@ -1,8 +1,8 @@
 """Matrix products computed directly on packed GGUF blocks by the C extension, with a NumPy fallback.
 
-The extension quantizes the activations once per product (8-bit blocks of 32 for the legacy types, of 256
-for the K and ternary types) and runs integer dot products on the best instruction set of this CPU, chosen
-at run time. ``HEARTH_CPU_ISA`` forces one: ``scalar``, ``avx2``, ``avxvnni``, ``avx512`` (x86-64), ``neon``,
+The extension quantizes the activations once per product (8-bit blocks of 32 for the legacy types, IQ4_NL and
+MXFP4; of 256 for the K, ternary, IQ4_XS and IQ2 / IQ3 types) and runs integer dot products on the best
+instruction set of this CPU, chosen at run time. ``HEARTH_CPU_ISA`` forces one: ``scalar``, ``avx2``, ``avxvnni``, ``avx512`` (x86-64), ``neon``,
 ``dotprod`` (arm64) -- an ISA this CPU cannot run is an error -- or ``numpy`` to leave the extension
 unloaded as if it had not been built.
 """

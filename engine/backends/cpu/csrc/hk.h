@@ -15,7 +15,7 @@ enum {
 };
 
 #define HK_QK 32    /* elements per block of the legacy types (and of Q8_32 activations) */
-#define HK_QK_K 256 /* elements per super-block of the K and ternary types (and of Q8_K activations) */
+#define HK_QK_K 256 /* elements per super-block of the K, ternary and IQ types but IQ4_NL (and of Q8_K activations) */
 #define HK_MAX_NT 8 /* most tokens per tile: each weight block is decoded once per tile */
 #define HK_TILE 4   /* the usual tile: what 16 vector registers hold */
 

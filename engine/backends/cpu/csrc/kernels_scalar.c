@@ -235,6 +235,14 @@ static void signed_grid8(const uint8_t *grid, uint8_t s, int8_t *q) {
     for (int j = 0; j < 8; j++) q[j] = (int8_t)((s >> j) & 1 ? -grid[j] : grid[j]);
 }
 
+/* IQ2_XS / IQ2_S scales: a byte per 32 elements, 2 * nibble + 1 for each 16 (low nibble first). */
+static void iq_scales16(const uint8_t *scales, kblock *k) {
+    for (int i = 0; i < 16; i++) {
+        k->sc[i] = 2 * ((scales[i / 2] >> (4 * (i % 2))) & 0xF) + 1;
+        k->mn[i] = 0;
+    }
+}
+
 static void decode_iq2_xxs(const uint8_t *blk, kblock *k) {
     for (int ib = 0; ib < 8; ib++) { /* 8 bytes: four grid indices, then 4 x 7 sign bits and a 4-bit scale */
         const uint8_t *p = blk + 2 + 8 * ib;
@@ -252,7 +260,7 @@ static void decode_iq2_xs(const uint8_t *blk, kblock *k) {
         uint16_t v = hk_u16(blk + 2 + 2 * g);
         signed_grid8((const uint8_t *)&hk_iq2xs_grid[v & 511], hk_ksigns[v >> 9], k->q + 8 * g);
     }
-    for (int i = 0; i < 16; i++) k->sc[i] = 2 * ((blk[66 + i / 2] >> (4 * (i % 2))) & 0xF) + 1, k->mn[i] = 0;
+    iq_scales16(blk + 66, k);
     k->off = 0; k->dw = 0.125f * f16(blk); k->dm = 0.0f;
 }
 
@@ -262,7 +270,7 @@ static void decode_iq2_s(const uint8_t *blk, kblock *k) {
         int idx = qs[g] | (((qh[g / 4] >> (2 * (g % 4))) & 3) << 8);
         signed_grid8((const uint8_t *)&hk_iq2s_grid[idx], signs[g], k->q + 8 * g);
     }
-    for (int i = 0; i < 16; i++) k->sc[i] = 2 * ((blk[74 + i / 2] >> (4 * (i % 2))) & 0xF) + 1, k->mn[i] = 0;
+    iq_scales16(blk + 74, k);
     k->off = 0; k->dw = 0.125f * f16(blk); k->dm = 0.0f;
 }
 
@@ -294,7 +302,10 @@ static void decode_iq3_s(const uint8_t *blk, kblock *k) {
         int i1 = qs[2 * g + 1] | (((qh[g / 4] >> (2 * (g % 4) + 1)) & 1) << 8);
         signed_grid4x2(hk_iq3s_grid[i0], hk_iq3s_grid[i1], signs[g], k->q + 8 * g);
     }
-    for (int i = 0; i < 16; i++) k->sc[i] = 2 * ((blk[106 + i / 4] >> (4 * ((i / 2) % 2))) & 0xF) + 1, k->mn[i] = 0;
+    for (int i = 0; i < 16; i++) { /* one 4-bit scale per 32 elements */
+        k->sc[i] = 2 * ((blk[106 + i / 4] >> (4 * ((i / 2) % 2))) & 0xF) + 1;
+        k->mn[i] = 0;
+    }
     k->off = 0; k->dw = f16(blk); k->dm = 0.0f;
 }
 

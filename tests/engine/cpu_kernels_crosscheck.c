@@ -1,6 +1,7 @@
 /* Cross-check of the CPU kernels without Python: every ISA this CPU runs against the scalar kernels, on
    random blocks of every type, awkward sizes and token counts. Built and run by test_cpu_kernels.py; also
-   the way to check the arm64 kernels on an x86 machine (cross-compile statically, run under qemu-aarch64):
+   the way to check the arm64 kernels on an x86 machine (cross-compile statically, run under qemu-aarch64, as
+   test_cpu_kernels_neon.py does):
      aarch64-linux-gnu-gcc -O2 -static -pthread -Iengine/backends/cpu/csrc \
        tests/engine/cpu_kernels_crosscheck.c engine/backends/cpu/csrc/{matmul,pool,kernels_*}.c -lm
    Prints one line per ISA and exits non-zero on the first mismatch. */
@@ -25,7 +26,8 @@ static float rnd_normalish(void) { return ((float)(rnd() % 20001) - 10000.0f) / 
 /* Byte offsets of the float16 scales in each block; every other byte may take any value. */
 static int scale_fields(int type, int *off) {
     switch (type) {
-    case HK_Q4_0: case HK_Q5_0: case HK_Q8_0: off[0] = 0; return 1;
+    case HK_Q4_0: case HK_Q5_0: case HK_Q8_0: case HK_IQ4_NL: case HK_IQ4_XS: case HK_IQ2_XXS: case HK_IQ2_XS:
+    case HK_IQ2_S: case HK_IQ3_XXS: case HK_IQ3_S: off[0] = 0; return 1;
     case HK_Q4_1: case HK_Q5_1: case HK_Q4_K: case HK_Q5_K: off[0] = 0; off[1] = 2; return 2;
     case HK_Q2_K: off[0] = 80; off[1] = 82; return 2;
     case HK_Q3_K: off[0] = 108; return 1;
@@ -57,10 +59,13 @@ static void random_row(int type, uint8_t *w, size_t row_bytes) {
             uint16_t h = (uint16_t)(0x1C00 + rnd() % 0x0400) | (uint16_t)((rnd() & 1) << 15);
             memcpy(w + b * ti->type_size + off[k], &h, 2);
         }
+    if (type == HK_MXFP4) /* the e8m0 exponent byte: 2^-9 .. 2^-5 after the type's halving */
+        for (size_t b = 0; b < row_bytes / ti->type_size; b++) w[b * ti->type_size] = (uint8_t)(118 + rnd() % 5);
 }
 
 static const int TYPES[] = {HK_F32, HK_F16, HK_BF16, HK_Q4_0, HK_Q4_1, HK_Q5_0, HK_Q5_1, HK_Q8_0,
-                            HK_Q2_K, HK_Q3_K, HK_Q4_K, HK_Q5_K, HK_Q6_K, HK_TQ1_0, HK_TQ2_0};
+                            HK_Q2_K, HK_Q3_K, HK_Q4_K, HK_Q5_K, HK_Q6_K, HK_TQ1_0, HK_TQ2_0,
+                            HK_IQ4_NL, HK_MXFP4, HK_IQ4_XS, HK_IQ2_XXS, HK_IQ2_XS, HK_IQ2_S, HK_IQ3_XXS, HK_IQ3_S};
 static const char *ISAS[] = {"avx2", "avxvnni", "avx512", "neon", "dotprod"};
 
 /* One product on the named ISA and on the scalar kernels; returns the number of mismatches. */

@@ -33,8 +33,11 @@ REPO = Path(__file__).resolve().parents[2]
 SCALE_FIELDS = {
     T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,),
     T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
-    T.TQ1_0: (52,), T.TQ2_0: (64,),
+    T.TQ1_0: (52,), T.TQ2_0: (64,), T.IQ4_NL: (0,), T.IQ4_XS: (0,), T.MXFP4: (),
+    T.IQ2_XXS: (0,), T.IQ2_XS: (0,), T.IQ2_S: (0,), T.IQ3_XXS: (0,), T.IQ3_S: (0,),
 }
+# Byte offsets of e8m0 (power-of-two) scale bytes: MXFP4's shared exponent.
+E8M0_FIELDS = {T.MXFP4: (0,)}
 FLOAT_TYPES = (T.F32, T.F16, T.BF16)
 ALL_TYPES = tuple(SCALE_FIELDS) + FLOAT_TYPES
 ISA_REQUIREMENTS = {
@@ -54,6 +57,8 @@ def random_weights(qtype: T, rows: int, cols: int, rng: np.random.Generator) -> 
     for offset in SCALE_FIELDS[qtype]:
         scales = rng.uniform(0.002, 0.02, (rows, cols // block)) * rng.choice([-1, 1], (rows, cols // block))
         blocks[..., offset:offset + 2] = scales.astype(np.float16)[..., None].view(np.uint8)
+    for offset in E8M0_FIELDS.get(qtype, ()):  # 2^-9 .. 2^-5 (stored exponent 118..122; halved by the type)
+        blocks[..., offset] = rng.integers(118, 123, (rows, cols // block))
     return blocks.reshape(rows, cols // block * type_size)
 
 
@@ -195,7 +200,7 @@ def test_bad_arguments_raise_clear_errors():
     w = random_weights(T.Q8_0, 4, 64, rng)
     x = np.zeros((2, 64), np.float32)
     with pytest.raises(ValueError, match="not supported"):
-        kernels.matmul(w, T.IQ2_XXS, x)
+        kernels.matmul(w, T.IQ1_S, x)
     with pytest.raises(ValueError, match="float32"):
         kernels.matmul(w, T.Q8_0, np.zeros((2, 32), np.float32))
     with pytest.raises(ValueError, match="float32"):

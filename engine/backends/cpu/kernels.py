@@ -1,8 +1,8 @@
 """Matrix products computed directly on packed GGUF blocks by the C extension, with a NumPy fallback.
 
-The extension quantizes the activations once per product (8-bit blocks of 32 for the legacy types, of 256
-for the K and ternary types) and runs integer dot products on the best instruction set of this CPU, chosen
-at run time. ``HEARTH_CPU_ISA`` forces one: ``scalar``, ``avx2``, ``avxvnni``, ``avx512`` (x86-64), ``neon``,
+The extension quantizes the activations once per product (8-bit blocks of 32 for the legacy types, IQ4_NL and
+MXFP4; of 256 for the K, ternary, IQ4_XS and IQ2 / IQ3 types) and runs integer dot products on the best
+instruction set of this CPU, chosen at run time. ``HEARTH_CPU_ISA`` forces one: ``scalar``, ``avx2``, ``avxvnni``, ``avx512`` (x86-64), ``neon``,
 ``dotprod`` (arm64) -- an ISA this CPU cannot run is an error -- or ``numpy`` to leave the extension
 unloaded as if it had not been built.
 """
@@ -22,6 +22,7 @@ _T = GGMLQuantizationType
 SUPPORTED_TYPES: frozenset[int] = frozenset(int(t) for t in (
     _T.F32, _T.F16, _T.BF16, _T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0,
     _T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K, _T.TQ1_0, _T.TQ2_0,
+    _T.IQ4_NL, _T.IQ4_XS, _T.MXFP4, _T.IQ2_XXS, _T.IQ2_XS, _T.IQ2_S, _T.IQ3_XXS, _T.IQ3_S,
 ))
 FEATURE_NAMES = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avx512bf16", "avxvnni",
                  "neon", "dotprod")

@@ -9,12 +9,13 @@
 /* GGML type ids, as stored in GGUF files. */
 enum {
     HK_F32 = 0, HK_F16 = 1, HK_Q4_0 = 2, HK_Q4_1 = 3, HK_Q5_0 = 6, HK_Q5_1 = 7, HK_Q8_0 = 8,
-    HK_Q2_K = 10, HK_Q3_K = 11, HK_Q4_K = 12, HK_Q5_K = 13, HK_Q6_K = 14, HK_BF16 = 30,
-    HK_TQ1_0 = 34, HK_TQ2_0 = 35, HK_NTYPES = 40,
+    HK_Q2_K = 10, HK_Q3_K = 11, HK_Q4_K = 12, HK_Q5_K = 13, HK_Q6_K = 14, HK_IQ2_XXS = 16, HK_IQ2_XS = 17,
+    HK_IQ3_XXS = 18, HK_IQ4_NL = 20, HK_IQ3_S = 21, HK_IQ2_S = 22, HK_IQ4_XS = 23, HK_BF16 = 30,
+    HK_TQ1_0 = 34, HK_TQ2_0 = 35, HK_MXFP4 = 39, HK_NTYPES = 40,
 };
 
 #define HK_QK 32    /* elements per block of the legacy types (and of Q8_32 activations) */
-#define HK_QK_K 256 /* elements per super-block of the K and ternary types (and of Q8_K activations) */
+#define HK_QK_K 256 /* elements per super-block of the K, ternary and IQ types but IQ4_NL (and of Q8_K activations) */
 #define HK_MAX_NT 8 /* most tokens per tile: each weight block is decoded once per tile */
 #define HK_TILE 4   /* the usual tile: what 16 vector registers hold */
 
@@ -107,6 +108,26 @@ static inline void hk_unpack_q3k_scales(const uint8_t *s, int8_t *sc) {
         w[k] = ((w[k] | 0x80808080u) - 0x20202020u) ^ 0x80808080u;
     memcpy(sc, w, 16);
 }
+
+/* The 16 values of a 4-bit IQ4_NL / IQ4_XS code, and of an MXFP4 (e2m1) code doubled to integers; MXFP4's
+   scale is halved to match (hk_e8m0_half). */
+static const int8_t hk_kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+static const int8_t hk_kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* Half the power of two an MXFP4 block's e8m0 scale byte stands for: 2^(e - 128), subnormal below e = 2. */
+static inline float hk_e8m0_half(uint8_t e) {
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* IQ2 / IQ3 grids (entry = its element values, one byte each, first in the lowest byte) and sign tables
+   (kernels_iq_tables.c, generated from the gguf package). */
+extern const uint64_t hk_iq2xxs_grid[256], hk_iq2xs_grid[512], hk_iq2s_grid[1024];
+extern const uint32_t hk_iq3xxs_grid[256], hk_iq3s_grid[512];
+extern const uint8_t hk_ksigns[128];     /* 7 stored sign bits -> 8 (bit j set: element j negative) */
+extern const uint64_t hk_ksigns64[128];  /* the same as 8 int8 factors +1 / -1 */
 
 /* The ternary TQ1_0 trit of byte q at power-of-three position (q * pow3 mod 256, then the top of * 3). */
 static inline int hk_trit(uint8_t q, uint8_t pow3) { return ((uint16_t)(uint8_t)(q * pow3) * 3) >> 8; }

@@ -51,7 +51,8 @@ INLINE void dot32x2_nt(const int type, int nb, const uint8_t *w, const hk_act *a
     int b = 0;
     for (; b + 1 < nb; b += 2) {
         const uint8_t *b0 = w + (size_t)b * ts, *b1 = b0 + ts;
-        __m128 dw = pair_f16(b0, b1), cw = _mm_setzero_ps();
+        __m128 dw = type == HK_MXFP4 ? _mm_setr_ps(hk_e8m0_half(b0[0]), hk_e8m0_half(b1[0]), 0.0f, 0.0f) : pair_f16(b0, b1);
+        __m128 cw = _mm_setzero_ps();
         __m512i q;
         __mmask64 neg = 0;
         switch (type) {
@@ -66,6 +67,16 @@ INLINE void dot32x2_nt(const int type, int nb, const uint8_t *w, const hk_act *a
             cw = type == HK_Q5_0 ? _mm_mul_ps(dw, _mm_set1_ps(-16.0f)) : pair_f16(b0 + 2, b1 + 2);
             break;
         }
+        case HK_IQ4_NL: /* table values plus 128 (dpbusd does not saturate), the -128 through the block sums */
+            q = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_xor_si128(loadu128(hk_kvalues_iq4nl), _mm_set1_epi8((char)0x80))),
+                                    pair_nibbles(b0 + 2, b1 + 2));
+            cw = _mm_mul_ps(dw, _mm_set1_ps(-128.0f));
+            break;
+        case HK_MXFP4: /* doubled e2m1 values plus 12, as in block32 */
+            q = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_add_epi8(loadu128(hk_kvalues_mxfp4), _mm_set1_epi8(12))),
+                                    pair_nibbles(b0 + 1, b1 + 1));
+            cw = _mm_mul_ps(dw, _mm_set1_ps(-12.0f));
+            break;
         default: { /* Q8_0: |w| times the activation with w's sign */
             __m512i s = _mm512_inserti64x4(_mm512_castsi256_si512(loadu256(b0 + 2)), loadu256(b1 + 2), 1);
             neg = _mm512_movepi8_mask(s);
@@ -100,6 +111,8 @@ DOT32X2(dot512_q4_1, HK_Q4_1)
 DOT32X2(dot512_q5_0, HK_Q5_0)
 DOT32X2(dot512_q5_1, HK_Q5_1)
 DOT32X2(dot512_q8_0, HK_Q8_0)
+DOT32X2(dot512_iq4_nl, HK_IQ4_NL)
+DOT32X2(dot512_mxfp4, HK_MXFP4)
 
 /* -- 16 rows at once for Q4_0, Q4_1 and Q8_0: one lane per row, so a token's activation word is broadcast to
    every row and each of its scale products serves 16 rows. The rows' bytes are transposed in registers (no
@@ -123,6 +136,14 @@ INLINE void rows16_words(const uint8_t *p, ptrdiff_t stride, __m512i t[4]) {
     t[3] = _mm512_unpackhi_epi64(b, d);
 }
 
+/* hk_e8m0_half of the low byte of each lane. */
+INLINE __m512 e8m0_half16(__m512i v) {
+    __m512i e = _mm512_and_si512(v, _mm512_set1_epi32(0xFF));
+    __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    __m512i subnormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epi32_mask(e, _mm512_set1_epi32(2)), normal, subnormal));
+}
+
 INLINE __m512i bcast32(const int8_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
@@ -130,14 +151,17 @@ INLINE __m512i bcast32(const int8_t *p) {
 }
 
 /* out[t * os + r] = row r . a[t] for 16 rows stride bytes apart. Codes are unsigned bytes in q[k] (lane r:
-   elements 4k..4k+3 of row r's block); the offset (Q4_0's -8, Q4_1's min, and Q8_0's -128 after its signed
-   bytes are flipped to w + 128) goes through the activations' block sums, as in dot32x2_nt. */
+   elements 4k..4k+3 of row r's block); the offset (Q4_0's -8, Q4_1's min, Q8_0's -128 after its signed
+   bytes are flipped to w + 128, and the table types' -128 or -12 after their look-up plus that much) goes
+   through the activations' block sums, as in dot32x2_nt. */
 INLINE void rows16_nt(const int type, int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, const int nt,
                       float *out, ptrdiff_t os) {
     const int ts = size32(type);
     const __m512i offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                                _mm512_set1_epi32((int)stride));
     const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i table = type == HK_IQ4_NL ? _mm512_broadcast_i32x4(_mm_xor_si128(loadu128(hk_kvalues_iq4nl), _mm_set1_epi8((char)0x80)))
+                                            : _mm512_broadcast_i32x4(_mm_add_epi8(loadu128(hk_kvalues_mxfp4), _mm_set1_epi8(12)));
     __m512 acc[HK_MAX_NT];
     HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     /* 16 interleaved streams are more than the hardware prefetcher follows: the next 16 rows (the next
@@ -150,9 +174,10 @@ INLINE void rows16_nt(const int type, int nb, const uint8_t *w, ptrdiff_t stride
         const uint8_t *blk = w + (size_t)b * ts;
         for (const size_t end = (size_t)(b + 1) * next_lines / nb; line < end; line++) _mm_prefetch(next + 64 * line, _MM_HINT_T1);
         __m512i head = _mm512_i32gather_epi32(offsets, blk, 1), words[4], q[8]; /* head: each row's d (and m) */
-        __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+        __m512 dw = type == HK_MXFP4 ? e8m0_half16(head) : _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+        const float off = type == HK_Q8_0 || type == HK_IQ4_NL ? -128.0f : type == HK_MXFP4 ? -12.0f : -8.0f;
         __m512 cw = type == HK_Q4_1 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)))
-                                    : _mm512_mul_ps(dw, _mm512_set1_ps(type == HK_Q8_0 ? -128.0f : -8.0f));
+                                    : _mm512_mul_ps(dw, _mm512_set1_ps(off));
         if (type == HK_Q8_0) { /* signed bytes to unsigned codes w + 128, elements 0-15 then 16-31 */
             const __m512i flip = _mm512_set1_epi8((char)0x80);
             rows16_words(blk + 2, stride, words);
@@ -160,11 +185,13 @@ INLINE void rows16_nt(const int type, int nb, const uint8_t *w, ptrdiff_t stride
             rows16_words(blk + 18, stride, words);
             for (int k = 0; k < 4; k++) q[k + 4] = _mm512_xor_si512(words[k], flip);
         } else {
-            rows16_words(blk + (type == HK_Q4_1 ? 4 : 2), stride, words);
+            rows16_words(blk + (type == HK_Q4_1 ? 4 : type == HK_MXFP4 ? 1 : 2), stride, words);
             for (int k = 0; k < 4; k++) {
                 q[k] = _mm512_and_si512(words[k], m4);                            /* elements 4k..4k+3 */
                 q[k + 4] = _mm512_and_si512(_mm512_srli_epi32(words[k], 4), m4); /* 16 + 4k..16 + 4k + 3 */
             }
+            if (type == HK_IQ4_NL || type == HK_MXFP4)
+                for (int k = 0; k < 8; k++) q[k] = _mm512_shuffle_epi8(table, q[k]);
         }
         HK_UNROLL for (int t = 0; t < nt; t++) {
             const int8_t *aq = a[t].qs + b * HK_QK;
@@ -199,6 +226,8 @@ INLINE void rows16_nt(const int type, int nb, const uint8_t *w, ptrdiff_t stride
 ROWS16(rows16_q4_0, HK_Q4_0)
 ROWS16(rows16_q4_1, HK_Q4_1)
 ROWS16(rows16_q8_0, HK_Q8_0)
+ROWS16(rows16_iq4_nl, HK_IQ4_NL)
+ROWS16(rows16_mxfp4, HK_MXFP4)
 
 /* -- Q4_K and Q5_K with one 64-element chunk (two sub-blocks) per 512-bit vector */
 
@@ -252,6 +281,45 @@ INLINE void dot512_q5_k_nt(int nb, const uint8_t *w, const hk_act *a, const int 
 }
 NT_DISPATCH(dot512_q5_k)
 
+/* -- IQ4_XS with two 32-element sub-blocks per 512-bit vector: the table values' magnitudes against the
+   activations negated where a value is negative (no vpsignb in AVX-512), int16 pairs times each sub-block's scale */
+
+INLINE void dot512_iq4_xs_nt(int nb, const uint8_t *w, const hk_act *a, const int nt, float *out, ptrdiff_t os) {
+    const __m512i table = _mm512_broadcast_i32x4(loadu128(hk_kvalues_iq4nl)), m4 = _mm512_set1_epi8(0x0F);
+    __m256 acc[HK_MAX_NT];
+    HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = w + (size_t)b * 136;
+        const unsigned sh = hk_u16(blk + 2);
+        __m512i isum[HK_MAX_NT];
+        __m256i isum256[HK_MAX_NT];
+        HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_setzero_si512();
+        for (int c = 0; c < 4; c++) { /* sub-blocks 2c and 2c + 1: 32 bytes of codes, elements 64c .. 64c + 63 */
+            __m256i raw = loadu256(blk + 8 + 32 * c);
+            __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(raw), _mm256_srli_epi16(raw, 4), 1);
+            __m512i v = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0)), m4));
+            __m512i uv = _mm512_abs_epi8(v);
+            __mmask64 neg = _mm512_movepi8_mask(v);
+            int ls[2];
+            for (int k = 0; k < 2; k++) {
+                const int ib = 2 * c + k;
+                ls[k] = (((blk[4 + c] >> (4 * k)) & 0xF) | (((sh >> (2 * ib)) & 3) << 4)) - 32;
+            }
+            __m512i scale = _mm512_inserti64x4(_mm512_set1_epi16((short)ls[0]), _mm256_set1_epi16((short)ls[1]), 1);
+            HK_UNROLL for (int t = 0; t < nt; t++) {
+                __m512i av = _mm512_loadu_si512(a[t].qs + 256 * b + 64 * c);
+                av = _mm512_mask_sub_epi8(av, neg, _mm512_setzero_si512(), av);
+                isum[t] = _mm512_dpwssd_epi32(isum[t], _mm512_maddubs_epi16(uv, av), scale);
+            }
+        }
+        HK_UNROLL for (int t = 0; t < nt; t++)
+            isum256[t] = _mm256_add_epi32(_mm512_castsi512_si256(isum[t]), _mm512_extracti64x4_epi64(isum[t], 1));
+        k_accumulate(a, b, nt, isum256, NULL, f16x(blk), 0.0f, acc);
+    }
+    k_store(acc, nt, out, os);
+}
+NT_DISPATCH(dot512_iq4_xs)
+
 const hk_isa hk_isa_avx512 = {
     .name = "avx512",
     .dot = {
@@ -259,8 +327,12 @@ const hk_isa hk_isa_avx512 = {
         [HK_Q4_1] = FN(dot512_q4_1), [HK_Q5_0] = FN(dot512_q5_0), [HK_Q5_1] = FN(dot512_q5_1), [HK_Q8_0] = FN(dot512_q8_0),
         [HK_Q2_K] = FN(dot_q2_k), [HK_Q3_K] = FN(dot_q3_k), [HK_Q4_K] = FN(dot512_q4_k), [HK_Q5_K] = FN(dot512_q5_k),
         [HK_Q6_K] = FN(dot_q6_k), [HK_TQ1_0] = FN(dot_tq1_0), [HK_TQ2_0] = FN(dot_tq2_0),
+        [HK_IQ4_NL] = FN(dot512_iq4_nl), [HK_MXFP4] = FN(dot512_mxfp4), [HK_IQ4_XS] = FN(dot512_iq4_xs),
+        [HK_IQ2_XXS] = FN(dot_iq2_xxs), [HK_IQ2_XS] = FN(dot_iq2_xs), [HK_IQ2_S] = FN(dot_iq2_s),
+        [HK_IQ3_XXS] = FN(dot_iq3_xxs), [HK_IQ3_S] = FN(dot_iq3_s),
     },
-    .dot16 = {[HK_Q4_0] = rows16_q4_0, [HK_Q4_1] = rows16_q4_1, [HK_Q8_0] = rows16_q8_0},
+    .dot16 = {[HK_Q4_0] = rows16_q4_0, [HK_Q4_1] = rows16_q4_1, [HK_Q8_0] = rows16_q8_0, [HK_IQ4_NL] = rows16_iq4_nl,
+              [HK_MXFP4] = rows16_mxfp4},
     .tile = { /* 8 tokens where it measured faster than 4 (64-token products, one thread) */
         [HK_Q4_0] = 8, [HK_Q4_1] = 8, [HK_Q5_0] = 8, [HK_Q5_1] = 8, [HK_Q4_K] = 8, [HK_Q5_K] = 8, [HK_TQ1_0] = 8,
         [HK_TQ2_0] = 8,

@@ -11,7 +11,11 @@ static const hk_type TYPES[] = {
     {HK_Q2_K, "Q2_K", 256, 84, HK_ACT_Q8_K}, {HK_Q3_K, "Q3_K", 256, 110, HK_ACT_Q8_K},
     {HK_Q4_K, "Q4_K", 256, 144, HK_ACT_Q8_K}, {HK_Q5_K, "Q5_K", 256, 176, HK_ACT_Q8_K},
     {HK_Q6_K, "Q6_K", 256, 210, HK_ACT_Q8_K}, {HK_TQ1_0, "TQ1_0", 256, 54, HK_ACT_Q8_K},
-    {HK_TQ2_0, "TQ2_0", 256, 66, HK_ACT_Q8_K},
+    {HK_TQ2_0, "TQ2_0", 256, 66, HK_ACT_Q8_K}, {HK_IQ4_NL, "IQ4_NL", 32, 18, HK_ACT_Q8_32},
+    {HK_MXFP4, "MXFP4", 32, 17, HK_ACT_Q8_32}, {HK_IQ4_XS, "IQ4_XS", 256, 136, HK_ACT_Q8_K},
+    {HK_IQ2_XXS, "IQ2_XXS", 256, 66, HK_ACT_Q8_K}, {HK_IQ2_XS, "IQ2_XS", 256, 74, HK_ACT_Q8_K},
+    {HK_IQ2_S, "IQ2_S", 256, 82, HK_ACT_Q8_K}, {HK_IQ3_XXS, "IQ3_XXS", 256, 98, HK_ACT_Q8_K},
+    {HK_IQ3_S, "IQ3_S", 256, 110, HK_ACT_Q8_K},
 };
 
 const hk_type *hk_type_info(int id) {
@@ -100,6 +104,12 @@ static void codes_q5(const uint8_t *qhp, const uint8_t *qs, int8_t *q) {
     for (int j = 0; j < 32; j++) q[j] = (int8_t)(q[j] | (((qh >> j) & 1) << 4));
 }
 
+/* IQ4_NL and MXFP4: q[32] the signed table values of the 4-bit codes. */
+static void codes_table(const uint8_t *qs, const int8_t *table, int8_t *q) {
+    codes_q4(qs, q);
+    for (int j = 0; j < 32; j++) q[j] = table[(uint8_t)q[j]];
+}
+
 static int idot(const int8_t *a, const int8_t *b, int n) {
     int s = 0;
     for (int j = 0; j < n; j++) s += a[j] * b[j];
@@ -114,8 +124,10 @@ static float dot32_one(int type, int nb, const uint8_t *w, const hk_act *a) {
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = w + (size_t)b * ti->type_size;
         const int8_t *aq = a->qs + b * HK_QK;
-        float dw = f16(blk), da = a->d[b], ds = a->ds[b];
+        float dw = type == HK_MXFP4 ? hk_e8m0_half(blk[0]) : f16(blk), da = a->d[b], ds = a->ds[b];
         switch (type) {
+        case HK_IQ4_NL: codes_table(blk + 2, hk_kvalues_iq4nl, q); sum += dw * da * idot(q, aq, 32); break;
+        case HK_MXFP4: codes_table(blk + 1, hk_kvalues_mxfp4, q); sum += dw * da * idot(q, aq, 32); break;
         case HK_Q4_0: codes_q4(blk + 2, q); sum += dw * (da * idot(q, aq, 32) - 8.0f * ds); break;
         case HK_Q4_1: codes_q4(blk + 4, q); sum += dw * da * idot(q, aq, 32) + f16(blk + 2) * ds; break;
         case HK_Q5_0: codes_q5(blk + 2, blk + 6, q); sum += dw * (da * idot(q, aq, 32) - 16.0f * ds); break;
@@ -127,7 +139,8 @@ static float dot32_one(int type, int nb, const uint8_t *w, const hk_act *a) {
 }
 
 /* K-quants decoded to codes q[256] (unsigned, before any offset), per-16 integer scales sc[16] and mins
-   mn[16], and float multipliers dw (of sc) and dm (of mn); value = dw * sc * (q - off) - dm * mn. */
+   mn[16], and float multipliers dw (of sc) and dm (of mn); value = dw * sc * (q - off) - dm * mn.
+   The IQ types decode to signed values (table entries, or grid values with their signs) with off = 0. */
 typedef struct {
     int8_t q[256];
     int sc[16], mn[16], off;
@@ -204,6 +217,98 @@ static void decode_tq1_0(const uint8_t *blk, kblock *k) {
     k->off = 1; k->dw = f16(blk + 52); k->dm = 0.0f;
 }
 
+/* -- IQ types: every value is dw * sc * q with q a signed table or grid value */
+
+static void decode_iq4_xs(const uint8_t *blk, kblock *k) {
+    uint16_t sh = hk_u16(blk + 2);
+    for (int ib = 0; ib < 8; ib++) {
+        int ls = ((blk[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
+        codes_table(blk + 8 + 16 * ib, hk_kvalues_iq4nl, k->q + 32 * ib);
+        k->sc[2 * ib] = k->sc[2 * ib + 1] = ls - 32;
+    }
+    for (int i = 0; i < 16; i++) k->mn[i] = 0;
+    k->off = 0; k->dw = f16(blk); k->dm = 0.0f;
+}
+
+/* Eight grid bytes with the signs of sign byte s applied. */
+static void signed_grid8(const uint8_t *grid, uint8_t s, int8_t *q) {
+    for (int j = 0; j < 8; j++) q[j] = (int8_t)((s >> j) & 1 ? -grid[j] : grid[j]);
+}
+
+/* IQ2_XS / IQ2_S scales: a byte per 32 elements, 2 * nibble + 1 for each 16 (low nibble first). */
+static void iq_scales16(const uint8_t *scales, kblock *k) {
+    for (int i = 0; i < 16; i++) {
+        k->sc[i] = 2 * ((scales[i / 2] >> (4 * (i % 2))) & 0xF) + 1;
+        k->mn[i] = 0;
+    }
+}
+
+static void decode_iq2_xxs(const uint8_t *blk, kblock *k) {
+    for (int ib = 0; ib < 8; ib++) { /* 8 bytes: four grid indices, then 4 x 7 sign bits and a 4-bit scale */
+        const uint8_t *p = blk + 2 + 8 * ib;
+        uint32_t aux = hk_u32(p + 4);
+        for (int l = 0; l < 4; l++)
+            signed_grid8((const uint8_t *)&hk_iq2xxs_grid[p[l]], hk_ksigns[(aux >> (7 * l)) & 127], k->q + 32 * ib + 8 * l);
+        k->sc[2 * ib] = k->sc[2 * ib + 1] = 2 * (int)(aux >> 28) + 1;
+    }
+    for (int i = 0; i < 16; i++) k->mn[i] = 0;
+    k->off = 0; k->dw = 0.125f * f16(blk); k->dm = 0.0f;
+}
+
+static void decode_iq2_xs(const uint8_t *blk, kblock *k) {
+    for (int g = 0; g < 32; g++) { /* 16-bit words: 9-bit grid index, 7 sign bits */
+        uint16_t v = hk_u16(blk + 2 + 2 * g);
+        signed_grid8((const uint8_t *)&hk_iq2xs_grid[v & 511], hk_ksigns[v >> 9], k->q + 8 * g);
+    }
+    iq_scales16(blk + 66, k);
+    k->off = 0; k->dw = 0.125f * f16(blk); k->dm = 0.0f;
+}
+
+static void decode_iq2_s(const uint8_t *blk, kblock *k) {
+    const uint8_t *qs = blk + 2, *signs = blk + 34, *qh = blk + 66;
+    for (int g = 0; g < 32; g++) { /* grid index: 8 bits in qs, 2 more in qh; one whole sign byte */
+        int idx = qs[g] | (((qh[g / 4] >> (2 * (g % 4))) & 3) << 8);
+        signed_grid8((const uint8_t *)&hk_iq2s_grid[idx], signs[g], k->q + 8 * g);
+    }
+    iq_scales16(blk + 74, k);
+    k->off = 0; k->dw = 0.125f * f16(blk); k->dm = 0.0f;
+}
+
+/* Two 4-value grid entries with the signs of sign byte s applied. */
+static void signed_grid4x2(uint32_t g0, uint32_t g1, uint8_t s, int8_t *q) {
+    uint8_t v[8];
+    memcpy(v, &g0, 4);
+    memcpy(v + 4, &g1, 4);
+    signed_grid8(v, s, q);
+}
+
+static void decode_iq3_xxs(const uint8_t *blk, kblock *k) {
+    const uint8_t *qs = blk + 2, *ss = blk + 66;
+    for (int ib = 0; ib < 8; ib++) { /* 8 grid indices per 32; 4 x 7 sign bits and a 4-bit scale in a word */
+        uint32_t aux = hk_u32(ss + 4 * ib);
+        for (int l = 0; l < 4; l++)
+            signed_grid4x2(hk_iq3xxs_grid[qs[8 * ib + 2 * l]], hk_iq3xxs_grid[qs[8 * ib + 2 * l + 1]],
+                           hk_ksigns[(aux >> (7 * l)) & 127], k->q + 32 * ib + 8 * l);
+        k->sc[2 * ib] = k->sc[2 * ib + 1] = 2 * (int)(aux >> 28) + 1;
+    }
+    for (int i = 0; i < 16; i++) k->mn[i] = 0;
+    k->off = 0; k->dw = 0.25f * f16(blk); k->dm = 0.0f;
+}
+
+static void decode_iq3_s(const uint8_t *blk, kblock *k) {
+    const uint8_t *qs = blk + 2, *qh = blk + 66, *signs = blk + 74;
+    for (int g = 0; g < 32; g++) { /* grid indices: 8 bits in qs, a ninth in qh; one whole sign byte */
+        int i0 = qs[2 * g] | (((qh[g / 4] >> (2 * (g % 4))) & 1) << 8);
+        int i1 = qs[2 * g + 1] | (((qh[g / 4] >> (2 * (g % 4) + 1)) & 1) << 8);
+        signed_grid4x2(hk_iq3s_grid[i0], hk_iq3s_grid[i1], signs[g], k->q + 8 * g);
+    }
+    for (int i = 0; i < 16; i++) { /* one 4-bit scale per 32 elements */
+        k->sc[i] = 2 * ((blk[106 + i / 4] >> (4 * ((i / 2) % 2))) & 0xF) + 1;
+        k->mn[i] = 0;
+    }
+    k->off = 0; k->dw = f16(blk); k->dm = 0.0f;
+}
+
 static void decode_k(int type, const uint8_t *blk, kblock *k) {
     switch (type) {
     case HK_Q2_K: decode_q2_k(blk, k); break;
@@ -213,6 +318,12 @@ static void decode_k(int type, const uint8_t *blk, kblock *k) {
     case HK_Q6_K: decode_q6_k(blk, k); break;
     case HK_TQ1_0: decode_tq1_0(blk, k); break;
     case HK_TQ2_0: decode_tq2_0(blk, k); break;
+    case HK_IQ4_XS: decode_iq4_xs(blk, k); break;
+    case HK_IQ2_XXS: decode_iq2_xxs(blk, k); break;
+    case HK_IQ2_XS: decode_iq2_xs(blk, k); break;
+    case HK_IQ2_S: decode_iq2_s(blk, k); break;
+    case HK_IQ3_XXS: decode_iq3_xxs(blk, k); break;
+    case HK_IQ3_S: decode_iq3_s(blk, k); break;
     }
 }
 
@@ -262,6 +373,14 @@ SCALAR_DOT(dot_q5_k, HK_Q5_K, dotk_one(HK_Q5_K, nb, w, &a[t]))
 SCALAR_DOT(dot_q6_k, HK_Q6_K, dotk_one(HK_Q6_K, nb, w, &a[t]))
 SCALAR_DOT(dot_tq1_0, HK_TQ1_0, dotk_one(HK_TQ1_0, nb, w, &a[t]))
 SCALAR_DOT(dot_tq2_0, HK_TQ2_0, dotk_one(HK_TQ2_0, nb, w, &a[t]))
+SCALAR_DOT(dot_iq4_nl, HK_IQ4_NL, dot32_one(HK_IQ4_NL, nb, w, &a[t]))
+SCALAR_DOT(dot_mxfp4, HK_MXFP4, dot32_one(HK_MXFP4, nb, w, &a[t]))
+SCALAR_DOT(dot_iq4_xs, HK_IQ4_XS, dotk_one(HK_IQ4_XS, nb, w, &a[t]))
+SCALAR_DOT(dot_iq2_xxs, HK_IQ2_XXS, dotk_one(HK_IQ2_XXS, nb, w, &a[t]))
+SCALAR_DOT(dot_iq2_xs, HK_IQ2_XS, dotk_one(HK_IQ2_XS, nb, w, &a[t]))
+SCALAR_DOT(dot_iq2_s, HK_IQ2_S, dotk_one(HK_IQ2_S, nb, w, &a[t]))
+SCALAR_DOT(dot_iq3_xxs, HK_IQ3_XXS, dotk_one(HK_IQ3_XXS, nb, w, &a[t]))
+SCALAR_DOT(dot_iq3_s, HK_IQ3_S, dotk_one(HK_IQ3_S, nb, w, &a[t]))
 
 const hk_isa hk_isa_scalar = {
     .name = "scalar",
@@ -269,7 +388,9 @@ const hk_isa hk_isa_scalar = {
         [HK_F32] = dot_f32, [HK_F16] = dot_f16, [HK_BF16] = dot_bf16, [HK_Q4_0] = dot_q4_0,
         [HK_Q4_1] = dot_q4_1, [HK_Q5_0] = dot_q5_0, [HK_Q5_1] = dot_q5_1, [HK_Q8_0] = dot_q8_0,
         [HK_Q2_K] = dot_q2_k, [HK_Q3_K] = dot_q3_k, [HK_Q4_K] = dot_q4_k, [HK_Q5_K] = dot_q5_k,
-        [HK_Q6_K] = dot_q6_k, [HK_TQ1_0] = dot_tq1_0, [HK_TQ2_0] = dot_tq2_0,
+        [HK_Q6_K] = dot_q6_k, [HK_TQ1_0] = dot_tq1_0, [HK_TQ2_0] = dot_tq2_0, [HK_IQ4_NL] = dot_iq4_nl,
+        [HK_MXFP4] = dot_mxfp4, [HK_IQ4_XS] = dot_iq4_xs, [HK_IQ2_XXS] = dot_iq2_xxs, [HK_IQ2_XS] = dot_iq2_xs,
+        [HK_IQ2_S] = dot_iq2_s, [HK_IQ3_XXS] = dot_iq3_xxs, [HK_IQ3_S] = dot_iq3_s,
     },
     .quant32 = hk_scalar_quant32,
     .quantK = hk_scalar_quantK,
@@ -279,9 +400,11 @@ const hk_isa hk_isa_scalar = {
 
 static void dequant32_block(int type, const uint8_t *blk, float *out) {
     int8_t q[32];
-    float d = f16(blk), m = 0.0f;
+    float d = type == HK_MXFP4 ? hk_e8m0_half(blk[0]) : f16(blk), m = 0.0f;
     int off = 0;
     switch (type) {
+    case HK_IQ4_NL: codes_table(blk + 2, hk_kvalues_iq4nl, q); break;
+    case HK_MXFP4: codes_table(blk + 1, hk_kvalues_mxfp4, q); break;
     case HK_Q4_0: codes_q4(blk + 2, q); off = 8; break;
     case HK_Q4_1: codes_q4(blk + 4, q); m = f16(blk + 2); break;
     case HK_Q5_0: codes_q5(blk + 2, blk + 6, q); off = 16; break;

@@ -17,7 +17,7 @@ from .chat_settings import ChatSettings
 from .paths import BUILTIN_MODEL_NAME
 from .qt_compat import emit
 from .store import ConversationStore, Message, ReplyWriter
-from .worker import EngineHost
+from .engine_host import EngineHost
 
 TITLE_CHARS = 48
 THERMAL_MODES = tuple(m.value for m in Mode)  # performance, balanced, cool

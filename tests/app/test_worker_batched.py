@@ -6,7 +6,8 @@ ends only the reply it names."""
 import pytest
 
 from app.batched import BatchedReply, BatchRunner, Hooks
-from app.worker import EngineHost, load_engine_model, make_sampling_params
+from app.engine_host import EngineHost
+from app.worker import load_engine_model, make_sampling_params
 from engine.model import load
 from engine.sampling import SamplingParams
 from engine.thermal import Limits, ThermalMonitor, default_provider

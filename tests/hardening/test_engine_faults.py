@@ -14,7 +14,8 @@ import psutil  # noqa: E402
 import pytest  # noqa: E402
 
 import engine.model  # noqa: E402
-from app.worker import EngineHost, load_engine_model  # noqa: E402
+from app.engine_host import EngineHost  # noqa: E402
+from app.worker import load_engine_model  # noqa: E402
 from engine.backends.cpu_backend import CpuBackend  # noqa: E402
 from engine.backends.numpy_backend import NumpyBackend  # noqa: E402
 from engine.gguf_file import ModelFormatError  # noqa: E402

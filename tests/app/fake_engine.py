@@ -56,7 +56,7 @@ class FakeBackend(Backend):
         time.sleep(self.model.prefill_s if cache.n_past == 0 else self.model.token_s)
         cache.reserve(len(tokens))
         cache.positions += len(tokens)
-        self.model.positions = cache.n_past
+        self.model.positions = cache.n_past + 1  # the fake counts the token the logits choose, as it always did
         return np.zeros(1, np.float32)
 
     def memory(self) -> MemoryStats:

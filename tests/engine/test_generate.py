@@ -249,3 +249,31 @@ def test_closing_a_stream_early_leaves_the_resident_cache_consistent(tiny, tiny_
     follow_up = [5, 6, 7, *first, 9]
     fresh = engine.model.load(tiny_model_path, backend="numpy", n_ctx=1024)
     np.testing.assert_allclose(tiny.next_token_logits(follow_up), fresh.next_token_logits(follow_up), rtol=1e-4, atol=1e-6)
+
+
+def test_mlx_pipelined_steps_of_a_lone_reply_give_way_to_a_batch_when_a_second_arrives(tiny_model_path):
+    """MLX declares pipelined greedy decoding: a lone greedy reply takes it; when a second reply arrives the
+    device steps queued ahead are rolled back and both decode in one batch, each with the tokens it gets alone."""
+    greedy = SamplingParams(temperature=0.0, repeat_penalty=1.0)  # an argmax the device can take
+    reference = engine.model.load(tiny_model_path, backend="numpy", n_ctx=256)
+    alone = [[e.id for e in reference.generate_ids(p, greedy, 14)] for p in PROMPTS[:2]]
+    model = engine.model.load(tiny_model_path, backend="mlx", n_ctx=256)
+    assert model.backend.pipelined_greedy and not reference.backend.pipelined_greedy
+    pipelines = []
+    start_pipeline = model.backend.decode_greedy_pipelined
+    model.backend.decode_greedy_pipelined = lambda *args: pipelines.append(args) or start_pipeline(*args)
+    assert [e.id for e in model.generate_ids(PROMPTS[0], greedy, 14)] == alone[0]
+    assert len(pipelines) == 1
+    first = model.submit(PROMPTS[0], greedy, 14)
+    got, second, batches = {first.id: []}, None, []
+    while model.scheduler.has_work:
+        batches.append(model.scheduler.step().decode_batch)
+        for handle in filter(None, (first, second)):
+            got[handle.id] += [e.id for e in handle.ready() if isinstance(e, GenerationEvent)]
+        if second is None and len(got[first.id]) == 5:
+            second = model.submit(PROMPTS[1], greedy, 14)
+            got[second.id] = []
+    assert got[first.id] == alone[0] and got[second.id] == alone[1]
+    assert 2 in batches and len(pipelines) >= 2
+    assert model.sequence == PROMPTS[0] + alone[0]
+    model.close()

@@ -241,7 +241,7 @@ class Scheduler:
             self._finish(seq, events, RequestEvent(seq.id, "cancelled", now, text=seq.flush_text()))
 
     def _finish(self, seq: Sequence, events: list, final: Event | None) -> None:
-        seq.settle()
+        seq.drop_lookahead()
         self._sequences.remove(seq)
         cache, seq.cache, seq.active = seq.cache, None, False
         if seq.request.on_finish is not None:
@@ -261,7 +261,7 @@ class Scheduler:
                 self._start(seq, now, events)
 
     def _preempt(self, seq: Sequence, now: float, events: list) -> None:
-        seq.settle()
+        seq.drop_lookahead()
         seq.active = False
         seq.preemptions += 1
         if self.preempt == "recompute":
@@ -298,7 +298,7 @@ class Scheduler:
                     break
             return 1, elapsed
         for seq in batch:
-            seq.settle()  # device steps queued ahead, if any, end: the batch feeds every last token itself
+            seq.drop_lookahead()  # device steps queued ahead, if any, end: the batch feeds every last token itself
         logits = self.backend.forward_batch([s.history[-1] for s in batch], [s.cache for s in batch])
         elapsed = self.clock() - start
         if self.monitor is not None:
@@ -324,7 +324,7 @@ class Scheduler:
             step = next(seq.pipeline, None)
             if step is not None:
                 return [step], True
-            seq.settle()  # the device steps ended with the cache full: one plain step decides the last token
+            seq.drop_lookahead()  # the device steps ended with the cache full: one plain step decides the last token
         return [request.sample(backend.forward([seq.history[-1]], seq.cache), seq.history)], True
 
     @staticmethod

@@ -111,7 +111,7 @@ class Sequence:
         flag = self.request.cancel
         return flag is not None and flag.is_set()
 
-    def settle(self) -> None:
+    def drop_lookahead(self) -> None:
         """Stop any work computed ahead of the emitted tokens: close device steps in flight and roll the cache
         back to every token but the last (drafted or pipelined positions beyond it go)."""
         if self.pipeline is not None:

@@ -59,7 +59,7 @@ class Hooks:
 
     tokens: Callable[[int, str], None]  # (request id, text)
     finished: Callable[[Reply, str], None]  # (reply, finish reason)
-    failed: Callable[[int, str], None]  # (request id, message)
+    failed: Callable[[int, Exception], None]  # (request id, why: the engine's exception)
     shown: Callable[[], int | None]  # the conversation on screen
     admit: Callable[[ReplyLoop], None]  # add the requests that arrived since the last step
     event: Callable[[Reply, GenerationEvent], None]  # a token of a reply decoding alone (telemetry)
@@ -108,7 +108,7 @@ class ReplyLoop:
         except Exception as exc:
             for sid, reply in self.replies.items():
                 self.scheduler.drop(sid)
-                self.hooks.failed(reply.request_id, str(exc) or type(exc).__name__)
+                self.hooks.failed(reply.request_id, exc)
             self.replies.clear()
             raise
 
@@ -135,7 +135,7 @@ class ReplyLoop:
                     self._end(sid, reply, "cancelled")
                 elif event.kind == "failed":
                     del self.replies[sid]
-                    self.hooks.failed(reply.request_id, event.detail)
+                    self.hooks.failed(reply.request_id, ValueError(event.detail))  # the backend refused the prompt
             if sid in self.replies and reply.pending and now - reply.emitted_at >= COALESCE_S:
                 self.hooks.tokens(reply.request_id, reply.pending)
                 reply.pending, reply.emitted_at = "", now

@@ -292,7 +292,7 @@ class EngineWorker(QObject):
     def _hooks(self) -> Hooks:
         model = self._model
         return Hooks(tokens=lambda rid, text: emit(self.tokens, rid, text), finished=self._finished,
-                     failed=lambda rid, message: emit(self.error, rid, message), shown=lambda: self._shown_now,
+                     failed=lambda rid, exc: emit(self.error, rid, describe(exc)), shown=lambda: self._shown_now,
                      admit=self._admit_offers, event=lambda reply, event: self._probe.event(model, event),
                      sample=lambda rid, rate, batch: self._probe.batched(model, rid, rate, batch))
 

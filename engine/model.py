@@ -184,13 +184,13 @@ class Model:
             return
         self._cancel.clear()
         handle = self.submit(ids, params, max_tokens, stop, prefill_chunk=prefill_chunk, sampler_state=sampler_state,
-                             skip_special=skip_special, speculation=speculation, cancel=self._cancel)
+                             skip_special=skip_special, speculation=speculation, cancel=self._cancel, queued=False)
         yield from self.stream(handle)
 
     def submit(self, ids: Sequence[int], params: SamplingParams, max_tokens: int, stop: Sequence[str] = (), *,
                prefill_chunk: int = 512, sampler_state: dict | None = None, skip_special: bool = False,
                speculation: Speculator | None = None, priority: int = 0, cancel: threading.Event | None = None,
-               resident: bool = True) -> RequestHandle:
+               resident: bool = True, queued: bool = True) -> RequestHandle:
         """Queue a reply to ``ids`` in the scheduler; step it with ``stream`` or ``scheduler.step``.
 
         Args:
@@ -201,6 +201,8 @@ class Model:
             cancel: the reply's Stop flag, checked every token and between prefill chunks.
             resident: go on in the resident cache (reusing its prefix, and keeping the reply there for the next
                 one) unless another reply uses it now; False gives the reply a cache of its own.
+            queued: the handle queues the reply's events (readable from any thread); False for ``stream``, which
+                reads them from the step reports.
 
         Raises:
             ValueError: the prompt does not fit the context, or ``max_tokens`` is not positive.
@@ -218,7 +220,7 @@ class Model:
         request = Request(tuple(ids), sampler, max_tokens, priority, frozenset(self.tokenizer.eog_ids), tuple(stop),
                           IncrementalDecoder(self.tokenizer, skip_special), cache, prefill_chunk, params, speculation,
                           cancel, on_finish)
-        handle = self.scheduler.submit(request)
+        handle = self.scheduler.submit(request, queued)
         if cache is not None:
             self._resident = handle.id
         return handle
@@ -230,11 +232,12 @@ class Model:
         Raises:
             ValueError: the backend refused the prompt (the request "failed").
         """
-        done = False
+        done, request_id = False, handle.id
         try:
             while not done:
-                self.scheduler.step()
-                for event in handle.ready():
+                for rid, event in self.scheduler.step().events:
+                    if rid != request_id:
+                        continue
                     if isinstance(event, GenerationEvent):
                         done = event.finish_reason is not None
                         yield event

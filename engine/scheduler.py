@@ -23,6 +23,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 from .backends.base import Backend
 from .generate import Cancelled, GenerationEvent
@@ -56,9 +57,8 @@ class RequestEvent:
 Event = GenerationEvent | RequestEvent
 
 
-@dataclasses.dataclass(frozen=True)
-class StepReport:
-    """What one ``step()`` did."""
+class StepReport(NamedTuple):
+    """What one ``step()`` did (a named tuple: made every token, it costs less than a frozen dataclass)."""
 
     time: float
     limits: Limits
@@ -86,11 +86,12 @@ def is_final(event: Event) -> bool:
 
 
 class RequestHandle:
-    """The caller's side of one request: its id and its events, readable from any thread."""
+    """The caller's side of one request: its id and its events, readable from any thread. Without a queue
+    (``queued=False``) the caller reads its events from the step reports on the scheduler's thread."""
 
-    def __init__(self, request_id: int):
+    def __init__(self, request_id: int, queued: bool = True):
         self.id = request_id
-        self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self.events: queue.SimpleQueue[Event] | None = queue.SimpleQueue() if queued else None
 
     def stream(self, timeout: float | None = None) -> Iterator[Event]:
         """Yield events until the final one; ``queue.Empty`` when none comes within ``timeout`` seconds."""
@@ -136,8 +137,10 @@ class Scheduler:
         self._wakeup = threading.Event()
 
     # -- any thread ---------------------------------------------------------------------------------
-    def submit(self, request: Request) -> RequestHandle:
-        """Queue ``request``; it starts on a later step. Raises ValueError for a request that cannot run."""
+    def submit(self, request: Request, queued: bool = True) -> RequestHandle:
+        """Queue ``request``; it starts on a later step. ``queued=False``: its events are only in the step
+        reports (a caller stepping the scheduler itself reads them there). Raises ValueError for a request
+        that cannot run."""
         if not request.prompt_ids:
             raise ValueError("a request needs at least one prompt token")
         if request.max_tokens <= 0:
@@ -147,7 +150,7 @@ class Scheduler:
         if request.cache is not None and request.cache.n_past >= len(request.prompt_ids):
             raise ValueError(f"the cache holds {request.cache.n_past} positions: at least the last of the "
                              f"{len(request.prompt_ids)} prompt tokens must be left to feed")
-        handle = RequestHandle(next(self._ids))
+        handle = RequestHandle(next(self._ids), queued)
         self._post("submit", handle.id, (request, handle))
         return handle
 
@@ -195,19 +198,33 @@ class Scheduler:
         events: list[tuple[int, Event]] = []
         if self._inbox:  # (read without the lock: a post missed now is seen at the next step)
             self._drain_inbox(now, events)
-        self._end_stopped(now, events)
         limits = self._limits()
-        ranked = sorted(self._sequences, key=_sort_key) if len(self._sequences) > 1 else list(self._sequences)
-        self._admit(ranked, limits, now, events)
-        decode_batch, decode_s = self._decode_step(ranked, limits, events)
-        prefill_tokens, prefill_s = self._prefill_step(ranked, limits, events)
+        lone = self._lone_decoding()
+        if lone is not None:  # the common case, a lone reply decoding: nothing to admit, stop or prefill
+            decode_batch, decode_s = self._decode_pass([lone], limits, events)
+            prefill_tokens, prefill_s = 0, 0.0
+        else:
+            self._end_stopped(now, events)
+            ranked = sorted(self._sequences, key=_sort_key)
+            self._admit(ranked, limits, now, events)
+            decode_batch, decode_s = self._decode_pass([s for s in ranked if s.active and s.decoding], limits, events)
+            prefill_tokens, prefill_s = self._prefill_step(ranked, limits, events)
         for request_id, event in events:
-            self._handles[request_id].events.put(event)
+            queue = self._handles[request_id].events
+            if queue is not None:
+                queue.put(event)
             if is_final(event):
                 del self._handles[request_id]
-        in_flight = sum(s.active for s in self._sequences)
+        in_flight = len(self._sequences) if lone is not None else sum(s.active for s in self._sequences)
         return StepReport(now, limits, decode_batch, decode_s, prefill_tokens, prefill_s, tuple(events),
                           in_flight, len(self._sequences) - in_flight)
+
+    def _lone_decoding(self) -> Sequence | None:
+        """The only sequence, when it holds its slot, decodes and is not stopped."""
+        if len(self._sequences) != 1:
+            return None
+        seq = self._sequences[0]
+        return seq if seq.active and seq.decoding and not seq.stopped else None
 
     def _limits(self) -> Limits:
         limits = self.monitor.limits() if self.monitor is not None else self.fixed_limits
@@ -277,9 +294,8 @@ class Scheduler:
         events.append((seq.id, RequestEvent(seq.id, kind, now)))
 
     # -- compute -------------------------------------------------------------------------------------
-    def _decode_step(self, ranked: list[Sequence], limits: Limits, events: list) -> tuple[int, float]:
-        """One decode pass over every decoding sequence, then its tokens for each."""
-        batch = [s for s in ranked if s.active and s.decoding]
+    def _decode_pass(self, batch: list[Sequence], limits: Limits, events: list) -> tuple[int, float]:
+        """One decode pass over the decoding sequences in ``batch``, then its tokens for each."""
         if not batch:
             return 0, 0.0
         start = self.clock()

@@ -44,7 +44,7 @@ def loop_for(limits=Limits(prefill_chunk=64, max_batch=8, pause_s=0.0), shown=la
         seen.order.append(reply.request_id)
 
     hooks = Hooks(tokens=lambda rid, text: seen.text.update({rid: seen.text.get(rid, "") + text}),
-                  finished=finished, failed=lambda rid, message: seen.failed.update({rid: message}),
+                  finished=finished, failed=lambda rid, error: seen.failed.update({rid: str(error)}),
                   shown=shown, admit=lambda loop: None,
                   event=lambda reply, event: seen.events.append((reply.request_id, event.index)),
                   sample=lambda rid, rate, batch: seen.samples.append((rid, batch)))

@@ -88,7 +88,7 @@ def test_the_conversation_on_screen_decodes_first_when_one_sequence_is_allowed()
     shown = [2]
     hooks = Hooks(tokens=lambda rid, text: tokens.setdefault(rid, []).append(text),
                   finished=lambda reply, reason: order.append(reply.request_id),
-                  failed=lambda rid, message: order.append(("failed", rid)), shown=lambda: shown[0],
+                  failed=lambda rid, error: order.append(("failed", rid)), shown=lambda: shown[0],
                   admit=lambda loop: None, event=lambda reply, event: None, sample=lambda rid, rate, batch: None)
     loop = ReplyLoop(model.scheduler, hooks)
     params = SamplingParams(temperature=0.0)

@@ -185,7 +185,8 @@ class Scheduler:
 
     def drop(self, request_id: int) -> None:
         """End a request now, with no final event: its reader went away. Call it on the scheduler's thread."""
-        self._drain_inbox(self.clock(), [])
+        with self._lock:  # not started yet: take it out of the inbox
+            self._inbox = [post for post in self._inbox if not (post[0] == "submit" and post[1] == request_id)]
         for seq in self._sequences:
             if seq.id == request_id:
                 self._finish(seq, [], None)

@@ -203,7 +203,7 @@ def test_a_request_sent_while_the_worker_crashes_is_answered_not_lost(qtbot, mak
         model = load_engine_model(path, n_ctx)
         if broken[0]:  # the first model hits a bug no classification expects; the reloaded one works
             broken[0] = False
-            model.chat = lambda *args, **kwargs: (_ for _ in ()).throw(RuntimeError("a bug in a kernel"))
+            model.start_chat = lambda *args, **kwargs: (_ for _ in ()).throw(RuntimeError("a bug in a kernel"))
         return model
 
     host = make_host(factory)

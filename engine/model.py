@@ -235,7 +235,10 @@ class Model:
         done, request_id = False, handle.id
         try:
             while not done:
-                for rid, event in self.scheduler.step().events:
+                report = self.scheduler.step()
+                if report.idle and not self.scheduler.has_work:
+                    raise RuntimeError(f"request {request_id} is not in the scheduler")
+                for rid, event in report.events:
                     if rid != request_id:
                         continue
                     if isinstance(event, GenerationEvent):

@@ -14,7 +14,8 @@ from .snapshot_cache import SnapshotCache, default_memory_budget, default_memory
 from .store import DB_FILENAME, ConversationStore
 from .telemetry import SystemSampler, Telemetry
 from .ui.main_window import MainWindow
-from .worker import EngineHost, load_engine_model
+from .engine_host import EngineHost
+from .worker import load_engine_model
 
 
 class AppSession:

@@ -18,7 +18,7 @@ from .chat_settings import ChatSettings
 from .paths import BUILTIN_MODEL_NAME
 from .qt_compat import emit
 from .store import ConversationStore, Message, ReplyWriter
-from .worker import EngineHost
+from .engine_host import EngineHost
 
 TITLE_CHARS = 48
 # Streamed text reaches the disk within FLUSH_AGE_S + FLUSH_TICK_S = 0.45 s even when no later piece arrives

@@ -146,7 +146,7 @@ class EngineProbe:
         self._sent_at, self._last_event = now, event
 
     def batched(self, model, request_id: int, decode_tps: float, batch: int) -> None:
-        """Replies decode together (app/batched.py): ``decode_tps`` is their aggregate rate over the last interval,
+        """Replies decode together (app/reply_stream.py): ``decode_tps`` is their aggregate rate over the last interval,
         ``batch`` how many sequences the last step decoded; ``request_id`` the reply on screen (0: none)."""
         self.send(read_engine(model, "decode", self.clock(), request_id, decode_tps_now=decode_tps, batch=batch))
 

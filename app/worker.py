@@ -1,22 +1,21 @@
-"""The engine worker: a QObject on its own QThread that loads models and streams replies; and its host.
+"""The engine worker: a QObject on the engine thread that loads models and runs every reply through the model's
+scheduler (app/reply_stream.py); the wiring between the engine and the window, and nothing more.
 
-The GUI thread talks to the worker through queued signals, and a few thread-safe direct calls: ``request_stop``
-(and ``stop_all``), which mark a request stopped for the generation loop to see at its next token and call
-``Model.cancel`` (documented thread-safe by the engine) so a long prefill stops at its next chunk too; ``offer``,
-which hands a new request to the replies streaming now so it can join them (app/batched.py) instead of waiting
-in the queue; and ``note_shown``, the conversation on screen, whose reply decodes first.
+The GUI thread talks to it through queued signals (app/engine_host.py) and a few thread-safe direct calls:
+``request_stop`` (and ``stop_all``), which set a reply's Stop flag, checked by the engine every token and between
+prefill chunks; ``offer``, which gives a new request to the replies streaming now so it joins them at the next step
+instead of waiting in the queue; and ``note_shown``, the conversation on screen, whose reply decodes first.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-import time
 import traceback
 from collections.abc import Callable
 
 import psutil
-from PySide6.QtCore import QObject, QThread, Signal, Slot
+from PySide6.QtCore import QObject, Signal, Slot
 
 from engine.backends import BackendUnavailableError
 from engine.chat_template import TemplateError
@@ -24,14 +23,14 @@ from engine.context import ContextOverflowError
 from engine.gguf_file import ModelFormatError
 from engine.model import CHAT_PREFILL_CHUNK
 from engine.sampling import NonFiniteLogitsError
-from engine.scheduler import decode_load
-from engine.thermal import Mode, StreamPacer, ThermalMonitor, default_provider
+from engine.thermal import Mode, ThermalMonitor, default_provider
 
-from .batched import COALESCE_S, SHOWN_PRIORITY, BatchedReply, BatchRunner, Hooks
 from .paths import file_name
 from .qt_compat import emit
+from .replies import ReplyRequest, ReplyStats
+from .reply_stream import SHOWN_PRIORITY, Hooks, Reply, ReplyLoop
 from .snapshot_cache import ConversationStates, SnapshotCache
-from .speculation import SpeculationChoice, Speculators, speculation_stats
+from .speculation import Speculators, speculation_stats
 from .telemetry import EngineProbe
 
 # about the file, the prompt or the machine; anything else may have left the engine inconsistent. A model that
@@ -48,9 +47,10 @@ def load_engine_model(path: str, n_ctx: int):
     return engine.model.load(path, backend="auto", n_ctx=n_ctx)
 
 
-def make_sampling_params(options: dict):
+def make_sampling_params(sampling: dict):
+    """The real params factory: ``engine.sampling.SamplingParams`` from a reply's sampling options."""
     from engine.sampling import SamplingParams
-    return SamplingParams(**options)
+    return SamplingParams(**sampling)
 
 
 def thermal_mode(value: str | None) -> Mode | None:
@@ -75,7 +75,8 @@ def describe(exc: BaseException) -> str:
 
 
 class EngineWorker(QObject):
-    """Owns one loaded model and runs it; lives on the engine thread and never touches a widget.
+    """Owns one loaded model and runs every reply through its scheduler; lives on the engine thread and never
+    touches a widget.
 
     Signals:
         loaded(dict): a model is ready: path, name, n_ctx, arch, backend, notices, sha256, and memory: rss_before
@@ -83,7 +84,8 @@ class EngineWorker(QObject):
         unloaded(): the model was closed.
         load_failed(str, str): path and a readable reason.
         tokens(int, str): request id and new reply text, coalesced to one emit per ~30 ms.
-        finished(int, dict): request id and stats (tokens, timings, finish_reason, dropped, n_ctx; with speculative
+        finished(int, dict): request id and stats (``app.replies.ReplyStats.as_dict``: tokens, timings,
+            finish_reason, dropped, n_ctx, ``batched`` when it decoded beside another reply; with speculative
             decoding its figures, ``app.speculation.speculation_stats``, and ``speculation_notice`` when the
             chosen draft model could not be used).
         error(int, str): request id and a readable reason the request failed.
@@ -114,7 +116,7 @@ class EngineWorker(QObject):
                  snapshots: SnapshotCache | None = None, thermal: ThermalMonitor | None = None):
         super().__init__()
         self._probe = EngineProbe(lambda sample: emit(self.telemetry, sample))
-        self._pacer = StreamPacer(thermal or ThermalMonitor(default_provider()))
+        self._monitor = thermal or ThermalMonitor(default_provider())
         self._engine_factory = engine_factory
         self._params_factory = params_factory
         self._states = ConversationStates(snapshots)
@@ -124,34 +126,34 @@ class EngineWorker(QObject):
         self._model_key: tuple[str, int] | None = None
         self._stopped: set[int] = set()  # request ids the user stopped
         self._stopped_through = -1  # every request id up to this one is stopped (shutdown)
-        self._running = 0  # the lone reply streaming through Model.chat, whose prefill Model.cancel interrupts
+        self._running: dict[int, Reply] = {}  # replies in the scheduler, by request id (Stop sets their flag)
         self._lock = threading.Lock()  # guards _busy and _offers, shared with the GUI thread
-        self._busy = False  # in generate: requests offered now join the running reply
-        self._offers: list[tuple] = []  # generate arguments offered while busy, oldest first
+        self._busy = False  # in generate: requests offered now join the running replies
+        self._offers: list[ReplyRequest] = []  # offered while busy, oldest first
         self._shown_now: int | None = None  # the conversation on screen, told directly (the queue waits)
+        self._speculated: tuple[Reply, object, str, str | None] | None = None  # the reply drafting, its speculator
 
     # -- called from the GUI thread --------------------------------------------------------------------
     def request_stop(self, request_id: int) -> None:
         """Stop request ``request_id``; thread-safe."""
         self._stopped.add(request_id)
-        model = self._model
-        if model is not None and request_id == self._running:
-            model.cancel()
+        reply = self._running.get(request_id)
+        if reply is not None:
+            reply.cancel.set()
 
     def stop_all(self) -> None:
         """Stop every request, running or queued; thread-safe."""
         self._stopped_through = 1 << 62
-        model = self._model
-        if model is not None:
-            model.cancel()
+        for reply in list(self._running.values()):
+            reply.cancel.set()
 
-    def offer(self, request_id: int, path: str, n_ctx: int, messages: list, options: dict) -> bool:
+    def offer(self, request: ReplyRequest) -> bool:
         """Give a new request to the replies streaming now, to run beside them when it is for the same model
         (or right after them); False when nothing streams and the request must be sent as a queued call."""
         with self._lock:
             if not self._busy:
                 return False
-            self._offers.append((request_id, path, n_ctx, messages, options))
+            self._offers.append(request)
             return True
 
     def note_shown(self, conversation_id: int | None) -> None:
@@ -210,16 +212,14 @@ class EngineWorker(QObject):
         self._states.changed(conversation_id, info)
         emit(self.state_restored, conversation_id, path, {"tokens": len(session.tokens)})
 
-    @Slot(int, str, int, object, object)
-    def generate(self, request_id: int, path: str, n_ctx: int, messages: list, options: dict) -> None:
-        """Stream a reply to ``messages``; options: max_tokens, the sampling parameters and, optionally,
-        conversation_id (whose KV state is swapped in first) and speculation (``SpeculationChoice.from_options``).
-
-        Requests ``offer``ed meanwhile for the same model join it (app/batched.py); the others run after it."""
+    @Slot(object)
+    def generate(self, request: ReplyRequest) -> None:
+        """Stream a reply (and every reply ``offer``ed for the same model meanwhile, beside it); requests for
+        another model run after them."""
         with self._lock:
             self._busy = True
         try:
-            self._generate(request_id, path, n_ctx, messages, options)
+            self._serve(request)
         finally:
             while True:
                 with self._lock:
@@ -227,39 +227,109 @@ class EngineWorker(QObject):
                         self._busy = False
                         break
                     offer = self._offers.pop(0)
-                self._generate(*offer)
+                self._serve(offer)
 
     def _is_stopped(self, request_id: int) -> bool:
         return request_id in self._stopped or request_id <= self._stopped_through
 
-    def _generate(self, request_id: int, path: str, n_ctx: int, messages: list, options: dict) -> None:
-        options = dict(options)
-        conversation_id = options.pop("conversation_id", None)
-        if self._is_stopped(request_id):
-            emit(self.finished, request_id, {"finish_reason": "cancelled", "generated_tokens": 0})
+    def _serve(self, request: ReplyRequest) -> None:
+        """Load the model if needed, start ``request`` in its scheduler and step it until every reply has ended."""
+        if self._is_stopped(request.request_id):
+            emit(self.finished, request.request_id, ReplyStats("cancelled", 0).as_dict())
             return
         try:
-            self._ensure_model(path, n_ctx)
+            self._ensure_model(request.path, request.n_ctx)
         except Exception as exc:  # noqa: BLE001
             self._close_model()
-            emit(self.load_failed, path, describe(exc))
-            emit(self.error, request_id, f"Could not load the model: {describe(exc)}")
+            emit(self.load_failed, request.path, describe(exc))
+            emit(self.error, request.request_id, f"Could not load the model: {describe(exc)}")
             return
-        if self._is_stopped(request_id):  # stopped while the model loaded: Model.cancel could not reach it
-            emit(self.finished, request_id, {"finish_reason": "cancelled", "generated_tokens": 0})
+        if self._is_stopped(request.request_id):  # stopped while the model loaded
+            emit(self.finished, request.request_id, ReplyStats("cancelled", 0).as_dict())
             return
         try:
-            self._switch(conversation_id)
-            self._running = request_id
-            self._stream(request_id, messages, options, conversation_id)
+            self._switch(request.conversation_id)
+            loop = ReplyLoop(self._model.scheduler, self._hooks())
+            emit(self.progress, "Reading the conversation…")
+            self._start(request, loop)
+            loop.run()
         except Exception as exc:  # noqa: BLE001
             self._probe.model_changed(self._model)  # back to idle (or "none" once closed below)
-            emit(self.error, request_id, describe(exc))
+            if request.request_id not in self._running:  # (a reply in the loop got its error from the loop)
+                emit(self.error, request.request_id, describe(exc))
             if not classify(exc):
                 self._close_model()
                 emit(self.crashed, _summary(exc))
         finally:
-            self._running = 0
+            self._running.clear()
+            self._speculated = None
+
+    def _start(self, request: ReplyRequest, loop: ReplyLoop) -> None:
+        """Submit ``request`` to the model's scheduler and follow it in ``loop``. The first reply goes on in the
+        model's resident cache (its conversation's state) and may speculate; replies that join it get caches of
+        their own and decode plainly (one model pass per step serves them all)."""
+        model, alone = self._model, not loop.replies
+        speculator, notice = (self._speculators.for_reply(model, request.speculation) if alone else (None, None))
+        mode = thermal_mode(request.thermal_mode)
+        if mode is not None and mode != self._monitor.policy.mode:
+            self._monitor.set_mode(mode)
+        chunk = min(self._monitor.limits().prefill_chunk, CHAT_PREFILL_CHUNK)
+        cancel = threading.Event()
+        dropped, handle = model.start_chat(list(request.messages), self._params_factory(request.sampling),
+                                           request.max_tokens, priority=self._priority(request.conversation_id),
+                                           prefill_chunk=chunk, speculation=speculator, cancel=cancel,
+                                           template_vars=request.template_vars)
+        reply = Reply(request.request_id, request.conversation_id, handle, cancel, dropped)
+        self._running[request.request_id] = reply
+        if self._is_stopped(request.request_id):
+            cancel.set()
+        loop.add(reply)
+        if alone:
+            self._speculated = (reply, speculator, self._speculators.method, notice)
+            self._probe.started(model, request.request_id, speculator, self._speculators.method, chunk)
+        else:
+            emit(self.progress, "Answering several conversations at once…")
+
+    def _hooks(self) -> Hooks:
+        model = self._model
+        return Hooks(tokens=lambda rid, text: emit(self.tokens, rid, text), finished=self._finished,
+                     failed=lambda rid, exc: emit(self.error, rid, describe(exc)), shown=lambda: self._shown_now,
+                     admit=self._admit_offers, event=lambda reply, event: self._probe.event(model, event),
+                     sample=lambda rid, rate, batch: self._probe.batched(model, rid, rate, batch))
+
+    def _finished(self, reply: Reply, reason: str) -> None:
+        """A reply ended: its stats, with the speculation figures and the snapshot note of the resident reply."""
+        self._running.pop(reply.request_id, None)
+        extra = self._model.thinking_stats(len(reply.tokens), reply.handle.prompt_ids + tuple(reply.tokens))
+        if self._speculated is not None and self._speculated[0] is reply:
+            _, speculator, method, notice = self._speculated
+            extra.update(self._states.take_note() or {})
+            self._states.changed(reply.conversation_id)
+            self._probe.finished(self._model, reply.last)
+            if speculator is not None and reply.last is not None:
+                extra.update(speculation_stats(speculator, method, reply.last.decode_tps))
+            if notice:
+                extra["speculation_notice"] = notice
+        emit(self.finished, reply.request_id, reply.stats(reason, self._model.n_ctx, self._model.name, extra).as_dict())
+
+    def _admit_offers(self, loop: ReplyLoop) -> None:
+        """Start the offered requests for this model in ``loop``; the others wait for the next generate."""
+        with self._lock:
+            if not self._offers:
+                return
+            mine = [o for o in self._offers if o.model_key == self._model_key]
+            self._offers = [o for o in self._offers if o.model_key != self._model_key]
+        for request in mine:
+            if self._is_stopped(request.request_id):
+                emit(self.finished, request.request_id, ReplyStats("cancelled", 0).as_dict())
+                continue
+            try:
+                self._start(request, loop)
+            except Exception as exc:  # noqa: BLE001 - a bad prompt or template fails its own request only
+                emit(self.error, request.request_id, describe(exc))
+
+    def _priority(self, conversation_id: int | None) -> int:
+        return SHOWN_PRIORITY if conversation_id is not None and conversation_id == self._shown_now else 0
 
     def shutdown(self) -> None:
         """Keep the live conversation's state on disk for the next run, then close the model; called by the host
@@ -279,6 +349,7 @@ class EngineWorker(QObject):
         rss_before = _rss()
         model = self._engine_factory(path, n_ctx)
         self._model, self._model_key = model, (path, n_ctx)
+        model.set_monitor(self._monitor)
         memory = measure_load(model, rss_before)
         self._states.attach(model)
         emit(self.loaded, {"path": path, "name": model.name, "n_ctx": model.n_ctx,
@@ -305,287 +376,6 @@ class EngineWorker(QObject):
             except Exception:  # noqa: BLE001 - closing a broken model must not hide the original error
                 pass
             self._probe.model_changed(None)
-
-    def _stream(self, request_id: int, messages: list, options: dict, conversation_id: int | None) -> None:
-        max_tokens = int(options.pop("max_tokens", 512))
-        template_vars = options.pop("template_vars", None)
-        speculator, notice = self._speculators.for_reply(self._model,
-                                                         SpeculationChoice.from_options(options.pop("speculation", None)))
-        chunk = self._pacer.begin(thermal_mode(options.pop("thermal_mode", None)), speculator, CHAT_PREFILL_CHUNK)
-        emit(self.progress, "Reading the conversation…")
-        self._probe.started(self._model, request_id, speculator, self._speculators.method, chunk)
-        dropped, events = self._model.chat(messages, params=self._params_factory(options), max_tokens=max_tokens,
-                                           overflow="drop_oldest", prefill_chunk=chunk, speculation=speculator,
-                                           template_vars=template_vars)
-        try:
-            last, hand_over = self._emit_coalesced(request_id, events, timed=speculator is None)
-        finally:
-            events.close()  # runs the engine's clean-up now, also when we stopped early
-            note = self._states.take_note()
-            self._states.changed(conversation_id)
-        if hand_over:  # another request for this model arrived: go on together
-            self._running = 0
-            self._probe.finished(self._model, last)
-            self._run_batched(BatchedReply(request_id, conversation_id, self._model.continuation(
-                max_tokens - last.generated_tokens, self._priority(conversation_id)), dropped, before=last))
-            self._states.changed(conversation_id)
-            return
-        timing = self._probe.finished(self._model, last)
-        stats = {**self._stats(last, dropped, request_id), **(note or {}), **timing}
-        if last is not None:
-            stats.update(self._model.thinking_stats(last.generated_tokens))
-        if speculator is not None and last is not None:  # (cancelled during prefill: the stats are the last reply's)
-            stats.update(speculation_stats(speculator, self._speculators.method, last.decode_tps))
-        if notice:
-            stats["speculation_notice"] = notice
-        emit(self.finished, request_id, stats)
-
-    def _emit_coalesced(self, request_id: int, events, timed: bool = True):
-        """Emit the events' text in batches at most COALESCE_S apart; stop when asked. Returns the last event, and
-        True when it stopped to hand the reply over because a request for this model was offered meanwhile.
-
-        Between tokens the thermal pacer rests if the policy says so; with ``timed`` each token's time also feeds
-        its drift detector (not with speculation, whose tokens arrive several per verify pass)."""
-        pending, last_emit, last, rested, hand_over = "", time.monotonic(), None, 0.0, False
-        stopped = lambda: self._is_stopped(request_id)  # noqa: E731
-        for event in events:
-            if last is not None:  # the time between two tokens holds the rest taken after the first: not compute
-                seconds = event.decode_s - last.decode_s - rested if timed else None
-                rested = self._pacer.step(seconds, decode_load(1, event.prompt_tokens + event.index), stopped)
-            last = event
-            self._probe.event(self._model, event)
-            pending += event.text
-            if stopped():
-                break
-            if self._offers:  # (read without the lock: an offer missed now is seen at the next token)
-                self._answer_stopped_offers()
-            if event.finish_reason is None and self._offers and self._compatible_offer():
-                hand_over = True
-                break
-            if pending and time.monotonic() - last_emit >= COALESCE_S:
-                emit(self.tokens, request_id, pending)
-                pending, last_emit = "", time.monotonic()
-        if pending:
-            emit(self.tokens, request_id, pending)
-        return last, hand_over
-
-    # -- several replies at once ----------------------------------------------------------------------
-    def _compatible_offer(self) -> bool:
-        """An offered request for the loaded model (path and context length) is waiting."""
-        with self._lock:
-            return any((path, n_ctx) == self._model_key for _, path, n_ctx, _, _ in self._offers)
-
-    def _answer_stopped_offers(self) -> None:
-        """Offered requests stopped before they started end now, not after the reply streaming meanwhile."""
-        with self._lock:
-            stopped = [o for o in self._offers if self._is_stopped(o[0])]
-            self._offers = [o for o in self._offers if not self._is_stopped(o[0])]
-        for request_id, *_ in stopped:
-            emit(self.finished, request_id, {"finish_reason": "cancelled", "generated_tokens": 0})
-
-    def _priority(self, conversation_id: int | None) -> int:
-        return SHOWN_PRIORITY if conversation_id is not None and conversation_id == self._shown_now else 0
-
-    def _run_batched(self, first: BatchedReply) -> None:
-        """Run ``first`` (handed over from the lone stream) and the offered requests for this model together."""
-        model = self._model
-        hooks = Hooks(tokens=lambda rid, text: emit(self.tokens, rid, text),
-                      finished=lambda rid, stats: emit(self.finished, rid, stats),
-                      failed=lambda rid, message: emit(self.error, rid, message),
-                      stopped=self._is_stopped, shown=lambda: self._shown_now, admit=self._admit_offers,
-                      sample=lambda rid, rate, batch: self._probe.batched(model, rid, rate, batch))
-        runner = BatchRunner(model, self._pacer.monitor, hooks)
-        runner.add(first)
-        emit(self.progress, "Answering several conversations at once…")
-        try:
-            runner.run()
-        finally:
-            model.settle(first.sequence)  # the model's cache holds the handed-over reply
-            self._probe.model_changed(model)
-
-    def _admit_offers(self, runner: BatchRunner) -> None:
-        """Move the offered requests for this model into ``runner``; the others wait for the next generate."""
-        self._answer_stopped_offers()
-        with self._lock:
-            mine = [o for o in self._offers if (o[1], o[2]) == self._model_key]
-            self._offers = [o for o in self._offers if (o[1], o[2]) != self._model_key]
-        for request_id, _path, _n_ctx, messages, options in mine:
-            options = dict(options)
-            conversation_id = options.pop("conversation_id", None)
-            max_tokens = int(options.pop("max_tokens", 512))
-            template_vars = options.pop("template_vars", None)
-            for key in ("speculation", "thermal_mode"):  # one model pass per step for all: no drafts
-                options.pop(key, None)
-            try:
-                dropped, request = self._model.chat_request(messages, self._params_factory(options), max_tokens,
-                                                            self._priority(conversation_id),
-                                                            template_vars=template_vars)
-                runner.add(BatchedReply(request_id, conversation_id, request, dropped))
-            except Exception as exc:  # noqa: BLE001 - a bad prompt or template fails its own request only
-                emit(self.error, request_id, describe(exc))
-
-    def _stats(self, last, dropped: int, request_id: int) -> dict:
-        stats = {"dropped": dropped, "n_ctx": self._model.n_ctx, "model": self._model.name}
-        if last is None:  # cancelled during prefill
-            return {**stats, "finish_reason": "cancelled", "generated_tokens": 0}
-        reason = last.finish_reason or ("cancelled" if self._is_stopped(request_id) else "length")
-        return {**stats, "finish_reason": reason, "generated_tokens": last.generated_tokens,
-                "prompt_tokens": last.prompt_tokens, "cached_tokens": last.cached_tokens,
-                "prefill_s": round(last.prefill_s, 4), "decode_s": round(last.decode_s, 4),
-                "prefill_tps": round(last.prefill_tps, 2), "decode_tps": round(last.decode_tps, 2),
-                "context_used": last.prompt_tokens + last.generated_tokens}
-
-
-class EngineHost(QObject):
-    """Runs an EngineWorker on a QThread, forwards requests to it as queued signals, and replaces it if it crashes.
-
-    Signals:
-        load_requested(str, int): path and n_ctx, to the worker.
-        prompt_requested(int, str, int, list, dict): request id, path, n_ctx, messages, options, to the worker.
-        unload_requested(): to the worker.
-        activate_requested(object), save_state_requested(int, str, int, str, list, dict),
-        restore_state_requested(int, str, int, str): to the worker.
-        loaded(dict), unloaded(), load_failed(str, str), tokens(int, str), finished(int, dict),
-        error(int, str), progress(str), state_saved(int, str, dict), state_restored(int, str, dict),
-        state_failed(int, str, str), telemetry(EngineSample): forwarded from the worker.
-        thermal_decided(PolicyDecision): the thermal policy changed the limits replies run under, and why.
-        restarted(str): the worker crashed and was replaced; the text says what happened. Requests sent to the
-            crashed worker and not yet answered then get an error, so none is left waiting for ever.
-    """
-
-    load_requested = Signal(str, int)
-    prompt_requested = Signal(int, str, int, object, object)
-    unload_requested = Signal()
-    activate_requested = Signal(object)
-    save_state_requested = Signal(int, str, int, str, object, object)
-    restore_state_requested = Signal(int, str, int, str)
-    loaded = Signal(object)
-    unloaded = Signal()
-    load_failed = Signal(str, str)
-    tokens = Signal(int, str)
-    finished = Signal(int, object)
-    error = Signal(int, str)
-    progress = Signal(str)
-    restarted = Signal(str)
-    state_saved = Signal(int, str, object)
-    state_restored = Signal(int, str, object)
-    state_failed = Signal(int, str, str)
-    telemetry = Signal(object)
-    thermal_decided = Signal(object)
-
-    def __init__(self, engine_factory: EngineFactory = load_engine_model,
-                 params_factory: Callable[[dict], object] = make_sampling_params, parent: QObject | None = None,
-                 snapshots: SnapshotCache | None = None, thermal: ThermalMonitor | None = None):
-        super().__init__(parent)
-        self.thermal = thermal or ThermalMonitor(default_provider())  # outlives a crashed worker; used on its thread
-        if self.thermal.on_decision is None:  # decided on the engine thread, delivered queued to the GUI thread
-            self.thermal.on_decision = lambda decision: emit(self.thermal_decided, decision)
-        self._engine_factory = engine_factory
-        self._params_factory = params_factory
-        self._snapshots = snapshots
-        self._next_id = 0
-        self._thread: QThread | None = None
-        self._worker: EngineWorker | None = None
-        self._last_load: tuple[str, int] | None = None
-        self._shown: int | None = None
-        self._unanswered: set[int] = set()  # request ids sent to the worker, until its finished or error arrives
-        self.restarts = 0
-        self._start()
-
-    def _start(self) -> None:
-        self._thread = QThread()
-        self._thread.setObjectName("hearth-engine")
-        self._worker = EngineWorker(self._engine_factory, self._params_factory, self._snapshots, self.thermal)
-        self._worker.moveToThread(self._thread)
-        self._worker.note_shown(self._shown)
-        w = self._worker
-        links = [(self.load_requested, w.load), (self.prompt_requested, w.generate),
-                 (self.unload_requested, w.unload), (w.crashed, self._on_crashed),
-                 (self.activate_requested, w.activate), (self.save_state_requested, w.save_state),
-                 (self.restore_state_requested, w.restore_state), (w.finished, self._on_answered),
-                 (w.error, self._on_failed)]
-        links += [(getattr(w, name), getattr(self, name)) for name in
-                  ("loaded", "unloaded", "load_failed", "tokens", "finished", "error", "progress",
-                   "state_saved", "state_restored", "state_failed", "telemetry")]
-        self._connections = [signal.connect(slot) for signal, slot in links]
-        self._thread.start()
-
-    def _stop_thread(self) -> None:
-        worker, thread = self._worker, self._thread
-        if thread is None:
-            return
-        worker.stop_all()
-        for connection in self._connections:
-            # by connection handle: PySide6 6.12's signal.disconnect(slot) corrupts the refcount of False
-            QObject.disconnect(connection)
-        thread.quit()
-        thread.wait()
-        worker.shutdown()  # the thread has ended, so closing the model here races with nothing
-        self._worker = self._thread = None
-
-    # -- requests from the GUI thread -----------------------------------------------------------------
-    def load(self, path: str, n_ctx: int) -> None:
-        self._last_load = (path, n_ctx)
-        emit(self.load_requested, path, n_ctx)
-
-    def unload(self) -> None:
-        self._last_load = None
-        emit(self.unload_requested)
-
-    def generate(self, path: str, n_ctx: int, messages: list[dict], options: dict) -> int:
-        """Queue a reply; returns its request id (tokens/finished/error carry it)."""
-        self._next_id += 1
-        self._unanswered.add(self._next_id)
-        self._last_load = (path, n_ctx)
-        args = (self._next_id, path, n_ctx, [dict(m) for m in messages], dict(options))
-        if self._worker is None or not self._worker.offer(*args):  # offered: it joins the replies streaming now
-            emit(self.prompt_requested, *args)
-        return self._next_id
-
-    def activate(self, conversation_id: int | None) -> None:
-        """Tell the worker which conversation is shown, so it swaps that conversation's KV state in early."""
-        self._shown = conversation_id
-        if self._worker is not None:
-            self._worker.note_shown(conversation_id)
-        emit(self.activate_requested, conversation_id)
-
-    def save_state(self, conversation_id: int, model_path: str, n_ctx: int, path: str, messages: list[dict],
-                   conversation: dict) -> None:
-        """Snapshot the conversation's state (``messages`` as for ``generate``) with ``conversation`` to ``path``."""
-        emit(self.save_state_requested, conversation_id, model_path, n_ctx, path, [dict(m) for m in messages],
-             conversation)
-
-    def restore_state(self, conversation_id: int, model_path: str, n_ctx: int, path: str) -> None:
-        emit(self.restore_state_requested, conversation_id, model_path, n_ctx, path)
-
-    def stop(self, request_id: int) -> None:
-        if self._worker is not None:
-            self._worker.request_stop(request_id)
-
-    def shutdown(self) -> None:
-        """Stop any generation, close the model and end the thread (waits for the current chunk)."""
-        self._stop_thread()
-
-    @Slot(int, object)
-    def _on_answered(self, request_id: int, stats: dict) -> None:
-        self._unanswered.discard(request_id)
-
-    @Slot(int, str)
-    def _on_failed(self, request_id: int, message: str) -> None:
-        self._unanswered.discard(request_id)
-
-    @Slot(str)
-    def _on_crashed(self, summary: str) -> None:
-        self.restarts += 1
-        self._stop_thread()
-        self._start()
-        emit(self.restarted, f"The engine hit an unexpected error and was restarted ({summary}).")
-        for request_id in sorted(self._unanswered):  # queued to the worker that crashed: it will never answer
-            emit(self.error, request_id, "The engine restarted before it could answer; send the message again.")
-        self._unanswered.clear()
-        emit(self.activate_requested, self._shown)
-        if self._last_load is not None:
-            emit(self.load_requested, *self._last_load)
 
 
 def measure_load(model, rss_before: int) -> dict:

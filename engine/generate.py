@@ -1,13 +1,15 @@
-"""Generation as layered generators: ``generate_step`` yields (token, logprob); ``stream_generate`` yields events.
+"""The layers of generation below the scheduler: prefill, the (token, logprob) step, stop strings and the event.
 
-Nothing here prints; the CLI and the app's worker are the outermost layer that shows the events.
+``engine.scheduler`` runs every reply as a sequence: its decode step yields (token, logprob) pairs, which become
+``GenerationEvent``s with text and timings; ``Model.generate`` streams them, and the CLI or the app's worker is
+the outermost layer that shows them. ``generate_step`` is the same plain decoding as one bare generator, for
+benchmarks and tests to compare against. Nothing here prints.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -137,51 +139,3 @@ class StopMatcher:
 
     def flush(self) -> str:
         return self._emit(len(self.text))
-
-
-def stream_generate(backend: Backend, cache: KVCache, prompt_ids: Sequence[int], cached_tokens: int,
-                    sample: Callable[[np.ndarray, Sequence[int]], tuple[int, float]], decoder,
-                    eog_ids: frozenset[int], max_tokens: int, stop: Sequence[str] = (),
-                    chunk_size: int = 512, cancel: threading.Event | None = None,
-                    step: Callable[..., Iterator[tuple[int, float]]] = generate_step) -> Iterator[GenerationEvent]:
-    """Yield a GenerationEvent per token, with text, timings and, on the last one, the finish reason.
-
-    ``cache`` must already hold ``prompt_ids[:cached_tokens]``; the rest is prefilled here. ``decoder`` is an
-    incremental detokenizer (``add(id) -> str``, ``flush() -> str``). ``step`` is the token generator, called like
-    ``generate_step`` (speculative decoding passes its own).
-    """
-    if max_tokens <= 0:
-        return
-    matcher = StopMatcher(stop)
-    history = list(prompt_ids)
-    start = time.perf_counter()
-    first_at = None
-    steps = step(backend, cache, list(prompt_ids[cached_tokens:]), sample, history, chunk_size, cancel)
-    try:
-        for index, (token, logprob) in enumerate(steps):
-            now = time.perf_counter()
-            first_at = first_at or now
-            finish = None
-            if token in eog_ids:
-                text, finish = matcher.feed(decoder.flush())[0] + matcher.flush(), "eos"
-            else:
-                text, stopped = matcher.feed(decoder.add(token))
-                if stopped:
-                    finish = "stop"
-                elif index + 1 >= max_tokens:
-                    finish = "length"
-                elif cache.n_past >= cache.n_ctx:
-                    finish = "context"
-                elif cancel is not None and cancel.is_set():
-                    finish = "cancelled"
-                if finish in ("length", "context", "cancelled"):
-                    text += matcher.feed(decoder.flush())[0] + matcher.flush()
-            yield GenerationEvent(token, text, float(logprob), index, len(prompt_ids), cached_tokens,
-                                  first_at - start, now - first_at, finish)
-            if finish:
-                return
-    except Cancelled:
-        return
-    finally:
-        steps.close()
-

@@ -17,21 +17,25 @@ from .backends import create_backend
 from .chat_template import ChatTemplate
 from .config import ModelConfig
 from .context import fit_messages
-from .generate import GenerationEvent, generate_step, prefill, reusable_prefix, stream_generate
+from .generate import GenerationEvent, prefill, reusable_prefix
 from .gguf_file import GGUFFile, read_gguf
 from .memory_estimate import kv_cache_bytes
 from .reasoning import ReasoningProfile, thinking_stats
 from .sampling import SamplingParams, make_sampler
-from .scheduler import Request
+from .scheduler import Request, RequestHandle, Scheduler
 from .session import Session, SessionError, load_session, save_session
+from .thermal.policy import Limits
 from .tokenizer import IncrementalDecoder, Tokenizer
 
 if TYPE_CHECKING:
     from .speculative import Speculator
+    from .thermal.monitor import ThermalMonitor
 
 DEFAULT_N_CTX = 4096
 CHAT_PREFILL_CHUNK = 128  # small enough that Stop acts within a fraction of a second
 KV_ELEMENT_BYTES = 4  # assumed when a backend's caches allocate nothing up front (float32)
+# without a thermal monitor: each request's own prefill chunk applies, up to 8 sequences decode together, no rests
+UNPACED = Limits(prefill_chunk=1 << 16, max_batch=8, pause_s=0.0, max_draft=1 << 16)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,18 +49,13 @@ class KVCacheUsage:
     max_bytes: int  # at max_positions (sliding-window layers stop growing at their window)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Stream:
-    prompt_len: int
-    stop: tuple[str, ...]
-    skip_special: bool
-
-
 class Model:
     """A model ready to tokenize, render chats and generate.
 
-    One sequence is kept alive between calls (its tokens and KV cache), so a follow-up prompt that
-    starts with the previous one only processes the new tokens. Not thread-safe, except ``cancel``.
+    Every reply is a request in the model's ``scheduler`` (``generate`` is a batch of one that the calling
+    thread steps). One sequence's KV cache stays resident between replies (its tokens and cache), so a follow-up
+    prompt that starts with the previous one only processes the new tokens; replies that run while it is in use
+    get caches of their own. Not thread-safe, except ``cancel`` and the scheduler's ``submit``/``cancel``.
     """
 
     def __init__(self, gguf: GGUFFile, backend: str = "auto", n_ctx: int | None = None):
@@ -74,12 +73,13 @@ class Model:
         self.template, notice = ChatTemplate.for_model(gguf.metadata, bos_token=bos, eos_token=eos)
         if notice:
             self.notices.append(notice)
-        self._cache = None
+        self._cache = None  # the resident sequence's KV cache
         self._tokens: list[int] = []  # the tokens whose keys and values are in self._cache
         self._history: list[int] = []  # the whole sequence: self._tokens plus a last token not yet fed back
-        self._stream: _Stream | None = None  # how the last generate_ids stream began, for continuation()
-        self._sampler = None  # the last generation's sampler, whose state a snapshot keeps
+        self._sampler = None  # the last resident generation's sampler, whose state a snapshot keeps
+        self._resident: int | None = None  # the scheduler's id of the request running on self._cache
         self._cancel = threading.Event()
+        self.scheduler = Scheduler(self.backend, self.n_ctx, limits=UNPACED)
 
     @property
     def name(self) -> str:
@@ -139,7 +139,7 @@ class Model:
         """float32 logits (n_vocab,) for the token after ``ids``, reusing the cached prefix."""
         cached = self._reuse_prefix(list(ids))
         logits = prefill(self.backend, self._cache, list(ids[cached:]) or [ids[-1]], 512)
-        self._tokens, self._history, self._stream = list(ids), list(ids), None
+        self._tokens, self._history = list(ids), list(ids)
         return logits
 
     def _reuse_prefix(self, ids: list[int]) -> int:
@@ -182,36 +182,98 @@ class Model:
     def generate_ids(self, ids: list[int], params: SamplingParams, max_tokens: int, stop: Sequence[str] = (),
                      prefill_chunk: int = 512, sampler_state: dict | None = None,
                      skip_special: bool = False, speculation: Speculator | None = None) -> Iterator[GenerationEvent]:
-        """Like ``generate`` with a token prompt and ready-made sampling parameters.
+        """Like ``generate`` with a token prompt and ready-made sampling parameters: one request, stepped here.
 
         ``sampler_state`` (from a snapshot) continues a seeded sampler exactly where it stopped.
         ``skip_special`` leaves control tokens out of the event text (chat display) instead of writing them
         as llama.cpp's detokenizer does. ``speculation`` (engine.speculative) verifies several drafted tokens per
         target pass; greedy output is unchanged and sampled output keeps the target's distribution.
+
+        Raises:
+            ValueError: the prompt does not fit the context, or the backend refused it (a token id out of range).
         """
+        if max_tokens <= 0:
+            return
         self._cancel.clear()
-        cached = self._reuse_prefix(ids)
-        self._history = list(ids)
-        self._stream = _Stream(len(ids), tuple(stop), skip_special)
-        self._sampler = make_sampler(params)
+        handle = self.submit(ids, params, max_tokens, stop, prefill_chunk=prefill_chunk, sampler_state=sampler_state,
+                             skip_special=skip_special, speculation=speculation, cancel=self._cancel, queued=False)
+        yield from self.stream(handle)
+
+    def submit(self, ids: Sequence[int], params: SamplingParams, max_tokens: int, stop: Sequence[str] = (), *,
+               prefill_chunk: int = 512, sampler_state: dict | None = None, skip_special: bool = False,
+               speculation: Speculator | None = None, priority: int = 0, cancel: threading.Event | None = None,
+               resident: bool = True, queued: bool = True) -> RequestHandle:
+        """Queue a reply to ``ids`` in the scheduler; step it with ``stream`` or ``scheduler.step``.
+
+        Args:
+            ids: the prompt's token ids.
+            params, max_tokens, stop, prefill_chunk, sampler_state, skip_special, speculation: as for
+                ``generate_ids``.
+            priority: higher decodes first when the thermal policy limits the sequences in flight.
+            cancel: the reply's Stop flag, checked every token and between prefill chunks.
+            resident: go on in the resident cache (reusing its prefix, and keeping the reply there for the next
+                one) unless another reply uses it now; False gives the reply a cache of its own.
+            queued: the handle queues the reply's events (readable from any thread); False for ``stream``, which
+                reads them from the step reports.
+
+        Raises:
+            ValueError: the prompt does not fit the context, or ``max_tokens`` is not positive.
+        """
+        ids = list(ids)
+        sampler = make_sampler(params)
         if sampler_state is not None:
-            self._sampler.set_state(sampler_state)
-        device_greedy = getattr(self.backend, "greedy_step", None)  # MLX: argmax on the device, steps pipelined
-        if speculation is not None:
-            step = functools.partial(speculation.generate_step, params=params)
-        elif device_greedy is not None and params.greedy and not params.penalises:
-            step = lambda _backend, *args: device_greedy(*args)  # noqa: E731 - generate_step's signature
-        else:
-            step = generate_step
+            sampler.set_state(sampler_state)
+        cache = on_finish = None
+        if resident and self._resident is None:
+            self._reuse_prefix(ids)
+            cache, on_finish = self._cache, functools.partial(self._settle, sampler)
+        elif len(ids) > self.n_ctx:
+            raise ValueError(f"{len(ids)} tokens do not fit the context of {self.n_ctx}")
+        request = Request(tuple(ids), sampler, max_tokens, priority, frozenset(self.tokenizer.eog_ids), tuple(stop),
+                          IncrementalDecoder(self.tokenizer, skip_special), cache, prefill_chunk, params, speculation,
+                          cancel, on_finish)
+        handle = self.scheduler.submit(request, queued)
+        if cache is not None:
+            self._resident = handle.id
+        return handle
+
+    def stream(self, handle: RequestHandle) -> Iterator[GenerationEvent]:
+        """Step the scheduler until ``handle``'s request ends, yielding its token events (sequences in flight
+        beside it advance too). Closing the stream early ends the request.
+
+        Raises:
+            ValueError: the backend refused the prompt (the request "failed").
+        """
+        done, request_id = False, handle.id
         try:
-            for event in stream_generate(self.backend, self._cache, ids, cached, self._sampler,
-                                         IncrementalDecoder(self.tokenizer, skip_special), self.tokenizer.eog_ids, max_tokens,
-                                         stop, prefill_chunk, self._cancel, step):
-                self._history.append(event.id)
-                yield event
+            while not done:
+                report = self.scheduler.step()
+                if report.idle and not self.scheduler.has_work:
+                    raise RuntimeError(f"request {request_id} is not in the scheduler")
+                for rid, event in report.events:
+                    if rid != request_id:
+                        continue
+                    if isinstance(event, GenerationEvent):
+                        done = event.finish_reason is not None
+                        yield event
+                    else:
+                        done = event.kind in ("cancelled", "failed")
+                        if event.kind == "failed":
+                            raise ValueError(event.detail)
         finally:
-            # the last token is not fed back, and a cancelled prefill leaves the cache short
-            self._tokens = self._history[:self._cache.n_past]
+            if not done:
+                self.scheduler.drop(handle.id)
+
+    def _settle(self, sampler, history: list[int], cache) -> None:
+        """The resident reply ended: its cache holds ``history[:cache.n_past]``, which later replies reuse."""
+        self._history, self._sampler, self._resident = list(history), sampler, None
+        if cache is not self._cache:  # dropped and rebuilt under recompute preemption
+            self._cache = cache
+        self._tokens = self._history[:cache.n_past] if cache is not None else []
+
+    def set_monitor(self, monitor: ThermalMonitor | None) -> None:
+        """The thermal monitor whose limits the scheduler applies each step (None: no thermal limits)."""
+        self.scheduler.monitor = monitor
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None, max_tokens: int = 512,
              overflow: str = "drop_oldest", stop: Sequence[str] = (), prefill_chunk: int = CHAT_PREFILL_CHUNK,
@@ -251,45 +313,16 @@ class Model:
         _, dropped = fit_messages(messages, count, self.n_ctx - reserve, overflow)
         return dropped, rendered[-1]  # fit_messages counts the list it returns last
 
-    # -- several replies at once (engine.scheduler) ----------------------------------------------------
-    def chat_request(self, messages: list[dict], params: SamplingParams, max_tokens: int, priority: int = 0,
-                     overflow: str = "drop_oldest", template_vars: dict | None = None) -> tuple[int, Request]:
-        """A chat reply as a scheduler Request on a cache of its own (this model's cache is left alone).
-
-        Returns how many messages were dropped to fit, and the request."""
+    def start_chat(self, messages: list[dict], params: SamplingParams, max_tokens: int, *, priority: int = 0,
+                   overflow: str = "drop_oldest", stop: Sequence[str] = (), prefill_chunk: int = CHAT_PREFILL_CHUNK,
+                   speculation: Speculator | None = None, cancel: threading.Event | None = None,
+                   template_vars: dict | None = None) -> tuple[int, RequestHandle]:
+        """Submit a chat reply (see ``chat`` and ``submit``) for the caller to step; control tokens are left out
+        of its text; ``template_vars`` go to the chat template (``enable_thinking``). Returns how many messages
+        were dropped to fit, and the request's handle."""
         dropped, ids = self.fit_chat(messages, max_tokens, overflow, template_vars)
-        return dropped, Request(tuple(ids), make_sampler(params), max_tokens, priority, frozenset(self.tokenizer.eog_ids),
-                                decoder=IncrementalDecoder(self.tokenizer, skip_special=True))
-
-    def continuation(self, max_tokens: int, priority: int = 0) -> Request:
-        """The reply the last ``generate_ids`` stream was producing, as a scheduler Request that goes on in this
-        model's cache: every token so far is its prompt (all but the last sampled one are cached), its sampler
-        is the stream's (a seeded reply draws what it would have drawn), its decoder has seen the reply's tokens
-        (a character split across the hand-over comes out whole). Close the stream first; the scheduler then owns
-        the cache until the request ends, and ``settle`` records what it holds.
-
-        Raises:
-            ValueError: there is no stream to continue, or it had stop strings (their matcher's state stays behind).
-        """
-        stream = self._stream
-        if stream is None or self._cache is None or len(self._history) <= stream.prompt_len:
-            raise ValueError("no reply to continue: the last stream generated nothing")
-        if stream.stop:
-            raise ValueError("a stream with stop strings cannot be handed over")
-        if self._cache.n_past >= len(self._history):  # a pipelined step fed the last token already: redo it
-            self._cache.truncate(len(self._history) - 1)
-        decoder = IncrementalDecoder(self.tokenizer, stream.skip_special)
-        for token in self._history[stream.prompt_len:]:
-            decoder.add(token)
-        return Request(tuple(self._history), self._sampler, max_tokens, priority, frozenset(self.tokenizer.eog_ids),
-                       decoder=decoder, cache=self._cache)
-
-    def settle(self, sequence: Sequence[int]) -> None:
-        """After a ``continuation`` ran under a scheduler: ``sequence`` is its prompt and every token it generated,
-        of which this model's cache now holds the first ``n_past``; later replies reuse that prefix."""
-        self._history = list(sequence)
-        self._tokens = self._history[:self._cache.n_past]
-        self._stream = None
+        return dropped, self.submit(ids, params, max_tokens, stop, prefill_chunk=prefill_chunk, skip_special=True,
+                                    speculation=speculation, priority=priority, cancel=cancel)
 
     def chat_ids(self, messages: list[dict], add_generation_prompt: bool = True,
                  template_vars: dict | None = None) -> list[int]:
@@ -331,7 +364,7 @@ class Model:
             raise SessionError(f"the session has {len(session.tokens)} tokens; this model's context is {self.n_ctx}")
         cache = self.backend.new_cache(self.n_ctx)
         cache.import_state(session.kv)
-        self._cache, self._history, self._stream = cache, list(session.tokens), None
+        self._cache, self._history = cache, list(session.tokens)
         self._tokens = self._history[:cache.n_past]
         return session
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import ClassVar
 
 import numpy as np
@@ -79,6 +79,9 @@ class Backend(abc.ABC):
 
     name: ClassVar[str]
     kv_sliding_rings: ClassVar[bool] = False  # a sliding-window layer's cache keeps only its window (else n_ctx)
+    # Declared capabilities the scheduler's decode step uses when a sequence decodes alone (never probed):
+    pipelined_greedy: ClassVar[bool] = False  # decode_greedy_pipelined: argmax on the device, steps queued ahead
+    verifies_drafts: ClassVar[bool] = True  # forward(all_logits=True) + KVCache.truncate: speculative verify
     config: ModelConfig
 
     @abc.abstractmethod
@@ -104,6 +107,12 @@ class Backend(abc.ABC):
         Returns float32 logits of shape (len(tokens), n_vocab). Backends override this with one batched pass.
         """
         return np.stack([self.forward([t], c) for t, c in zip(tokens, caches)])
+
+    def decode_greedy_pipelined(self, token: int, cache: KVCache) -> Iterator[tuple[int, float]]:
+        """Feed ``token``, then yield ``(argmax token, logprob)`` per step until the cache is full, each step
+        queued before the previous token is read back; each yielded token is already being fed into ``cache``
+        (``cache.n_past`` counts it). Only where ``pipelined_greedy`` is declared."""
+        raise NotImplementedError(f"the {self.name} backend declares no pipelined greedy decode")
 
     @abc.abstractmethod
     def memory(self) -> MemoryStats:

@@ -83,6 +83,7 @@ class MlxBackend(Backend):
 
     name = "mlx"
     kv_sliding_rings = True
+    pipelined_greedy = True
 
     def __init__(self, gguf: GGUFFile, config: ModelConfig, matmul_dtype: mx.Dtype | None = None):
         """Load and repack the weights.
@@ -190,6 +191,9 @@ class MlxBackend(Backend):
             yield token, step[1].item()
             step = following
         yield step[0].item(), step[1].item()
+
+    def decode_greedy_pipelined(self, token: int, cache: KVCache) -> Iterator[tuple[int, float]]:
+        return self.decode_pipelined([token], cache, _device_argmax)
 
     def greedy_step(self, cache: MlxKVCache, new_tokens: Sequence[int], sample, history: list[int],
                     chunk_size: int = 512, cancel: threading.Event | None = None) -> Iterator[tuple[int, float]]:

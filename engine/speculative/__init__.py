@@ -1,7 +1,8 @@
 """Speculative decoding: a draft model or prompt lookup proposes, the target verifies several tokens per pass.
 
-``Speculator.generate_step`` has the shape of ``engine.generate.generate_step``; build one with
-``draft_model_speculator`` or ``prompt_lookup_speculator``.
+The scheduler runs a sequence's speculation with ``Speculator.begin`` and one ``Speculator.decode`` per step
+while the sequence decodes alone; ``Speculator.generate_step`` wraps both in the shape of
+``engine.generate.generate_step``. Build one with ``draft_model_speculator`` or ``prompt_lookup_speculator``.
 """
 
 from .adaptive import AdaptiveDraftLength

@@ -113,6 +113,8 @@ class Speculator:
         self.proposer = proposer
         self.controller = AdaptiveDraftLength(max_draft, adaptive)
         self.stats = SpeculationStats()
+        self._rng = _rule_rng(None)
+        self._prompt_length = 0
 
     @property
     def max_draft(self) -> int:
@@ -124,25 +126,56 @@ class Speculator:
             raise ValueError(f"max_draft must be at least 0, got {value}")
         self.controller.max_draft = value
 
+    def begin(self, history: Sequence[int], n_ctx: int, chunk_size: int = 512, seed: int | None = None,
+              cancel: threading.Event | None = None, generated: int = 0) -> None:
+        """Start speculating on a sequence whose ``history`` (all but its last token in the target's cache) is
+        what it holds now; resets ``stats``. One sequence at a time.
+
+        Args:
+            history: every token of the sequence so far.
+            n_ctx: the target cache's size (a draft model's cache gets the same).
+            chunk_size: prefill chunk for a draft model catching up with ``history``.
+            seed: the sampler's seed; the rejection rule draws from a stream of its own derived from it.
+            cancel: stops a draft model's catch-up between chunks (``engine.generate.Cancelled``).
+            generated: how many of ``history``'s tokens were generated (the rest is the prompt).
+        """
+        self._rng = _rule_rng(seed)
+        self._prompt_length = len(history) - generated
+        self.proposer.begin(history, n_ctx, chunk_size, cancel)
+        self.controller.begin()
+        self.stats = SpeculationStats()
+
+    def decode(self, backend: Backend, cache: KVCache, sample: Sample, history: Sequence[int],
+               params: SamplingParams, draft_cap: int | None = None) -> list[tuple[int, float]]:
+        """One decode step of the sequence ``begin`` started: a speculative round (one target pass over the
+        pending token and the drafts) or a plain step. ``history[-1]`` is not yet in ``cache``.
+
+        Args:
+            backend, cache: the target and the sequence's cache.
+            sample: the plain sampler; it chooses plain steps' tokens and, when greedy, every verified position.
+            history: the sequence so far (not changed here).
+            params: what ``sample`` was made from (the rejection rule needs the distribution).
+            draft_cap: at most this many drafts this round (the thermal policy's cap), on top of ``max_draft``.
+
+        Returns:
+            The tokens to emit with their log-probabilities; ``cache`` then holds every one but the last. A
+            caller that emits fewer rolls the cache back to its emitted tokens but the last.
+        """
+        return self._round(backend, cache, sample, history, params, self._rng,
+                           len(history) - self._prompt_length, draft_cap)
+
     def generate_step(self, backend: Backend, cache: KVCache, new_tokens: Sequence[int], sample: Sample,
                       history: list[int], chunk_size: int = 512, cancel: threading.Event | None = None, *,
                       params: SamplingParams) -> Iterator[tuple[int, float]]:
-        """Yield ``(token, logprob)`` forever, like ``generate_step``, several tokens per target pass when drafts agree.
-
-        Args:
-            backend, cache, new_tokens, sample, history, chunk_size, cancel: as for ``generate_step``; ``sample``
-                chooses the first token, plain steps' tokens and, when greedy, every verified position.
-            params: the sampling parameters ``sample`` was made from (the rejection rule needs the distribution).
+        """``begin`` and ``decode`` as a generator shaped like ``engine.generate.generate_step`` (benchmarks and
+        tests drive it; the scheduler calls ``decode`` per step).
 
         Yields:
             The chosen token and its log-probability under the target. The caller stops iterating; the cache
             then holds every yielded token but the last, as after ``generate_step``.
         """
-        rng = _rule_rng(params.seed)
         logits = prefill(backend, cache, new_tokens, chunk_size, cancel)
-        self.proposer.begin(history, cache.n_ctx, chunk_size, cancel)
-        self.controller.begin()
-        self.stats = SpeculationStats()
+        self.begin(history, cache.n_ctx, chunk_size, params.seed, cancel)
         prompt_length = len(history)
         pending = [sample(logits, history)]
         try:
@@ -152,15 +185,17 @@ class Speculator:
                     yield token, logprob
                 if cache.n_past >= cache.n_ctx:
                     return  # no room to feed the token back; the caller reports "context"
-                pending = self._round(backend, cache, sample, history, params, rng, len(history) - prompt_length)
+                pending = self.decode(backend, cache, sample, history, params)
         finally:
             if len(history) > prompt_length and cache.n_past > len(history) - 1:
                 cache.truncate(len(history) - 1)  # verified positions the caller stopped before seeing
 
     def _round(self, backend: Backend, cache: KVCache, sample: Sample, history: list[int], params: SamplingParams,
-               rng: np.random.Generator, position: int) -> list[tuple[int, float]]:
+               rng: np.random.Generator, position: int, draft_cap: int | None = None) -> list[tuple[int, float]]:
         """One speculative round (or a plain step); returns the tokens to emit. ``history[-1]`` is not yet fed."""
         room = cache.n_ctx - cache.n_past - 2  # the verify pass must leave the cache short of full before the last token
+        if draft_cap is not None:
+            room = min(room, draft_cap)
         candidate = self.proposer.candidate(history) if room > 0 and self.max_draft > 0 else None
         k = (self.controller.draft_length(candidate.kind, min(candidate.available, room), position, candidate.prior,
                                           candidate.free) if candidate else 0)

@@ -2,29 +2,90 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
-from engine.backends.base import MemoryStats
-from engine.generate import GenerationEvent
+import numpy as np
+
+from engine.backends.base import Backend, KVCache, KVState, MemoryStats
 from engine.model import KVCacheUsage
 from engine.reasoning import ReasoningProfile, count_thinking_tokens
+from engine.scheduler import Request, Scheduler
 from engine.session import SessionError
 from engine.thermal import Limits, ScriptedProvider, ThermalMonitor, ThermalState
 
 
-class FakeBackend:
-    """The part of a backend the worker reads: its name and its memory."""
+class FakeCache(KVCache):
+    """A cache that only counts positions."""
+
+    def __init__(self, n_ctx: int):
+        self.n_ctx, self.positions = n_ctx, 0
+
+    @property
+    def n_past(self) -> int:
+        return self.positions
+
+    def reserve(self, n_new: int) -> None:
+        if self.positions + n_new > self.n_ctx:
+            raise ValueError("the context is full")
+
+    def truncate(self, n_past: int) -> None:
+        self.positions = min(self.positions, n_past)
+
+    def export_state(self) -> KVState:
+        raise NotImplementedError
+
+    def import_state(self, state: KVState) -> None:
+        raise NotImplementedError
+
+    @property
+    def nbytes(self) -> int:
+        return 0
+
+
+class FakeBackend(Backend):
+    """Sleeps ``prefill_s`` for a prompt and ``token_s`` per decode step; the scripted sampler picks the tokens."""
 
     name = "fake"
+
+    def __init__(self, model: FakeModel):
+        self.model = model
+
+    def new_cache(self, n_ctx: int) -> FakeCache:
+        return FakeCache(n_ctx)
+
+    def forward(self, tokens, cache, all_logits=False):
+        time.sleep(self.model.prefill_s if cache.n_past == 0 else self.model.token_s)
+        cache.reserve(len(tokens))
+        cache.positions += len(tokens)
+        self.model.positions = cache.n_past + 1  # the fake counts the token the logits choose, as it always did
+        return np.zeros(1, np.float32)
 
     def memory(self) -> MemoryStats:
         return MemoryStats(weights_bytes=1_000_000, kv_cache_bytes=0)
 
 
+class PieceDecoder:
+    """Token i is ``pieces[i]``. The fake's end-of-generation token carries text (a real one does not), so the
+    flush at the end of generation hands it out."""
+
+    def __init__(self, pieces: list[str], n: int):
+        self.pieces, self.n, self.added = pieces, n, 0
+
+    def add(self, token: int) -> str:
+        self.added += 1
+        return self.pieces[token]
+
+    def flush(self) -> str:
+        last, self.added = (self.pieces[self.n - 1] if self.added == self.n - 1 else ""), self.n
+        return last
+
+
 class FakeModel:
-    """Streams ``pieces`` one per token after ``prefill_s``; ``fail_with`` is raised from chat(). ``reasoning`` is
-    the chat template's reasoning profile (none by default); thinking tokens are counted over the pieces."""
+    """Streams ``pieces`` one per token after ``prefill_s``, through the engine's real scheduler on a fake backend;
+    the last piece is an end-of-generation token. ``fail_with`` is raised from start_chat(). ``reasoning`` is the
+    chat template's reasoning profile (none by default); thinking tokens are counted over the pieces."""
+
+    PROMPT_TOKENS = 10
 
     def __init__(self, pieces=("Hello", " there", "!"), token_s=0.0, prefill_s=0.0, fail_with=None,
                  n_ctx=4096, dropped=0, reasoning=ReasoningProfile()):
@@ -32,39 +93,32 @@ class FakeModel:
         self.pieces, self.token_s, self.prefill_s = list(pieces), token_s, prefill_s
         self.fail_with, self.dropped = fail_with, dropped
         self.config = type("Config", (), {"arch": "fake"})()
-        self.backend = FakeBackend()
+        self.backend = FakeBackend(self)
+        self.scheduler = Scheduler(self.backend, n_ctx)
         self.positions = 0  # "KV cache" positions: the last prompt and reply
         self.calls: list[list[dict]] = []
-        self.template_vars: list[dict | None] = []  # per chat() call
+        self.template_vars: list[dict | None] = []  # per start_chat() call
         self.reasoning = reasoning
-        self.prefill_chunks: list[int] = []  # per chat() call
+        self.prefill_chunks: list[int] = []  # per start_chat() call
         self.closed = False
-        self._cancel = threading.Event()
 
-    def chat(self, messages, params=None, max_tokens=512, overflow="drop_oldest", prefill_chunk=128, speculation=None,
-             template_vars=None):
+    def start_chat(self, messages, params, max_tokens, *, priority=0, overflow="drop_oldest", stop=(),
+                   prefill_chunk=128, speculation=None, cancel=None, template_vars=None):
         self.calls.append(messages)
         self.template_vars.append(template_vars)
         self.prefill_chunks.append(prefill_chunk)
         if self.fail_with is not None:
             raise self.fail_with
-        return self.dropped, self._events(min(max_tokens, len(self.pieces)))
+        n = min(max_tokens, len(self.pieces))
+        request = Request((1,) * self.PROMPT_TOKENS, self._sample, n, priority, frozenset({n - 1}), tuple(stop),
+                          PieceDecoder(self.pieces, n), prefill_chunk=prefill_chunk, cancel=cancel)
+        return self.dropped, self.scheduler.submit(request)
 
-    def _events(self, n):
-        self._cancel.clear()
-        start = time.perf_counter()
-        time.sleep(self.prefill_s)
-        first = time.perf_counter()
-        for i in range(n):
-            if i:
-                time.sleep(self.token_s)
-            cancelled = self._cancel.is_set()
-            finish = "cancelled" if cancelled else ("eos" if i == n - 1 else None)
-            now = time.perf_counter()
-            self.positions = 10 + i + 1
-            yield GenerationEvent(i, self.pieces[i], -0.1, i, 10, 0, first - start, now - first, finish)
-            if cancelled:
-                return
+    def _sample(self, logits, history):
+        return len(history) - self.PROMPT_TOKENS, -0.1  # token i is the i-th piece
+
+    def set_monitor(self, monitor) -> None:
+        self.scheduler.monitor = monitor
 
     def thinking_stats(self, n_generated, sequence=None):
         if self.reasoning.syntax is None:
@@ -75,9 +129,6 @@ class FakeModel:
     @property
     def kv_cache_usage(self) -> KVCacheUsage:
         return KVCacheUsage(self.positions, self.n_ctx, 256 * 1000, 1000, self.n_ctx * 1000)
-
-    def cancel(self):
-        self._cancel.set()
 
     def save_session(self, path, conversation=None):
         raise SessionError("the fake model keeps no state")

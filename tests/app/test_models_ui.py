@@ -249,7 +249,7 @@ def test_progress_from_the_download_thread_is_coalesced_on_the_gui_thread(qtbot,
 @pytest.mark.slow
 def test_the_previous_model_s_memory_is_returned_after_a_switch(qtbot, tmp_path):
     from app.paths import builtin_model_path
-    from app.worker import EngineHost
+    from app.engine_host import EngineHost
     from tests.model_store import model_path
 
     big = model_path("qwen25coder")

@@ -111,7 +111,7 @@ def test_files_that_are_not_snapshots_are_left_alone(dirs):
 # -- through the real worker and the built-in model ----------------------------------------------------------
 @pytest.fixture
 def real_host(qtbot, tmp_path):
-    from app.worker import EngineHost
+    from app.engine_host import EngineHost
 
     hosts = []
 

@@ -10,7 +10,7 @@ from app.generation_history import GenerationRecord, export_csv, recent_generati
 from app.store import ConversationStore
 from app.telemetry import (EngineProbe, EngineSample, SystemSample, SystemSampler, Telemetry, TelemetryHistory,
                            format_bytes, memory_breakdown, memory_warnings, record_engine)
-from app.worker import EngineHost
+from app.engine_host import EngineHost
 from engine.generate import GenerationEvent
 from engine.model import KVCacheUsage
 from engine.thermal import ScriptedProvider, ThermalState

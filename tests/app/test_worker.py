@@ -3,7 +3,8 @@
 import pytest
 from PySide6.QtCore import QElapsedTimer, QTimer
 
-from app.worker import EngineHost, load_engine_model, make_sampling_params
+from app.engine_host import EngineHost
+from app.worker import load_engine_model, make_sampling_params
 from engine.context import ContextOverflowError
 from engine.gguf_file import ModelFormatError
 

@@ -1,12 +1,15 @@
 """Replies running together on the real built-in model: a request for the same model that arrives while a reply
-streams joins it (the running reply is handed over to the engine's scheduler), each reply's text is what it would
-be alone, the conversation on screen decodes first when the thermal policy allows one sequence at a time, and Stop
+streams joins it in the model's scheduler (the running reply goes on as it was, no hand-over), each reply's text is
+what it would be alone, the conversation on screen decodes first when the thermal policy allows one sequence at a time, and Stop
 ends only the reply it names."""
 
 import pytest
 
-from app.batched import BatchedReply, BatchRunner, Hooks
-from app.worker import EngineHost, load_engine_model, make_sampling_params
+import threading
+
+from app.reply_stream import Hooks, Reply, ReplyLoop
+from app.engine_host import EngineHost
+from app.worker import load_engine_model, make_sampling_params
 from engine.model import load
 from engine.sampling import SamplingParams
 from engine.thermal import Limits, ThermalMonitor, default_provider
@@ -58,7 +61,7 @@ def test_a_second_request_joins_the_streaming_reply_and_both_say_what_they_would
     assert done[tea]["generated_tokens"] == stats["generated_tokens"]
     follow_up = [*TEA, {"role": "assistant", "content": text[tea]}, {"role": "user", "content": "And coffee?"}]
     _, _, more = answer(qtbot, host, follow_up, {**SAMPLED, "max_tokens": 4}, 1)
-    assert more["cached_tokens"] > stats["prompt_tokens"]  # the handed-over reply's cache was kept for reuse
+    assert more["cached_tokens"] > stats["prompt_tokens"]  # the first reply's cache was kept for reuse
 
 
 def test_stop_ends_only_the_reply_it_names(qtbot, host):
@@ -80,16 +83,18 @@ def test_stop_ends_only_the_reply_it_names(qtbot, host):
 
 def test_the_conversation_on_screen_decodes_first_when_one_sequence_is_allowed():
     model = load(model_path("smollm2"), "cpu", N_CTX)
+    model.set_monitor(FixedMonitor(Limits(prefill_chunk=64, max_batch=1, pause_s=0.0)))
     order, tokens = [], {}
     shown = [2]
     hooks = Hooks(tokens=lambda rid, text: tokens.setdefault(rid, []).append(text),
-                  finished=lambda rid, stats: order.append(rid), failed=lambda rid, message: order.append(("failed", rid)),
-                  stopped=lambda rid: False, shown=lambda: shown[0], admit=lambda runner: None,
-                  sample=lambda rid, rate, batch: None)
-    runner = BatchRunner(model, FixedMonitor(Limits(prefill_chunk=64, max_batch=1, pause_s=0.0)), hooks)
+                  finished=lambda reply, reason: order.append(reply.request_id),
+                  failed=lambda rid, error: order.append(("failed", rid)), shown=lambda: shown[0],
+                  admit=lambda loop: None, event=lambda reply, event: None, sample=lambda rid, rate, batch: None)
+    loop = ReplyLoop(model.scheduler, hooks)
     params = SamplingParams(temperature=0.0)
     for request_id, conversation, messages in ((10, 1, TEA), (20, 2, SEA)):
-        dropped, request = model.chat_request(messages, params, 24)
-        runner.add(BatchedReply(request_id, conversation, request, dropped))
-    runner.run()
+        cancel = threading.Event()
+        dropped, handle = model.start_chat(messages, params, 24, priority=int(conversation == shown[0]), cancel=cancel)
+        loop.add(Reply(request_id, conversation, handle, cancel, dropped))
+    loop.run()
     assert order == [20, 10]  # conversation 2 is on screen: it ran first although it arrived second

@@ -3,7 +3,8 @@ dashboard is told. (The pauses and draft caps themselves: tests/engine/test_ther
 
 import pytest
 
-from app.worker import EngineHost, thermal_mode
+from app.engine_host import EngineHost
+from app.worker import thermal_mode
 from engine.thermal import Mode, ScriptedProvider, ThermalMonitor, ThermalState
 
 from .fake_engine import FakeFactory, FakeModel

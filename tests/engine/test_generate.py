@@ -165,33 +165,115 @@ def test_chat_drops_old_turns_to_fit(tiny_model_path):
     assert len(list(events)) > 0
 
 
-def test_a_stream_handed_over_to_the_scheduler_goes_on_as_it_would_have(tiny, tiny_model_path):
-    from engine.scheduler import Scheduler
+PROMPTS = ([5, 6, 7], [9, 10, 11, 12, 13], [30] * 9, [40, 41], [50, 60, 70, 80])
 
-    params = SamplingParams(temperature=0.9, seed=5)
-    alone = [e.id for e in tiny.generate_ids([5, 6, 7], params, 12)]
+
+def run_together(model, prompts, params, n, stop_at=None):
+    """Submit every prompt at once and step the model's scheduler to the end; the tokens of each, and the
+    handle ids. ``stop_at=(i, k)`` sets request i's Stop flag after its k-th token."""
+    flags = [threading.Event() for _ in prompts]
+    handles = [model.submit(p, params, n, cancel=f) for p, f in zip(prompts, flags)]
+    tokens = {h.id: [] for h in handles}
+    finals = {}
+    while model.scheduler.has_work:
+        model.scheduler.step()
+        for i, h in enumerate(handles):
+            for e in h.ready():
+                if isinstance(e, GenerationEvent):
+                    tokens[h.id].append(e.id)
+                    if stop_at is not None and stop_at[0] == i and len(tokens[h.id]) == stop_at[1]:
+                        flags[i].set()
+                    if e.finish_reason:
+                        finals[h.id] = e.finish_reason
+                else:
+                    finals.setdefault(h.id, e.kind) if e.kind in ("cancelled", "failed") else None
+    return [tokens[h.id] for h in handles], [finals.get(h.id) for h in handles]
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.0), SamplingParams(temperature=0.9, seed=7)])
+def test_a_lone_reply_and_the_same_reply_beside_three_others_give_the_same_tokens(tiny_model_path, params):
+    model = engine.model.load(tiny_model_path, backend="numpy", n_ctx=256)
+    alone = [[e.id for e in model.generate_ids(p, params, 12)] for p in PROMPTS[:4]]
+    fresh = engine.model.load(tiny_model_path, backend="numpy", n_ctx=256)
+    together, finals = run_together(fresh, PROMPTS[:4], params, 12)
+    assert together == alone and finals == ["length"] * 4
+    assert all(len(t) == 12 for t in alone)
+
+
+def test_stop_mid_reply_ends_that_reply_at_its_next_token_and_the_others_go_on(tiny_model_path):
+    model = engine.model.load(tiny_model_path, backend="numpy", n_ctx=256)
+    greedy = SamplingParams(temperature=0.0)
+    alone = [[e.id for e in model.generate_ids(p, greedy, 20)] for p in PROMPTS[:3]]
+    together, finals = run_together(model, PROMPTS[:3], greedy, 20, stop_at=(1, 4))
+    assert finals == ["length", "cancelled", "length"]
+    assert together[1] == alone[1][:5]  # stopped after its 4th token: the 5th token's event says so
+    assert together[0] == alone[0] and together[2] == alone[2]
+
+
+def test_a_second_reply_arriving_mid_stream_joins_without_any_hand_over(tiny_model_path):
+    """The first reply keeps the resident cache from start to finish (the same cache object, never handed over);
+    the second, arriving after four tokens, runs beside it on a cache of its own; both say what they would alone,
+    and a follow-up of the first reuses its prefix."""
+    greedy = SamplingParams(temperature=0.0)
+    reference = engine.model.load(tiny_model_path, backend="numpy", n_ctx=256)
+    alone = [[e.id for e in reference.generate_ids(p, greedy, 16)] for p in PROMPTS[:2]]
+    model = engine.model.load(tiny_model_path, backend="numpy", n_ctx=256)
+    first = model.submit(PROMPTS[0], greedy, 16)
+    resident = model._cache
+    got, second, batches = {first.id: []}, None, []
+    while model.scheduler.has_work:
+        report = model.scheduler.step()
+        batches.append(report.decode_batch)
+        for handle in filter(None, (first, second)):
+            got[handle.id] += [e.id for e in handle.ready() if isinstance(e, GenerationEvent)]
+        if second is None and len(got[first.id]) == 4:
+            second = model.submit(PROMPTS[1], greedy, 16)
+            got[second.id] = []
+            assert model._cache is resident  # the first reply's cache stays where it is
+    assert got[first.id] == alone[0] and got[second.id] == alone[1]
+    assert 2 in batches  # they decoded together
+    assert model._cache is resident and model.sequence == PROMPTS[0] + alone[0]
+    follow_up = model.sequence + [20, 21]
+    events = list(model.generate_ids(follow_up, greedy, 4))
+    assert events[0].cached_tokens == len(PROMPTS[0]) + 15
+    assert [e.id for e in events] == [e.id for e in reference.generate_ids(follow_up, greedy, 4)]
+
+
+def test_closing_a_stream_early_leaves_the_resident_cache_consistent(tiny, tiny_model_path):
+    params = SamplingParams(temperature=0.0)
     stream = tiny.generate_ids([5, 6, 7], params, 12)
     first = [next(stream).id for _ in range(4)]
     stream.close()
-    request = tiny.continuation(8)
-    assert request.prompt_ids == (5, 6, 7, *first) and request.cache.n_past == 6  # all but the last sampled token
-    scheduler = Scheduler(tiny.backend, tiny.n_ctx)
-    handle = scheduler.submit(request)
-    while scheduler.has_work:
-        scheduler.step()
-    rest = [e.id for e in handle.stream(0) if isinstance(e, GenerationEvent)]
-    assert first + rest == alone
-    tiny.settle([5, 6, 7, *first, *rest])
-    assert tiny.sequence == [5, 6, 7, *alone]
-    follow_up = [5, 6, 7, *alone, 9]
+    assert tiny.sequence == [5, 6, 7, *first] and tiny.kv_cache_usage.used_positions == 6
+    assert not tiny.scheduler.has_work
+    follow_up = [5, 6, 7, *first, 9]
     fresh = engine.model.load(tiny_model_path, backend="numpy", n_ctx=1024)
     np.testing.assert_allclose(tiny.next_token_logits(follow_up), fresh.next_token_logits(follow_up), rtol=1e-4, atol=1e-6)
 
 
-def test_nothing_to_continue_is_a_clear_error(tiny):
-    tiny.next_token_logits([5, 6, 7])
-    with pytest.raises(ValueError, match="no reply to continue"):
-        tiny.continuation(4)
-    list(tiny.generate_ids([5, 6, 7], SamplingParams(temperature=0.0), 3, stop=["zz"]))
-    with pytest.raises(ValueError, match="stop strings"):
-        tiny.continuation(4)
+def test_mlx_pipelined_steps_of_a_lone_reply_give_way_to_a_batch_when_a_second_arrives(tiny_model_path):
+    """MLX declares pipelined greedy decoding: a lone greedy reply takes it; when a second reply arrives the
+    device steps queued ahead are rolled back and both decode in one batch, each with the tokens it gets alone."""
+    greedy = SamplingParams(temperature=0.0, repeat_penalty=1.0)  # an argmax the device can take
+    reference = engine.model.load(tiny_model_path, backend="numpy", n_ctx=256)
+    alone = [[e.id for e in reference.generate_ids(p, greedy, 14)] for p in PROMPTS[:2]]
+    model = engine.model.load(tiny_model_path, backend="mlx", n_ctx=256)
+    assert model.backend.pipelined_greedy and not reference.backend.pipelined_greedy
+    pipelines = []
+    start_pipeline = model.backend.decode_greedy_pipelined
+    model.backend.decode_greedy_pipelined = lambda *args: pipelines.append(args) or start_pipeline(*args)
+    assert [e.id for e in model.generate_ids(PROMPTS[0], greedy, 14)] == alone[0]
+    assert len(pipelines) == 1
+    first = model.submit(PROMPTS[0], greedy, 14)
+    got, second, batches = {first.id: []}, None, []
+    while model.scheduler.has_work:
+        batches.append(model.scheduler.step().decode_batch)
+        for handle in filter(None, (first, second)):
+            got[handle.id] += [e.id for e in handle.ready() if isinstance(e, GenerationEvent)]
+        if second is None and len(got[first.id]) == 5:
+            second = model.submit(PROMPTS[1], greedy, 14)
+            got[second.id] = []
+    assert got[first.id] == alone[0] and got[second.id] == alone[1]
+    assert 2 in batches and len(pipelines) >= 2
+    assert model.sequence == PROMPTS[0] + alone[0]
+    model.close()

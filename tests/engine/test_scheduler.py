@@ -73,9 +73,11 @@ class FakeBackend(Backend):
     def forward(self, tokens, cache, all_logits=False):
         if any(not 0 <= t < VOCAB for t in tokens):
             raise ValueError("token id out of range")
+        # a sequence decoding alone is a batch of one that calls forward (no prompt here is fed one token late)
+        kind = "decode" if len(tokens) == 1 and cache.n_past > 0 else "prefill"
         cache.reserve(len(tokens))
         cache.tokens.extend(tokens)
-        self.calls.append(("prefill", len(tokens)))
+        self.calls.append((kind, len(tokens)))
         return self._logits(cache.tokens)
 
     def forward_batch(self, tokens, caches):
@@ -142,6 +144,7 @@ def test_concurrent_requests_decode_in_one_batched_pass_and_match_solo():
     decodes = [b for kind, b in backend.calls if kind == "decode"]
     assert decodes[0] == 4 and max(decodes) == 4  # all four in one pass, not four passes
     assert sum(1 for r in reports if r.decode_batch) == len(decodes)  # one pass per step
+    assert decodes[-1] == 1  # the longest request's last token: a batch of one, through forward
 
 
 def test_every_stream_ends_with_one_final_event_with_timings():

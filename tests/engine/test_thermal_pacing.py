@@ -1,7 +1,11 @@
-"""StreamPacer: the thermal policy applied to one chat stream, on a fake clock and a scripted provider."""
+"""The thermal policy applied to a lone reply, which is a batch of one in the scheduler: prefill chunk, draft
+length, rests between steps (``engine.thermal.pacing.rest``) and the drift detector, on a fake clock."""
 
-from engine.speculative import prompt_lookup_speculator
-from engine.thermal import Mode, PolicyConfig, ScriptedProvider, StreamPacer, ThermalMonitor, ThermalPolicy, ThermalState
+from engine.scheduler import Request, Scheduler
+from engine.thermal import (Mode, PolicyConfig, ScriptedProvider, ThermalMonitor, ThermalPolicy, ThermalState,
+                            rest)
+
+from .test_scheduler import FakeBackend, greedy
 
 N, S, C = ThermalState.NOMINAL, ThermalState.SERIOUS, ThermalState.CRITICAL
 
@@ -17,50 +21,82 @@ class FakeClock:
         self.now += seconds
 
 
-def pacer_for(trace, mode=Mode.BALANCED):
+class SpySpeculator:
+    """Decodes plainly and records the draft cap the scheduler passes each step."""
+
+    def __init__(self):
+        self.caps: list[int | None] = []
+
+    def begin(self, history, n_ctx, chunk_size=512, seed=None, cancel=None, generated=0):
+        pass
+
+    def decode(self, backend, cache, sample, history, params, draft_cap=None):
+        self.caps.append(draft_cap)
+        return [sample(backend.forward([history[-1]], cache), history)]
+
+
+def lone_reply(trace, mode=Mode.BALANCED, prompt_len=1, max_tokens=10_000, prefill_chunk=128, speculation=None):
     clock = FakeClock()
     monitor = ThermalMonitor(ScriptedProvider(trace, clock), ThermalPolicy(PolicyConfig(cooldown_s=5.0), mode),
                              clock=clock, poll_interval_s=1.0)
-    return StreamPacer(monitor, sleep=clock.sleep), clock
+    backend = FakeBackend()
+    scheduler = Scheduler(backend, n_ctx=100_000, monitor=monitor, clock=clock)
+    request = Request(tuple(1 + i % 90 for i in range(prompt_len)), greedy, max_tokens, prefill_chunk=prefill_chunk,
+                      speculation=speculation)
+    return scheduler, scheduler.submit(request), backend, clock
 
 
 def test_chunk_draft_length_and_pause_follow_the_thermal_state_and_recover():
-    pacer, clock = pacer_for([(0, N), (10, S), (20, C), (30, N)])
-    spec = prompt_lookup_speculator(12)
-    assert pacer.begin(speculator=spec, preferred_chunk=128) == 128  # nominal allows 512: the caller's 128 stands
-    seen = []
+    spy = SpySpeculator()
+    scheduler, _, backend, clock = lone_reply([(0, N), (10, S), (20, C), (30, N)], speculation=spy)
+    seen = {}
     while clock.now < 60:
-        rested = pacer.step(0.01, load=(1, 0))
-        clock.now += 0.01
-        seen.append((round(clock.now), pacer.limits.prefill_chunk, spec.max_draft, rested))
-    by_second = {t: (chunk, draft, rested) for t, chunk, draft, rested in seen}
-    assert by_second[5] == (512, 12, 0.0)  # the user's cap of 12 under nominal's 16
-    assert by_second[15] == (128, 4, 0.0)  # serious
-    assert by_second[25][:2] == (64, 0) and by_second[25][2] == 0.5  # critical: no drafts, rest between tokens
-    assert by_second[37] == (128, 4, 0.0) and by_second[42] == (256, 8, 0.0)  # one level down per 5 s cool
-    assert by_second[59] == (512, 12, 0.0)
+        report = scheduler.step()
+        clock.now += 0.01 + report.pause_s
+        seen[round(clock.now)] = (report.limits.prefill_chunk, spy.caps[-1] if spy.caps else None, report.pause_s)
+    assert seen[5] == (512, 16, 0.0)  # nominal (the speculator's own max_draft caps it further)
+    assert seen[15] == (128, 4, 0.0)  # serious
+    assert seen[26] == (64, 0, 0.5)  # critical: no drafts, a rest after every step
+    assert seen[37] == (128, 4, 0.0) and seen[42] == (256, 8, 0.0)  # one level down per 5 s cool
+    assert seen[59] == (512, 16, 0.0)
 
 
-def test_a_pause_stops_resting_as_soon_as_the_reply_is_stopped():
-    pacer, clock = pacer_for([(0, C)])
-    pacer.begin()
-    assert pacer.step(0.01, load=(1, 0)) == 0.5
+def test_a_lone_prompt_is_prefilled_in_the_smaller_of_the_policy_chunk_and_its_own():
+    scheduler, handle, backend, clock = lone_reply([(0, N), (1, C)], prompt_len=300, max_tokens=2)
+    scheduler.step()
+    clock.now = 2.0
+    scheduler.step()
+    assert backend.calls[:2] == [("prefill", 128), ("prefill", 64)]  # its own 128 under nominal, then critical's 64
+
+
+def test_a_rest_is_taken_in_slices_and_a_stop_cuts_it_short():
+    clock = FakeClock()
+    assert rest(0.5, sleep=clock.sleep) == 0.5 and clock.now == 0.5
     naps = []
-    assert pacer.step(0.01, load=(1, 0), stopped=lambda: len(naps) > 0 or naps.append(1)) < 0.5
+    assert rest(0.5, lambda: len(naps) > 0 or naps.append(1), sleep=clock.sleep) < 0.5
 
 
-def test_cool_mode_caps_a_nominal_machine_and_the_mode_switch_applies_at_once():
-    pacer, clock = pacer_for([(0, N)])
-    assert pacer.begin(mode=Mode.PERFORMANCE, preferred_chunk=1024) == 512
-    assert pacer.begin(mode=Mode.COOL, preferred_chunk=1024) == 128
-    assert [d.reason for d in pacer.monitor.decisions][-1] == "mode set to cool"
+def test_the_mode_switch_applies_at_the_next_step():
+    scheduler, _, _, clock = lone_reply([(0, N)], mode=Mode.PERFORMANCE)
+    assert scheduler.step().limits.prefill_chunk == 512
+    scheduler.monitor.set_mode(Mode.COOL)
+    assert scheduler.step().limits.prefill_chunk == 128
+    assert [d.reason for d in scheduler.monitor.decisions][-1] == "mode set to cool"
 
 
-def test_a_slowdown_under_steady_load_is_inferred_as_throttling_and_shrinks_the_chunk():
-    pacer, clock = pacer_for([(0, N)])
-    pacer.begin()
-    for i in range(400):
-        pacer.step(0.010 if i < 200 else 0.016, load=(1, 0))
-        clock.now += 0.01
-    assert pacer.monitor.drift.throttled
-    assert pacer.limits.prefill_chunk == 128  # throttling counts as "serious"
+def test_a_slowdown_of_a_lone_reply_is_inferred_as_throttling_and_shrinks_the_chunk():
+    scheduler, _, backend, clock = lone_reply([(0, N)], prompt_len=300)  # 300..700 positions: one load bucket
+    forward = backend.forward
+    steps = []
+
+    def timed_forward(tokens, cache, all_logits=False):  # each decode step takes 10 ms, then 16 ms
+        clock.now += 0.010 if len(steps) < 200 else 0.016
+        steps.append(1)
+        return forward(tokens, cache, all_logits)
+
+    backend.forward = timed_forward
+    for _ in range(400):
+        report = scheduler.step()
+    assert report.decode_batch == 1
+    assert scheduler.monitor.drift.throttled
+    assert scheduler.step().limits.prefill_chunk == 128  # throttling counts as "serious"

@@ -14,7 +14,8 @@ import psutil  # noqa: E402
 import pytest  # noqa: E402
 
 import engine.model  # noqa: E402
-from app.worker import EngineHost, load_engine_model  # noqa: E402
+from app.engine_host import EngineHost  # noqa: E402
+from app.worker import load_engine_model  # noqa: E402
 from engine.backends.cpu_backend import CpuBackend  # noqa: E402
 from engine.backends.numpy_backend import NumpyBackend  # noqa: E402
 from engine.gguf_file import ModelFormatError  # noqa: E402
@@ -202,7 +203,7 @@ def test_a_request_sent_while_the_worker_crashes_is_answered_not_lost(qtbot, mak
         model = load_engine_model(path, n_ctx)
         if broken[0]:  # the first model hits a bug no classification expects; the reloaded one works
             broken[0] = False
-            model.chat = lambda *args, **kwargs: (_ for _ in ()).throw(RuntimeError("a bug in a kernel"))
+            model.start_chat = lambda *args, **kwargs: (_ for _ in ()).throw(RuntimeError("a bug in a kernel"))
         return model
 
     host = make_host(factory)

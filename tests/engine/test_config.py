@@ -144,6 +144,8 @@ def test_swa_pattern_array(tmp_path):
     ("llama", {"llama.rope.scaling.type": "xdrope"}, "rope.scaling.type"),
     ("llama", {"llama.rope.dimension_count": 32}, "rope.dimension_count"),
     ("granite", {"granite.logit_scale": 0.0}, "logit_scale"),
+    ("gemma2", {"gemma2.attn_logit_softcapping": float("nan")}, "attn_logit_softcapping"),
+    ("mistral3", {"mistral3.attention.temperature_scale": -1.0}, "temperature_scale"),
     ("olmo2", {"olmo2.attention.sliding_window": 16, "olmo2.rope.scaling.type": "yarn",
                "olmo2.rope.scaling.factor": 2.0}, "sliding-window layers and YaRN"),
     ("gemma2", {"gemma2.attention.sliding_window_pattern": ([True, False, False, True],

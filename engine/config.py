@@ -201,13 +201,15 @@ def _gemma_common(gguf: GGUFFile, arch: str, fields: dict, default_window: int, 
         swa_pattern=_swa_pattern(gguf, arch, fields["n_layers"], default_pattern) if window > 0 else 0,
         # gemma_pytorch: 1/sqrt(n_embd/n_head) for the 27B models, 1/sqrt(head_dim) for the others
         attn_scale=1.0 / math.sqrt(n_embd // n_heads if big else fields["head_dim"]),
-        final_softcap=gguf.get(f"{arch}.final_logit_softcapping", float, 30.0 if arch == "gemma2" else 0.0),
+        final_softcap=_non_negative_float(gguf.get(f"{arch}.final_logit_softcapping", float,
+                                                   30.0 if arch == "gemma2" else 0.0), f"{arch}.final_logit_softcapping"),
     )
 
 
 def _gemma2(gguf: GGUFFile, arch: str, fields: dict) -> dict:
     out = _gemma_common(gguf, arch, fields, default_window=4096, default_pattern=2)
-    out.update(attn_softcap=gguf.get(f"{arch}.attn_logit_softcapping", float, 50.0),
+    out.update(attn_softcap=_non_negative_float(gguf.get(f"{arch}.attn_logit_softcapping", float, 50.0),
+                                                f"{arch}.attn_logit_softcapping"),
                rope_base_local=gguf.get(f"{arch}.rope.freq_base_swa", float, fields["rope_base"]))
     return out
 
@@ -233,7 +235,8 @@ def _mistral3(gguf: GGUFFile, arch: str, fields: dict) -> dict:
         yarn_beta_fast=gguf.get(f"{arch}.rope.scaling.yarn_beta_fast", float, 32.0),
         yarn_beta_slow=gguf.get(f"{arch}.rope.scaling.yarn_beta_slow", float, 1.0),
         yarn_log_mul=gguf.get(f"{arch}.rope.scaling.yarn_log_multiplier", float, 0.0),
-        attn_temp_scale=gguf.get(f"{arch}.attention.temperature_scale", float, 0.0),
+        attn_temp_scale=_non_negative_float(gguf.get(f"{arch}.attention.temperature_scale", float, 0.0),
+                                            f"{arch}.attention.temperature_scale"),
     )
     if out["attn_temp_scale"] != 0.0:
         out["attn_temp_floor"] = fields["yarn_orig_ctx"]  # llama.cpp: n_attn_temp_floor_scale = n_ctx_orig_yarn
@@ -300,6 +303,12 @@ def _check_rope_mscale(config: ModelConfig) -> None:
     if any(config.is_sliding(il) for il in range(config.n_layers)) and yarn_mscale(config, config.local_rope_scale) != mscale:
         raise ModelFormatError(f"{config.arch} with YaRN and differently scaled sliding-window layers is not supported")
     object.__setattr__(config, "rope_mscale", mscale)
+
+
+def _non_negative_float(value: float, key: str) -> float:
+    if not (math.isfinite(value) and value >= 0.0):
+        raise ModelFormatError(f"metadata {key} = {value} is out of range")
+    return value
 
 
 def _non_negative(value: int, key: str) -> int:

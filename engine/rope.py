@@ -23,6 +23,8 @@ import math
 from typing import TYPE_CHECKING
 
 import numpy as np
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
 
 from .gguf_file import GGUFFile, ModelFormatError
 
@@ -147,9 +149,6 @@ def _frequency_factors(gguf: GGUFFile, config: ModelConfig, n_ctx: int | None) -
 
 
 def _vector(gguf: GGUFFile, name: str, length: int) -> np.ndarray:
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-
     info = gguf.tensor(name)
     if info.shape != (length,):
         raise ModelFormatError(f"tensor {name!r} has shape {info.shape}, expected ({length},)")

@@ -18,7 +18,7 @@ from gguf.quants import dequantize
 from ..config import ModelConfig
 from ..gguf_file import GGUFFile
 from ..kv_cache import NumpyKVCache
-from ..model_tensors import MATRIX_FIELDS, TensorRef, layer_tensor_names, output_tensor_name
+from ..model_tensors import MATRIX_FIELDS, layer_tensor_names, output_tensor_name
 from ..rope import attn_temperature, rope_tables
 from .base import Backend, KVCache, MemoryStats
 

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from gguf import GGUFValueType
 
 from engine.config import ModelConfig
 from engine.gguf_file import ModelFormatError, read_gguf
@@ -135,7 +136,7 @@ def test_longrope_factors_chosen_by_padded_context(tmp_path, n_ctx, factors):
 
 
 def test_swa_pattern_array(tmp_path):
-    pattern = ([True, True, False, True], __import__("gguf").GGUFValueType.BOOL)
+    pattern = ([True, True, False, True], GGUFValueType.BOOL)
     _, c = load(tmp_path, "gemma2", metadata={"gemma2.attention.sliding_window_pattern": pattern})
     assert [c.is_sliding(i) for i in range(N_LAYERS)] == [True, True, False, True]
 
@@ -144,10 +145,12 @@ def test_swa_pattern_array(tmp_path):
     ("llama", {"llama.rope.scaling.type": "xdrope"}, "rope.scaling.type"),
     ("llama", {"llama.rope.dimension_count": 32}, "rope.dimension_count"),
     ("granite", {"granite.logit_scale": 0.0}, "logit_scale"),
+    ("gemma2", {"gemma2.attn_logit_softcapping": float("nan")}, "attn_logit_softcapping"),
+    ("mistral3", {"mistral3.attention.temperature_scale": -1.0}, "temperature_scale"),
     ("olmo2", {"olmo2.attention.sliding_window": 16, "olmo2.rope.scaling.type": "yarn",
                "olmo2.rope.scaling.factor": 2.0}, "sliding-window layers and YaRN"),
     ("gemma2", {"gemma2.attention.sliding_window_pattern": ([True, False, False, True],
-                                                            __import__("gguf").GGUFValueType.BOOL)},
+                                                            GGUFValueType.BOOL)},
      "sliding_window_pattern"),
 ])
 def test_bad_metadata_is_refused(tmp_path, name, metadata, message):

@@ -14,7 +14,7 @@ from PySide6.QtCore import QObject, QTimer, Signal, Slot
 from engine.thermal import Mode
 
 from .chat_settings import ChatSettings
-from .paths import BUILTIN_MODEL_NAME
+from .builtin_model import BUILTIN_MODEL_NAME
 from .qt_compat import emit
 from .store import ConversationStore, Message, ReplyWriter
 from .worker import EngineHost
@@ -87,12 +87,13 @@ class ChatController(QObject):
         host.restarted.connect(lambda text: emit(self.notice, "error", text))
 
     # -- start-up ------------------------------------------------------------------------------------
-    def start(self) -> None:
-        """Open the last conversation (or a new one) and load its model in the background."""
+    def start(self, preload: bool = True) -> None:
+        """Open the last conversation (or a new one) and, unless told not to, load its model in the background."""
         last = self.store.setting("last_conversation")
         ids = [c.id for c in self.store.conversations()]
         self.open_conversation(last if last in ids else (ids[0] if ids else self.new_conversation()))
-        self.preload()
+        if preload:
+            self.preload()
 
     def preload(self) -> None:
         path = self.model_path()

@@ -63,7 +63,9 @@ class AppSession:
 
     def start(self) -> None:
         pending = self.controller.builtin_path is not None and not self.builtin.is_ready()
-        self.controller.start(preload=not pending)
+        if pending:
+            self.controller.pending_model = self.controller.builtin_path
+        self.controller.start()
         if self.recovery_notice:
             self.window.notice_bar.show_notice("error", self.recovery_notice)
         elif self.builtin_problem:
@@ -72,9 +74,7 @@ class AppSession:
             self._assemble_builtin()
 
     def _assemble_builtin(self) -> None:
-        """Assemble the built-in model in the background; its model loads when that is done."""
-        if self.controller.model_path() != self.controller.builtin_path:
-            self.controller.preload()  # the shown conversation uses another model: load it meanwhile
+        """Assemble the built-in model in the background; the controller loads it when that is done."""
         self.progress_dialog = BuiltinProgressDialog(self.builtin.name, self.window)
         self.assembly = BuiltinAssembly(self.builtin)
         self.assembly.progress.connect(self.progress_dialog.show_progress)
@@ -85,11 +85,11 @@ class AppSession:
 
     def _on_builtin_ready(self, path: str) -> None:
         self._close_progress()
-        if self.controller.model_path() == path:
-            self.controller.preload()
+        self.controller.model_ready(path)
 
     def _on_builtin_failed(self, message: str) -> None:
         self._close_progress()
+        self.controller.pending_model = None
         self.window.notice_bar.show_notice("error", f"The built-in model could not be prepared: {message}")
 
     def _close_progress(self) -> None:

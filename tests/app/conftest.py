@@ -1,8 +1,4 @@
-"""Qt runs offscreen in these tests; fixtures for the built-in model, fake engines and whole app sessions.
-
-Every test (and every app process a test starts) shares one assembled copy of the built-in model, in
-``builtin/`` of the test model cache, unless ``HEARTH_BUILTIN_DIR`` is already set.
-"""
+"""Qt runs offscreen in these tests; fixtures for the built-in model, fake engines and whole app sessions."""
 
 import os
 
@@ -10,11 +6,8 @@ os.environ["QT_QPA_PLATFORM"] = "offscreen"  # before anything imports Qt
 
 import pytest  # noqa: E402
 
-from tests.model_store import builtin_dir, model_path  # noqa: E402
-
-os.environ.setdefault("HEARTH_BUILTIN_DIR", str(builtin_dir()))
-
 from app.builtin_model import BuiltinModel  # noqa: E402
+from tests.model_store import model_path  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -59,10 +59,14 @@ def test_first_start_shows_progress_keeps_the_window_responsive_then_loads_the_m
     timer.start()
     qtbot.waitUntil(lambda: len(ticks) >= 5, timeout=5000)  # the GUI thread runs while the assembly waits
     assert session.assembly.is_running() and not builtin.is_ready()
-    with qtbot.waitSignal(session.controller.model_changed, timeout=20000) as loaded:
+    c = session.controller
+    assert c.send("Hello?") and not c.is_generating()  # the answer waits for the file, it does not fail
+    assert session.window.statusBar().currentMessage() == "Preparing the built-in model…"
+    with qtbot.waitSignal(c.reply_finished, timeout=20000) as answered:
         gate.set()
     timer.stop()
-    assert loaded.args[0]["path"] == str(builtin.path) and factory.loads == [(str(builtin.path), 4096)]
+    assert c.store.message(answered.args[0]).content == "Hi" and c.model_info["path"] == str(builtin.path)
+    assert factory.loads == [(str(builtin.path), 4096)]
     assert builtin.is_ready() and builtin.path.read_bytes() == b"".join(CHUNKS)
     assert progress and progress[-1] == (spec.size, spec.size, 1000)  # the bar followed the bytes to the end
     assert [value for _, _, value in progress] == sorted(value for _, _, value in progress)

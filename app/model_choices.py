@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from .paths import BUILTIN_MODEL_NAME
+from .builtin_model import BUILTIN_MODEL_NAME
 
 
 @dataclasses.dataclass(frozen=True)

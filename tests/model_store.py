@@ -52,6 +52,11 @@ def cache_dir() -> Path:
     return Path(os.environ.get("HEARTH_TEST_MODELS") or platformdirs.user_cache_dir("hearth-test-models"))
 
 
+def builtin_dir() -> Path:
+    """Where the tests keep the one assembled copy of the app's built-in model (``HEARTH_BUILTIN_DIR``)."""
+    return cache_dir() / "builtin"
+
+
 def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:

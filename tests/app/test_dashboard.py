@@ -41,8 +41,8 @@ def chart_values(chart, index=0):
 
 
 @pytest.mark.slow
-def test_the_dashboard_follows_a_real_generation(qtbot, make_session):
-    session = make_session()
+def test_the_dashboard_follows_a_real_generation(small_model, qtbot, make_session):
+    session = make_session(model=small_model)
     # plain decoding, long enough (several seconds) that the 1 Hz redraws see it streaming
     configure(session, max_tokens=600, temperature=0.0, speculation="off")
     wait_for_model(qtbot, session)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from app.store import DB_FILENAME
+from tests.model_store import model_path
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +41,8 @@ def read_lines(stream, lines: queue.Queue) -> None:
 def test_sigkill_while_an_answer_streams_loses_at_most_the_last_second(tmp_path):
     data = tmp_path / "data"
     env = {**os.environ, "HEARTH_SCRIPT": json.dumps(SCRIPT), "QT_QPA_PLATFORM": "offscreen"}
-    proc = subprocess.Popen([sys.executable, "-m", "app", "--data-dir", str(data)], cwd=REPO, env=env,
+    small = str(model_path("smollm2"))  # fast: several answers before the kill
+    proc = subprocess.Popen([sys.executable, "-m", "app", "--data-dir", str(data), "--model", small], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=read_lines, args=(proc.stdout, lines), daemon=True).start()

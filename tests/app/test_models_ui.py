@@ -248,7 +248,6 @@ def test_progress_from_the_download_thread_is_coalesced_on_the_gui_thread(qtbot,
 
 @pytest.mark.slow
 def test_the_previous_model_s_memory_is_returned_after_a_switch(qtbot, tmp_path):
-    from app.paths import builtin_model_path
     from app.engine_host import EngineHost
     from tests.model_store import model_path
 
@@ -258,7 +257,7 @@ def test_the_previous_model_s_memory_is_returned_after_a_switch(qtbot, tmp_path)
         with qtbot.waitSignal(host.loaded, timeout=300000) as first:
             host.load(str(big), 2048)
         with qtbot.waitSignal(host.loaded, timeout=300000) as second:
-            host.load(str(builtin_model_path()), 2048)
+            host.load(str(model_path("smollm2")), 2048)
     finally:
         host.shutdown()
     a, b = first.args[0], second.args[0]
@@ -274,8 +273,8 @@ def test_the_previous_model_s_memory_is_returned_after_a_switch(qtbot, tmp_path)
 
 
 @pytest.mark.slow
-def test_the_models_page_shows_the_estimate_next_to_the_measured_load(qtbot, make_session):
-    session = make_session()
+def test_the_models_page_shows_the_estimate_next_to_the_measured_load(small_model, qtbot, make_session):
+    session = make_session(model=small_model)
     if not session.controller.model_info:
         with qtbot.waitSignal(session.controller.model_changed, timeout=300000):
             pass

@@ -123,8 +123,8 @@ def test_the_window_offers_only_library_models_that_can_draft(qtbot, make_sessio
         window.model_choices.add_file(str(model_path(name)))
     window.settings_button.setChecked(True)
     offered = [window.settings_panel.draft_model.itemData(i) for i in range(window.settings_panel.draft_model.count())]
-    assert str(model_path("smollm2")) in offered  # the built-in SmolLM2's vocabulary
-    assert str(model_path("qwen25coder")) not in offered and str(model_path("gemma3")) not in offered
+    assert str(model_path("qwen25coder")) in offered  # another copy of the built-in Qwen: the same vocabulary
+    assert str(model_path("smollm2")) not in offered and str(model_path("gemma3")) not in offered
     assert session.controller.model_path() not in offered
 
 

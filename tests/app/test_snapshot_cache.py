@@ -126,12 +126,11 @@ def real_host(qtbot, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def tokenizer_model():
-    """The built-in model loaded in the test process, only to count tokens the way the worker does."""
+def tokenizer_model(small_model):
+    """The small model loaded in the test process, only to count tokens the way the worker does."""
     import engine.model
-    from app.paths import builtin_model_path
 
-    model = engine.model.load(builtin_model_path(), n_ctx=2048)
+    model = engine.model.load(small_model, n_ctx=2048)
     yield model
     model.close()
 
@@ -158,23 +157,23 @@ def common_prefix(a, b):
 
 
 @pytest.mark.slow
-def test_a_saved_state_restores_into_a_fresh_worker_without_reprocessing(qtbot, real_host, builtin_model,
+def test_a_saved_state_restores_into_a_fresh_worker_without_reprocessing(qtbot, real_host, small_model,
                                                                           tokenizer_model, tmp_path):
     history = [{"role": "system", "content": "You answer in one short sentence."},
                {"role": "user", "content": "Why is the sky blue? Explain it to a child, please."}]
     first = real_host()
-    reply, _ = answer(qtbot, first, builtin_model, 1, history)
+    reply, _ = answer(qtbot, first, small_model, 1, history)
     history.append({"role": "assistant", "content": reply})
     path = str(tmp_path / "tea.hearth")
     with qtbot.waitSignal(first.state_saved, timeout=300000) as saved:
-        first.save_state(1, builtin_model, 2048, path, history, {"title": "sky"})
+        first.save_state(1, small_model, 2048, path, history, {"title": "sky"})
     assert saved.args[2]["tokens"] == len(tokenizer_model.chat_ids(history)) and saved.args[2]["bytes"] > 0
     fresh = real_host()
     with qtbot.waitSignal(fresh.state_restored, timeout=300000) as restored:
-        fresh.restore_state(7, builtin_model, 2048, path)
+        fresh.restore_state(7, small_model, 2048, path)
     assert restored.args[:2] == [7, path]
     follow_up = history + [{"role": "user", "content": "And at sunset?"}]
-    _, stats = answer(qtbot, fresh, builtin_model, 7, follow_up)
+    _, stats = answer(qtbot, fresh, small_model, 7, follow_up)
     history_ids = tokenizer_model.chat_ids(history, add_generation_prompt=False)
     expected = common_prefix(tokenizer_model.chat_ids(history), tokenizer_model.chat_ids(follow_up))
     assert expected >= len(history_ids)  # the whole history is reused, plus the next turn's first marker
@@ -184,16 +183,16 @@ def test_a_saved_state_restores_into_a_fresh_worker_without_reprocessing(qtbot, 
 
 
 @pytest.mark.slow
-def test_switching_a_b_a_restores_a_from_the_cache(qtbot, real_host, builtin_model, tokenizer_model, tmp_path):
+def test_switching_a_b_a_restores_a_from_the_cache(qtbot, real_host, small_model, tokenizer_model, tmp_path):
     cache = SnapshotCache(tmp_path / "disk", memory_dir=tmp_path / "shm", memory_budget=64 << 20)
     host = real_host(cache)
     a = [{"role": "user", "content": "List three fruits that are red."}]
     b = [{"role": "system", "content": "Reply in French."}, {"role": "user", "content": "Good morning!"}]
-    reply_a, _ = answer(qtbot, host, builtin_model, 1, a)
-    answer(qtbot, host, builtin_model, 2, b)
+    reply_a, _ = answer(qtbot, host, small_model, 1, a)
+    answer(qtbot, host, small_model, 2, b)
     assert [(e.conversation_id, e.tier) for e in cache.entries()] == [(1, "memory")]  # A parked when B came
     a2 = a + [{"role": "assistant", "content": reply_a}, {"role": "user", "content": "And yellow ones?"}]
-    _, stats = answer(qtbot, host, builtin_model, 1, a2)
+    _, stats = answer(qtbot, host, small_model, 1, a2)
     without_cache = common_prefix(tokenizer_model.chat_ids(b), tokenizer_model.chat_ids(a2))
     assert stats["restored_from"] == "memory"
     assert stats["cached_tokens"] >= len(tokenizer_model.chat_ids(a)) > without_cache
@@ -203,15 +202,15 @@ def test_switching_a_b_a_restores_a_from_the_cache(qtbot, real_host, builtin_mod
 
 
 @pytest.mark.slow
-def test_a_snapshot_the_engine_refuses_is_deleted_and_the_answer_still_comes(qtbot, real_host, builtin_model,
+def test_a_snapshot_the_engine_refuses_is_deleted_and_the_answer_still_comes(qtbot, real_host, small_model,
                                                                               tmp_path):
     cache = SnapshotCache(tmp_path / "disk")
     host = real_host(cache)
     with qtbot.waitSignal(host.loaded, timeout=300000) as loaded:
-        host.load(builtin_model, 2048)
+        host.load(small_model, 2048)
     sha = loaded.args[0]["sha256"]
     cache.save(3, sha, lambda path: path.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}garbage"), tier="disk")
-    _, stats = answer(qtbot, host, builtin_model, 3, [{"role": "user", "content": "Hi"}], max_tokens=2)
+    _, stats = answer(qtbot, host, small_model, 3, [{"role": "user", "content": "Hi"}], max_tokens=2)
     assert "restored_from" not in stats and stats["generated_tokens"] >= 1
     assert cache.lookup(3, sha) is None and list((tmp_path / "disk").glob("*.hearth")) == []
 

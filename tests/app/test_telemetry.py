@@ -204,9 +204,9 @@ def test_a_record_reads_an_error_answer():
 
 # -- the engine's KV accessor on the real model ---------------------------------------------------------
 @pytest.mark.slow
-def test_kv_cache_usage_grows_with_the_conversation(builtin_model):
+def test_kv_cache_usage_grows_with_the_conversation(small_model):
     import engine.model
-    model = engine.model.load(builtin_model, n_ctx=1024)
+    model = engine.model.load(small_model, n_ctx=1024)
     try:
         empty = model.kv_cache_usage
         _, events = model.chat([{"role": "user", "content": "Say hello."}], max_tokens=8)

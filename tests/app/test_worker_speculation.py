@@ -117,8 +117,8 @@ def test_the_estimated_speedup_compares_with_the_measured_plain_step():
 
 
 @pytest.mark.gui
-def test_the_answer_and_the_dashboard_show_acceptance_and_the_estimated_speedup(qtbot, make_session):
-    session = make_session()  # the built-in SmolLM2; conversations start with prompt lookup on
+def test_the_answer_and_the_dashboard_show_acceptance_and_the_estimated_speedup(small_model, qtbot, make_session):
+    session = make_session(model=small_model)  # SmolLM2; conversations start with prompt lookup on
     c = session.controller
     c.update_settings(dataclasses.replace(c.settings(), max_tokens=96, temperature=0.0, repeat_penalty=1.0))
     assert c.settings().speculation == "lookup"

@@ -391,14 +391,14 @@ def test_kill_mid_download_then_resume_in_a_new_manager(tmp_path, monkeypatch):
             manager = DownloadManager(data, HubClient())  # a new run of Hearth
             (saved,) = manager.list()
             assert saved.state == "paused" and saved.total == len(body) and got < saved.downloaded < len(body)
-            assert [e.name for e in ModelLibrary(data, scan_dirs=[], builtin_distribution="no-such-dist").list()] == []
+            assert [e.name for e in ModelLibrary(data, scan_dirs=[], builtin=None).list()] == []
             got = saved.downloaded
         hub.faults.chunk_delay = 0.0
         done = manager.wait(manager.start(REPO_ID, FILENAME), timeout=WAIT_S)
         assert done.state == "completed" and done.path.read_bytes() == body
         resumed = [r.headers.get("range") for r in hub.file_requests() if "/resolve/" in r.path]
         assert resumed[0] is None and resumed[-1] == f"bytes={got}-" and len(resumed) == 4
-    library = ModelLibrary(data, scan_dirs=[], builtin_distribution="no-such-dist").list()
+    library = ModelLibrary(data, scan_dirs=[], builtin=None).list()
     assert [e.name for e in library] == [f"{REPO_ID}/{FILENAME}"]
     leftovers = [p.name for p in (data / "downloads").iterdir() if not p.name.endswith(".lock")]
     assert all(name.startswith(".") and name.endswith(".tmp") for name in leftovers), leftovers

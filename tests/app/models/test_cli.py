@@ -119,3 +119,39 @@ def test_import_keeps_a_file_that_cannot_run_only_when_told(data_dir, capsys, tm
     assert status == 1 and refused["error"].startswith("qwen35.gguf won't load: unsupported architecture 'qwen35'")
     status, result = run_json(capsys, "import", str(source), "--link", "--anyway")
     assert status == 0 and result["model"]["supported"] is False
+
+
+def test_list_assembles_the_builtin_model_first_with_progress(data_dir, capsys, tmp_path, monkeypatch):
+    from app.builtin_model import BuiltinModel
+    from app.models import cli, library
+    from tests.app.builtin_parts import install_fake_parts
+
+    gguf = tmp_path / "Builtin.gguf"
+    write_tiny_gguf(gguf, name="Builtin")
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    spec = install_fake_parts(site, [gguf.read_bytes()[:500], gguf.read_bytes()[500:]])
+    for module in (cli, library):
+        monkeypatch.setattr(module, "BuiltinModel", lambda: BuiltinModel(spec, tmp_path / "builtin"))
+    status = main(["list", "--json"])
+    out, err = capsys.readouterr()
+    listing = json.loads(out)
+    assert status == 0 and [(m["name"], m["source"]) for m in listing["models"]] == [("builtin/fake.gguf", "builtin")]
+    assert "Preparing the built-in model Fake Model" in err and "(100 %)" in err
+    assert (tmp_path / "builtin" / "fake.gguf").read_bytes() == gguf.read_bytes()
+
+
+def test_list_without_a_part_package_warns_and_lists_the_rest(data_dir, capsys, tmp_path, monkeypatch):
+    import dataclasses
+
+    from app.builtin_model import BUILTIN, BuiltinModel
+    from app.models import cli, library
+
+    spec = dataclasses.replace(BUILTIN, parts=("hearth-no-such-part",))
+    for module in (cli, library):
+        monkeypatch.setattr(module, "BuiltinModel", lambda: BuiltinModel(spec, tmp_path / "builtin"))
+    assert main(["list"]) == 0
+    out, err = capsys.readouterr()
+    assert "the built-in model is not available" in err and "'hearth-no-such-part'" in err
+    assert "No models yet" in out and not (tmp_path / "builtin" / BUILTIN.file_name).exists()

@@ -19,7 +19,7 @@ KEY = f"{REPO}/{FILE}"
 
 
 def library_names(data_dir) -> list[str]:
-    return [e.name for e in ModelLibrary(data_dir, scan_dirs=[], builtin_distribution="hearth-no-such-dist").list()]
+    return [e.name for e in ModelLibrary(data_dir, scan_dirs=[], builtin=None).list()]
 
 
 def leftovers(manager: DownloadManager) -> list[str]:

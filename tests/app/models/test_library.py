@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from app.builtin_model import BuiltinModel
 from app.models import metadata_cache
 from app.models.library import LibraryError, ModelLibrary
+from tests.app.builtin_parts import install_fake_parts
 from tests.app.models.tiny_gguf import parameter_count, write_tiny_gguf
 from tests.model_store import model_path
 
@@ -33,7 +35,7 @@ def make_hf_cache(root: Path) -> Path:
 
 @pytest.fixture
 def library(tmp_path) -> ModelLibrary:
-    return ModelLibrary(tmp_path / "data", scan_dirs=[], builtin_distribution="hearth-no-such-dist")
+    return ModelLibrary(tmp_path / "data", scan_dirs=[], builtin=None)
 
 
 def test_downloaded_models_are_listed_with_their_metadata(library):
@@ -90,7 +92,7 @@ def test_hf_cache_and_lm_studio_are_found_without_copying(tmp_path):
     write_tiny_gguf(lms / "someone" / "Big-GGUF" / "big-00001-of-00002.gguf")
     write_tiny_gguf(lms / "someone" / "Big-GGUF" / "big-00002-of-00002.gguf")
     library = ModelLibrary(tmp_path / "data", scan_dirs=[hf, lms, tmp_path / "absent"],
-                           builtin_distribution="hearth-no-such-dist")
+                           builtin=None)
     entries = names(library)
     assert set(entries) == {"hf-cache/acme/Tiny-GGUF/tiny-q8_0.gguf", "hf-cache/acme/Tiny-GGUF/gone.gguf",
                             "lmstudio/lmstudio-community/Tiny-GGUF/Tiny-Q4_K_M.gguf",
@@ -104,29 +106,33 @@ def test_hf_cache_and_lm_studio_are_found_without_copying(tmp_path):
     assert not any(library.data_dir.rglob("*.gguf"))
 
 
-def test_builtin_model_is_found_through_the_distribution_file_list(tmp_path, monkeypatch):
+def test_the_assembled_builtin_model_is_listed_and_cannot_be_removed(tmp_path, monkeypatch):
+    gguf = tmp_path / "Builtin.Q4_1.gguf"
+    write_tiny_gguf(gguf, name="Builtin")
+    whole = gguf.read_bytes()
     site = tmp_path / "site"
-    write_tiny_gguf(site / "fake_builtin" / "Builtin.Q4_1.gguf", name="Builtin")
-    info = site / "hearth_fake_builtin-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: hearth-fake-builtin\nVersion: 1.0\n")
-    (info / "RECORD").write_text("fake_builtin/Builtin.Q4_1.gguf,,\nfake_builtin/__init__.py,,\n")
+    site.mkdir()
     monkeypatch.syspath_prepend(str(site))
-    library = ModelLibrary(tmp_path / "data", scan_dirs=[], builtin_distribution="hearth-fake-builtin")
+    spec = install_fake_parts(site, [whole[:1000], whole[1000:]])
+    builtin = BuiltinModel(spec, tmp_path / "builtin")
+    library = ModelLibrary(tmp_path / "data", scan_dirs=[], builtin=builtin)
+    assert library.list() == []  # not assembled yet: nothing to offer
+    builtin.ensure()
     (entry,) = library.list()
-    assert (entry.name, entry.source, entry.info.title) == ("builtin/Builtin.Q4_1.gguf", "builtin", "Builtin")
+    assert (entry.name, entry.source, entry.info.title) == ("builtin/fake.gguf", "builtin", "Builtin")
+    assert entry.origin == f"assembled in {tmp_path / 'builtin'}" and not entry.owned
     with pytest.raises(LibraryError, match="ships with Hearth"):
         library.remove(entry.name)
     assert entry.path.exists()
 
 
 @pytest.mark.slow
-def test_installed_smollm2_is_the_builtin_model(tmp_path):
+def test_the_real_builtin_model_is_qwen25_coder(tmp_path, builtin_model):
     (entry,) = ModelLibrary(tmp_path, scan_dirs=[]).list()
-    assert entry.name == "builtin/SmolLM2-135M-Instruct.Q4_1.gguf"
-    assert entry.file_size == model_path("smollm2").stat().st_size
-    assert (entry.info.architecture, entry.info.quantization, entry.info.context_length) == ("llama", "Q4_1", 8192)
-    assert entry.info.has_chat_template
+    assert entry.name == "builtin/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf" and str(entry.path) == builtin_model
+    assert entry.file_size == model_path("qwen25coder").stat().st_size
+    assert (entry.info.architecture, entry.info.quantization) == ("qwen2", "Q4_K_M")
+    assert entry.info.has_chat_template and entry.supported
 
 
 def test_import_copy_then_remove_deletes_the_copy_only(library, tmp_path):
@@ -175,7 +181,7 @@ def test_import_refuses_invalid_and_unsupported_files(library, tmp_path):
 
 def test_remove_deletes_downloads_and_refuses_external_files(tmp_path):
     hf = make_hf_cache(tmp_path / "hub")
-    library = ModelLibrary(tmp_path / "data", scan_dirs=[hf], builtin_distribution="hearth-no-such-dist")
+    library = ModelLibrary(tmp_path / "data", scan_dirs=[hf], builtin=None)
     downloaded = write_tiny_gguf(library.models_dir / "acme" / "Tiny-GGUF" / "tiny.gguf")
     library.remove("acme/Tiny-GGUF/tiny.gguf")
     assert not downloaded.exists() and not (library.models_dir / "acme").exists()

@@ -206,7 +206,7 @@ def test_a_conversation_remembers_the_model_chosen_on_the_models_page(qtbot, mak
     assert c.store.conversation(c.current_id).model_path == other and factory.loads[-1] == (other, 4096)
     send(qtbot, session, "hi")
     c.new_conversation()
-    assert c.model_path() == other and window.composer.model_label.text() == "Fake"
+    assert c.model_path() == other and window.composer.model_label.text() == "other"  # the file names it, not "Fake"
     emit(window.models_page.use_requested, builtin_model)
     assert c.store.conversation(c.current_id).model_path is None and c.model_name() == "SmolLM2 135M Instruct"
 

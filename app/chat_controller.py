@@ -11,6 +11,7 @@ import dataclasses
 
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
+from engine.context import reply_room
 from engine.reasoning import ReasoningProfile, ReasoningSplitter
 from engine.thermal import Mode
 
@@ -52,7 +53,8 @@ class ChatController(QObject):
         model_changed(dict): the loaded model's info (path, name, n_ctx, notices); {} while none is loaded.
         status(str): a short line for the status bar.
         notice(str, str): kind ("info", "warning", "error") and a message for the user.
-        context_usage(int, int): tokens used and the context length, for the shown conversation.
+        context_usage(int, int, int): tokens used, the context length and the tokens it keeps for the reply, for
+            the shown conversation.
         conversation_deleted(int, str): id and title, so the view can offer to undo.
         reply_finished(int, dict): message id and stats of a finished reply.
     """
@@ -66,7 +68,7 @@ class ChatController(QObject):
     model_changed = Signal(object)
     status = Signal(str)
     notice = Signal(str, str)
-    context_usage = Signal(int, int)
+    context_usage = Signal(int, int, int)
     conversation_deleted = Signal(int, str)
     reply_finished = Signal(int, object)
 
@@ -440,7 +442,7 @@ class ChatController(QObject):
                 used = m.stats["context_used"]
                 n_ctx = m.stats.get("n_ctx", n_ctx)
                 break
-        emit(self.context_usage, used, n_ctx)
+        emit(self.context_usage, used, n_ctx, reply_room(n_ctx, self.settings().max_tokens))
 
 
 def _title_from(text: str) -> str:

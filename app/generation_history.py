@@ -17,6 +17,7 @@ from typing import TextIO
 
 from engine.atomic_write import atomic_write
 
+from .model_names import reply_author
 from .store import ConversationStore, Message
 
 # (field, CSV header, table header)
@@ -24,12 +25,12 @@ COLUMNS = (
     ("started", "started", "Started"),
     ("conversation", "conversation", "Conversation"),
     ("model", "model", "Model"),
-    ("prompt_tokens", "prompt_tokens", "In"),
-    ("cached_tokens", "cached_tokens", "Cached"),
-    ("generated_tokens", "generated_tokens", "Out"),
+    ("prompt_tokens", "prompt_tokens", "Prompt"),
+    ("cached_tokens", "cached_tokens", "Reused"),
+    ("generated_tokens", "generated_tokens", "Reply"),
     ("time_to_first_token_s", "time_to_first_token_s", "First token"),
-    ("prefill_tps", "prefill_tokens_per_s", "Prefill"),
-    ("decode_tps", "decode_tokens_per_s", "Decode"),
+    ("prefill_tps", "prefill_tokens_per_s", "Reading"),
+    ("decode_tps", "decode_tokens_per_s", "Writing"),
     ("finish_reason", "finish_reason", "Ended"),
 )
 
@@ -59,7 +60,8 @@ class GenerationRecord:
         s = message.stats
         ttft = s.get("time_to_first_token_s", s.get("prefill_s", 0.0))
         reason = s.get("finish_reason") or ("error" if "error" in s else message.state)
-        return cls(message.id, conversation, message.created_at, s.get("model", ""), int(s.get("prompt_tokens", 0)),
+        model = reply_author(s, "")  # the model that wrote it, by its display name
+        return cls(message.id, conversation, message.created_at, model, int(s.get("prompt_tokens", 0)),
                    int(s.get("cached_tokens", 0)), int(s.get("generated_tokens", 0)), float(ttft),
                    float(s.get("prefill_tps", 0.0)), float(s.get("decode_tps", 0.0)), reason)
 

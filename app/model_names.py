@@ -78,8 +78,8 @@ def reply_author(stats: dict, fallback: str) -> str:
     """The name of the model that wrote a stored reply, from its stats; ``fallback`` for a reply without one
     (still streaming, or from before replies recorded their model)."""
     name = stats.get("model_name")
-    if isinstance(name, str) and name.strip():
-        return name.strip()[:MAX_NAME_CHARS]
+    if isinstance(name, str) and name.strip():  # (an imported reply's stats are kept as they came: one clean line)
+        return _join(name.split())
     raw, file = stats.get("model"), stats.get("model_file")
     raw = raw if isinstance(raw, str) else None
     file = file if isinstance(file, str) else None

@@ -148,6 +148,7 @@ class MessageWidget(QFrame):
         self._assistant_name = assistant_name  # for a reply whose stats do not name its model (yet)
         self._author = QLabel("You")
         self._author.setObjectName("author")
+        self._author.setTextFormat(Qt.TextFormat.PlainText)  # a model's name comes from files, never markup
         self._author.setMinimumWidth(1)  # a long model name is clipped rather than widening the chat
         self.thinking = ThinkingBlock()
         self.thinking.hide()

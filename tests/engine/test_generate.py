@@ -195,3 +195,12 @@ def test_nothing_to_continue_is_a_clear_error(tiny):
     list(tiny.generate_ids([5, 6, 7], SamplingParams(temperature=0.0), 3, stop=["zz"]))
     with pytest.raises(ValueError, match="stop strings"):
         tiny.continuation(4)
+
+
+def test_a_refusal_names_the_context_length_and_the_room_kept_for_the_reply(tiny_model_path):
+    model = engine.model.load(tiny_model_path, backend="numpy", n_ctx=256)
+    too_long = [{"role": "user", "content": "word " * 400}]
+    with pytest.raises(ContextOverflowError, match=r"the context of 256 tokens, which keeps 64 for the reply$"):
+        model.fit_chat(too_long, max_tokens=64)
+    with pytest.raises(ContextOverflowError, match=r"the context of 256 tokens, which keeps 64 for the reply$"):
+        model.fit_chat(too_long * 3, max_tokens=1000, overflow="stop")  # the reply keeps at most a quarter

@@ -35,6 +35,10 @@ COLUMNS = (
 )
 
 
+ENDINGS = {"eos": "finished", "stop": "finished", "length": "length limit", "context": "context full",
+           "cancelled": "stopped", "error": "error", "interrupted": "interrupted"}  # the table's words; CSV keeps keys
+
+
 @dataclasses.dataclass(frozen=True)
 class GenerationRecord:
     """One answer's statistics."""
@@ -69,7 +73,8 @@ class GenerationRecord:
         """The table's text for each column."""
         return [self.started[5:16].replace("-", "/", 1), self.conversation, self.model, f"{self.prompt_tokens:,}",
                 f"{self.cached_tokens:,}", f"{self.generated_tokens:,}", f"{self.time_to_first_token_s:.2f} s",
-                f"{self.prefill_tps:,.0f} tok/s", f"{self.decode_tps:,.1f} tok/s", self.finish_reason]
+                f"{self.prefill_tps:,.0f} tok/s", f"{self.decode_tps:,.1f} tok/s",
+                ENDINGS.get(self.finish_reason, self.finish_reason)]
 
 
 def recent_generations(store: ConversationStore, limit: int = 50) -> list[GenerationRecord]:

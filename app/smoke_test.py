@@ -13,9 +13,12 @@ splitter, tokenized by the built-in model's tokenizer for its token count, and o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -63,7 +66,8 @@ def write_without_chat_template(source: Path, target: Path) -> None:
     alignment = reader.get_field(gguf.Keys.General.ALIGNMENT)
     if alignment is not None:
         writer.data_alignment = alignment.contents()
-    copy_with_new_metadata(reader, writer, {}, [gguf.Keys.Tokenizer.CHAT_TEMPLATE])
+    with contextlib.redirect_stderr(io.StringIO()):  # its progress bar
+        copy_with_new_metadata(reader, writer, {}, [gguf.Keys.Tokenizer.CHAT_TEMPLATE])
 
 
 class SmokeTest(QObject):
@@ -205,9 +209,12 @@ class SmokeTest(QObject):
 
     def _capture_labels(self) -> None:
         """Replies labelled by model, the Models page's inline error, the defaults page; then the base model."""
-        window, pages = self.session.window, self.pages
         self.transcript["two_models"] = self._store_two_model_chat()
-        QApplication.instance().processEvents()
+        QTimer.singleShot(300, self._grab_labels)  # once the previous conversation's widgets are gone
+
+    def _grab_labels(self) -> None:
+        window, pages = self.session.window, self.pages
+        self.transcript["two_models"]["authors"] = [w._author.text() for w in window.chat_view.widgets.values()]
         pages["chat-two-models"] = self._grab("chat-two-models")
         pages["chat-two-models-dark"] = self._grab_dark("chat-two-models-dark")
         broken = self.out / "not-a-model.gguf"
@@ -233,14 +240,14 @@ class SmokeTest(QObject):
         store.add_message(conv, "assistant", TWO_MODELS_REPLY, stats=TWO_MODELS_STATS)
         c.open_conversation(conv)
         return {"note": "the first reply is the built-in model's real answer above; the second is a stored sample "
-                        "whose stats name another model", "authors": [
-                    w._author.text() for w in self.session.window.chat_view.widgets.values()]}
+                        "whose stats name another model"}
 
     def _open_base_model(self) -> None:
         """A copy of the built-in model without its chat template, in a new conversation, before its first message."""
         c = self.session.controller
-        base = self.out / "smollm2-135m-without-chat-template.gguf"
+        base = Path(tempfile.mkdtemp(prefix="hearth-smoke-")) / "smollm2-135m-no-template.gguf"
         write_without_chat_template(Path(c.builtin_path), base)
+        self._scratch = base
         c.new_conversation()
         c.model_changed.connect(self._on_base_model)
         c.set_model(str(base))
@@ -254,6 +261,9 @@ class SmokeTest(QObject):
         self.pages["chat-base-model"] = self._grab("chat-base-model")
         self.pages["chat-base-model-dark"] = self._grab_dark("chat-base-model-dark")
         self.transcript["base_model"] = {"model_text": self.session.window.composer.model_label.text()}
+        with contextlib.suppress(OSError):  # (a file still mapped cannot be deleted on Windows: the OS's temp dir)
+            self._scratch.unlink()
+            self._scratch.parent.rmdir()
         (self.out / "transcript.json").write_text(json.dumps(self.transcript, indent=2, ensure_ascii=False))
         self.exit_code = 0
         QApplication.instance().quit()

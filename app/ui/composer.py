@@ -119,7 +119,7 @@ class Composer(QFrame):
         self.meter.setRange(0, max(n_ctx, 1))
         self.meter.setValue(min(used, max(n_ctx, 1)))
         share = used / n_ctx if n_ctx else 0.0
-        room = f" · {reply_room:,} kept for the reply" if reply_room else ""
+        room = f" ({reply_room:,} for the reply)" if reply_room else ""
         self.meter_label.setText(f"Context {used:,} / {n_ctx:,} tokens{room}" if n_ctx else "")
         tip = f"{share:.0%} of the context window is in use" if n_ctx else ""
         if n_ctx and reply_room:
@@ -132,6 +132,7 @@ class Composer(QFrame):
 
     def set_model_text(self, text: str) -> None:
         self.model_label.setText(text)
+        self.model_label.setToolTip(text)  # the whole of it when a narrow window clips it
 
     def _on_submit(self) -> None:
         if self.generating:

@@ -118,6 +118,7 @@ class ModelsPage(QFrame):
 
     def show_add_failed(self, path: str, reason: str) -> None:
         """A file could not be added: a red row for it at the top of the list, and the reason above the list."""
+        reason = reason.replace(path, "the file")  # the library's message names the path the row shows already
         self._failed[path] = reason
         self.list.insertItem(0, self._failed_row(path, reason))
         self.list.scrollToTop()

@@ -44,7 +44,7 @@ def test_enter_sends_shift_enter_adds_a_line_and_the_answer_streams_in(qtbot, ma
     assert [w.message.role for w in widgets] == ["user", "assistant"]
     assert widgets[1].body.markdown == "Hi you" and "2 tokens" in widgets[1]._stats.text()
     assert session.window.sidebar.list.item(0).text() == "line one line two"
-    assert session.window.composer.meter_label.text() == "Context 12 / 4,096 tokens · 512 kept for the reply"
+    assert session.window.composer.meter_label.text() == "Context 12 / 4,096 tokens (512 for the reply)"
 
 
 def test_markdown_code_blocks_tables_and_copy_buttons(qtbot, make_session):

@@ -370,8 +370,12 @@ class ChatController(QObject):
         stats = {**stats, **self._author_stats(reply)}
         reply.writer.finish(state, stats)
         if stats.get("dropped"):
-            emit(self.notice, "warning", f"{stats['dropped']} older messages did not fit in the context window "
-                                        f"({stats.get('n_ctx')} tokens) and were left out of this answer.")
+            settings = self.store.conversation(reply.conversation_id).settings
+            n_ctx = stats.get("n_ctx") or settings.n_ctx
+            room = reply_room(n_ctx, settings.max_tokens)
+            emit(self.notice, "warning", f"{stats['dropped']} older messages did not fit in the context of "
+                                        f"{n_ctx:,} tokens, which keeps {room:,} for the reply, and were left out "
+                                        "of this answer.")
         if stats.get("speculation_notice"):
             emit(self.notice, "warning", stats["speculation_notice"])
         self._after_reply(reply, stats)

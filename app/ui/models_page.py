@@ -131,8 +131,12 @@ class ModelsPage(QFrame):
             item = self.list.item(row)
             if item.data(PATH_ROLE) == choice.path and not item.data(FAILED_ROLE):
                 self.list.setCurrentItem(item)
-        hint = " Select it and choose “Use in this conversation” to chat with it." if choice.usable else ""
-        self.show_message("info", f"Added {choice.name} to the library.{hint}")
+        if choice.usable:
+            self.show_message("info", f"Added {choice.name} to the library. Select it and choose “Use in this "
+                                      "conversation” to chat with it.")
+        else:
+            self.show_message("error", f"Added {choice.name} to the library, but it will not run here: "
+                                       f"{choice.problem or 'see its row'}")
 
     @staticmethod
     def _failed_row(path: str, reason: str) -> QListWidgetItem:

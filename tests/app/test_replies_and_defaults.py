@@ -140,9 +140,10 @@ def test_the_stats_line_is_plain_and_the_engine_s_details_are_its_tooltip(qtbot)
 
 
 def test_the_context_meter_names_the_setting_s_length_and_the_reply_s_room(qtbot, make_session):
-    session = make_session(engine_factory=FakeFactory(FakeModel(["ok"])))
+    session = make_session(engine_factory=FakeFactory(FakeModel(["ok"], dropped=2)))
     window, c = session.window, session.controller
     c.update_settings(dataclasses.replace(c.settings(), max_tokens=300))
     ask(qtbot, session, "hi")
+    assert "did not fit in the context of 4,096 tokens, which keeps 300 for the reply" in window.notice_bar.label.text()
     assert window.composer.meter_label.text() == "Context 11 / 4,096 tokens (300 for the reply)"
     assert "can use 3,796" in window.composer.meter_label.toolTip()

@@ -52,7 +52,8 @@ class MemoryView(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.process_bar, self.kv_bar = StackedBar(), StackedBar()
-        self.process_text, self.kv_title, self.kv_text, self.warning = QLabel(), QLabel("Conversation memory (KV cache)"), QLabel(), QLabel()
+        self.process_text, self.kv_text, self.warning = QLabel(), QLabel(), QLabel()
+        self.kv_title = QLabel("Conversation memory (KV cache)")
         self.kv_title.setObjectName("cardTitle")
         for label in (self.process_text, self.kv_text, self.warning):
             label.setTextFormat(Qt.TextFormat.RichText)
@@ -295,7 +296,8 @@ class DashboardPage(QScrollArea):
         cards["system"].set_legend([("system", f"used {format_bytes(s.used_bytes)}"),
                                     ("available", f"available {format_bytes(s.available_bytes)}")])
         chunk = f"prompt chunk {e.prefill_chunk or '–'} tokens (up to {s.allowed_prefill_chunk})"
-        cards["limits"].set_legend([("chunk", chunk), ("batch", f"replies at once {e.batch} (up to {s.allowed_batch})")])
+        replies = f"replies at once {e.batch} (up to {s.allowed_batch})"
+        cards["limits"].set_legend([("chunk", chunk), ("batch", replies)])
         decision = t.decision
         cards["limits"].setToolTip(LIMITS_TIP if decision is None else f"{LIMITS_TIP}\n\n{_decision_text(decision)}")
         self.memory_view.show_breakdown(t.breakdown(), t.warnings())

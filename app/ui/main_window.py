@@ -160,7 +160,7 @@ class MainWindow(QMainWindow):
     def _connect(self) -> None:
         c = self.controller
         self.nav.idClicked.connect(lambda index: self.show_page(PAGES[index]))
-        self.sidebar.new_requested.connect(c.new_conversation)
+        self.sidebar.new_requested.connect(self._new_chat)
         self.sidebar.selected.connect(c.open_conversation)
         self.sidebar.rename_requested.connect(c.rename)
         self.sidebar.delete_requested.connect(c.delete_conversation)
@@ -195,7 +195,7 @@ class MainWindow(QMainWindow):
         c.model_changed.connect(self.dashboard.set_model)
         c.reply_finished.connect(lambda *_: self.dashboard.refresh_generations())
         self.status_strip.activated.connect(lambda: self.show_page("dashboard"))
-        QShortcut(QKeySequence.StandardKey.New, self, activated=c.new_conversation)
+        QShortcut(QKeySequence.StandardKey.New, self, activated=self._new_chat)
         QShortcut(QKeySequence(Qt.Key.Key_Escape), self, activated=c.stop)
         QShortcut(QKeySequence("Ctrl+,"), self, activated=self.settings_button.toggle)
         QShortcut(QKeySequence.StandardKey.Find, self, activated=self.sidebar.search.setFocus)
@@ -322,6 +322,10 @@ class MainWindow(QMainWindow):
         self.models_page.show_added(choice)
 
     # -- rendering the controller's state -----------------------------------------------------------------
+    def _new_chat(self) -> None:
+        self.defaults_page.flush()  # an edit of the defaults still settling applies to this chat
+        self.controller.new_conversation()
+
     def _send(self, text: str) -> None:
         self.settings_panel.flush()
         self.controller.send(text)

@@ -99,6 +99,11 @@ def test_a_new_chat_starts_from_the_default_settings_not_the_last_chat(qtbot, ma
     ask(qtbot, session, "hello again")
     c.new_conversation()
     assert (c.settings().system_prompt, c.settings().temperature) == ("Answer in one sentence.", 0.2)
+    ask(qtbot, session, "and again")
+    window.show_page("defaults")
+    page.panel.inputs["temperature"].setValue(0.3)
+    emit(window.sidebar.new_requested)  # at once, before the edit's pause: it applies to this new chat too
+    assert (c.settings().system_prompt, c.settings().temperature) == ("Answer in one sentence.", 0.3)
     assert window.settings_panel.system_prompt.toPlainText() == "Answer in one sentence."
     window.settings_panel.inputs["top_k"].setValue(3)
     window.settings_panel.flush()

@@ -11,11 +11,13 @@ import dataclasses
 
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
+from engine.context import reply_room
 from engine.reasoning import ReasoningProfile, ReasoningSplitter
 from engine.thermal import Mode
 
 from .chat_settings import ChatSettings
 from .builtin_model import BUILTIN_MODEL_NAME
+from .model_names import display_name
 from .qt_compat import emit
 from .store import ConversationStore, Message, ReplyWriter
 from .engine_host import EngineHost
@@ -51,7 +53,8 @@ class ChatController(QObject):
         model_changed(dict): the loaded model's info (path, name, n_ctx, notices); {} while none is loaded.
         status(str): a short line for the status bar.
         notice(str, str): kind ("info", "warning", "error") and a message for the user.
-        context_usage(int, int): tokens used and the context length, for the shown conversation.
+        context_usage(int, int, int): tokens used, the context length and the tokens it keeps for the reply, for
+            the shown conversation.
         conversation_deleted(int, str): id and title, so the view can offer to undo.
         reply_finished(int, dict): message id and stats of a finished reply.
     """
@@ -65,7 +68,7 @@ class ChatController(QObject):
     model_changed = Signal(object)
     status = Signal(str)
     notice = Signal(str, str)
-    context_usage = Signal(int, int)
+    context_usage = Signal(int, int, int)
     conversation_deleted = Signal(int, str)
     reply_finished = Signal(int, object)
 
@@ -134,7 +137,15 @@ class ChatController(QObject):
         return messages
 
     def settings(self) -> ChatSettings:
-        return self.store.conversation(self.current_id).settings if self.current_id else ChatSettings()
+        return self.store.conversation(self.current_id).settings if self.current_id else self.default_settings()
+
+    def default_settings(self) -> ChatSettings:
+        """The app-wide settings new conversations start from."""
+        return self.store.default_settings()
+
+    def set_default_settings(self, settings: ChatSettings) -> None:
+        """Change what new conversations start from; existing conversations keep their own settings."""
+        self.store.set_default_settings(settings)
 
     def model_path(self) -> str | None:
         if self.current_id is not None:
@@ -146,13 +157,7 @@ class ChatController(QObject):
     def model_name(self) -> str:
         """A readable name for the shown conversation's model, loaded or not."""
         path = self.model_path()
-        if not path:
-            return "No model"
-        if path == self.builtin_path:
-            return BUILTIN_MODEL_NAME
-        if self.model_info.get("path") == path:
-            return self.model_info.get("name") or path
-        return path.replace("\\", "/").rsplit("/", 1)[-1]
+        return self._display_name(path) if path else "No model"
 
     def reasoning(self) -> ReasoningProfile:
         """How the loaded model's chat template handles reasoning (none while no model is loaded)."""
@@ -178,9 +183,10 @@ class ChatController(QObject):
             self.open_conversation(self.current_id)
             return self.current_id
         current = self.store.conversation(self.current_id) if self.current_id else None
-        # None means "the default model", so the built-in model's path is not frozen into every conversation
+        # None means "the default model", so the built-in model's path is not frozen into every conversation; the
+        # settings are the app-wide defaults, never the last chat's system prompt or sampling
         conv = self.store.create_conversation("New chat", current.model_path if current else None,
-                                              current.settings if current else ChatSettings())
+                                              self.store.default_settings())
         emit(self.conversations_changed)
         self.open_conversation(conv.id)
         return conv.id
@@ -378,10 +384,15 @@ class ChatController(QObject):
             return
         del self._replies[reply.conversation_id]
         state = "stopped" if stats.get("finish_reason") == "cancelled" else "complete"
+        stats = {**stats, **self._author_stats(reply)}
         reply.writer.finish(state, stats)
         if stats.get("dropped"):
-            emit(self.notice, "warning", f"{stats['dropped']} older messages did not fit in the context window "
-                                        f"({stats.get('n_ctx')} tokens) and were left out of this answer.")
+            settings = self.store.conversation(reply.conversation_id).settings
+            n_ctx = stats.get("n_ctx") or settings.n_ctx
+            room = reply_room(n_ctx, settings.max_tokens)
+            emit(self.notice, "warning", f"{stats['dropped']} older messages did not fit in the context of "
+                                        f"{n_ctx:,} tokens, which keeps {room:,} for the reply, and were left out "
+                                        "of this answer.")
         if stats.get("speculation_notice"):
             emit(self.notice, "warning", stats["speculation_notice"])
         self._after_reply(reply, stats)
@@ -392,9 +403,21 @@ class ChatController(QObject):
         if reply is None:
             return
         del self._replies[reply.conversation_id]
-        reply.writer.finish("error", {"error": message})
+        reply.writer.finish("error", {"error": message, **self._author_stats(reply)})
         emit(self.notice, "error", message)
         self._after_reply(reply, {"error": message})
+
+    def _author_stats(self, reply: _Reply) -> dict:
+        """Which model wrote a reply, kept in its stats: its display name and file (no directory, for exports)."""
+        path = reply.model[0]
+        return {"model_name": self._display_name(path), "model_file": path.replace("\\", "/").rsplit("/", 1)[-1]}
+
+    def _display_name(self, path: str) -> str:
+        if path == self.builtin_path:
+            return BUILTIN_MODEL_NAME
+        if self.model_info.get("path") == path and self.model_info.get("name"):
+            return self.model_info["name"]
+        return display_name(None, path)
 
     @Slot()
     def _flush_replies(self) -> None:
@@ -416,6 +439,8 @@ class ChatController(QObject):
     def _on_loaded(self, info: dict) -> None:
         if info.get("path") == self.builtin_path:
             info = {**info, "name": BUILTIN_MODEL_NAME}
+        else:
+            info = {**info, "name": display_name(info.get("name"), info.get("path"))}
         self.model_info = info
         emit(self.model_changed, info)
         emit(self.status, f"{info.get('name', 'Model')} is ready")
@@ -438,7 +463,7 @@ class ChatController(QObject):
                 used = m.stats["context_used"]
                 n_ctx = m.stats.get("n_ctx", n_ctx)
                 break
-        emit(self.context_usage, used, n_ctx)
+        emit(self.context_usage, used, n_ctx, reply_room(n_ctx, self.settings().max_tokens))
 
 
 def _title_from(text: str) -> str:

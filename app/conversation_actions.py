@@ -11,6 +11,7 @@ from engine.session import SessionError, read_conversation
 from . import conversation_export as ce
 from .chat_controller import ChatController
 from .builtin_model import BUILTIN_MODEL_NAME
+from .model_names import display_name
 from .qt_compat import emit
 from .store import Conversation
 
@@ -46,7 +47,7 @@ class ConversationActions(QObject):
         info = self.controller.model_info
         if info.get("path") == path and info.get("sha256"):
             return ce.ModelIdentity(info.get("name") or file, info["sha256"], file)
-        name = BUILTIN_MODEL_NAME if path == self.controller.builtin_path else Path(path).stem
+        name = BUILTIN_MODEL_NAME if path == self.controller.builtin_path else display_name(None, path)
         return ce.ModelIdentity(name, None, file)
 
     def _model_path_for(self, imported: ce.ImportedConversation) -> tuple[str | None, str | None]:

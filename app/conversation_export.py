@@ -22,6 +22,7 @@ from engine import __version__
 from engine.atomic_write import atomic_write
 
 from .chat_settings import ChatSettings
+from .model_names import reply_author
 from .store import Conversation, ConversationStore
 
 FORMAT, VERSION = "hearth-conversation", 2  # 2: a message's "thinking", the "enable_thinking" setting
@@ -118,7 +119,11 @@ def to_markdown(document: dict) -> str:
         lines += ["## System prompt", "", *[f"> {line}" for line in document["system_prompt"].splitlines()], ""]
     for m in document["messages"]:
         note = "" if m["state"] == "complete" else f" ({m['state']})"
-        lines += [f"## {m['role'].capitalize()} — {_readable_time(m['created_at'])}{note}", ""]
+        author = m["role"].capitalize()
+        if m["role"] == "assistant":  # the model that wrote this reply, from its stats
+            written_by = reply_author(m.get("stats") or {}, "")
+            author += f" ({written_by})" if written_by else ""
+        lines += [f"## {author} — {_readable_time(m['created_at'])}{note}", ""]
         if m.get("thinking"):
             lines += [*_thinking_quote(m["thinking"], m.get("stats", {}).get("thinking_tokens")), ""]
         lines += [m["content"], ""]

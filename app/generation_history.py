@@ -17,6 +17,7 @@ from typing import TextIO
 
 from engine.atomic_write import atomic_write
 
+from .model_names import reply_author
 from .store import ConversationStore, Message
 
 # (field, CSV header, table header)
@@ -24,14 +25,18 @@ COLUMNS = (
     ("started", "started", "Started"),
     ("conversation", "conversation", "Conversation"),
     ("model", "model", "Model"),
-    ("prompt_tokens", "prompt_tokens", "In"),
-    ("cached_tokens", "cached_tokens", "Cached"),
-    ("generated_tokens", "generated_tokens", "Out"),
+    ("prompt_tokens", "prompt_tokens", "Prompt"),
+    ("cached_tokens", "cached_tokens", "Reused"),
+    ("generated_tokens", "generated_tokens", "Reply"),
     ("time_to_first_token_s", "time_to_first_token_s", "First token"),
-    ("prefill_tps", "prefill_tokens_per_s", "Prefill"),
-    ("decode_tps", "decode_tokens_per_s", "Decode"),
+    ("prefill_tps", "prefill_tokens_per_s", "Reading"),
+    ("decode_tps", "decode_tokens_per_s", "Writing"),
     ("finish_reason", "finish_reason", "Ended"),
 )
+
+
+ENDINGS = {"eos": "finished", "stop": "finished", "length": "length limit", "context": "context full",
+           "cancelled": "stopped", "error": "error", "interrupted": "interrupted"}  # the table's words; CSV keeps keys
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +64,8 @@ class GenerationRecord:
         s = message.stats
         ttft = s.get("time_to_first_token_s", s.get("prefill_s", 0.0))
         reason = s.get("finish_reason") or ("error" if "error" in s else message.state)
-        return cls(message.id, conversation, message.created_at, s.get("model", ""), int(s.get("prompt_tokens", 0)),
+        model = reply_author(s, "")  # the model that wrote it, by its display name
+        return cls(message.id, conversation, message.created_at, model, int(s.get("prompt_tokens", 0)),
                    int(s.get("cached_tokens", 0)), int(s.get("generated_tokens", 0)), float(ttft),
                    float(s.get("prefill_tps", 0.0)), float(s.get("decode_tps", 0.0)), reason)
 
@@ -67,7 +73,8 @@ class GenerationRecord:
         """The table's text for each column."""
         return [self.started[5:16].replace("-", "/", 1), self.conversation, self.model, f"{self.prompt_tokens:,}",
                 f"{self.cached_tokens:,}", f"{self.generated_tokens:,}", f"{self.time_to_first_token_s:.2f} s",
-                f"{self.prefill_tps:,.0f} tok/s", f"{self.decode_tps:,.1f} tok/s", self.finish_reason]
+                f"{self.prefill_tps:,.0f} tok/s", f"{self.decode_tps:,.1f} tok/s",
+                ENDINGS.get(self.finish_reason, self.finish_reason)]
 
 
 def recent_generations(store: ConversationStore, limit: int = 50) -> list[GenerationRecord]:

@@ -1,4 +1,5 @@
-"""The models the app can offer: the model library's entries as plain rows for the Models page."""
+"""The models the app can offer: the model library's entries as plain rows for the Models page, each with a clean
+display name and, for a model without a chat template, the base-model label."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import dataclasses
 from pathlib import Path
 
 from .builtin_model import BUILTIN_MODEL_NAME
+from .model_names import display_name
+
+METADATA_CACHE_FILE = "model-metadata-cache.json"  # the model library's cache of GGUF facts, in the data dir
 
 
 @dataclasses.dataclass(frozen=True)
@@ -15,6 +19,10 @@ class ModelChoice:
     detail: str  # architecture, size, quantization, context, where it lives
     usable: bool
     problem: str | None = None
+    base_model: bool = False  # no chat template: a text-completion model, not a chat model
+
+
+BASE_MODEL_LABEL = "base model — text completion"
 
 
 def _size(n: int) -> str:
@@ -48,6 +56,14 @@ class ModelChoices:
         """
         return self._row(self._library().import_file(Path(path), mode="link", keep_unrunnable=True))
 
+    def is_base_model(self, path: str | None) -> bool:
+        """Whether the GGUF at ``path`` is a base model: readable, but without a chat template (read once, cached)."""
+        if not path or (self.builtin is not None and Path(path) == self.builtin):
+            return False
+        from .models.metadata_cache import MetadataCache
+        info = MetadataCache(self.data_dir / METADATA_CACHE_FILE).lookup([Path(path)])[Path(path)]
+        return info.error is None and not info.has_chat_template
+
     def plan_removal(self, path: str):
         """What removing the model at ``path`` would do (a ``RemovalPlan``); raises LibraryError when refused."""
         library = self._library()
@@ -74,5 +90,9 @@ class ModelChoices:
                              entry.origin or entry.source) if p]
         if entry.supported and info.memory_bytes:
             parts.insert(0, f"Runs here · needs {_size(info.memory_bytes)}")
-        name = f"{BUILTIN_MODEL_NAME} (built-in)" if entry.source == "builtin" else info.title or entry.name
-        return ModelChoice(name, str(entry.path), " · ".join(parts), entry.supported, entry.problem)
+        base = info.error is None and not info.has_chat_template
+        if base:
+            parts.insert(0, BASE_MODEL_LABEL)
+        name = f"{BUILTIN_MODEL_NAME} (built-in)" if entry.source == "builtin" else \
+            display_name(info.title, entry.path.name, entry.repo)
+        return ModelChoice(name, str(entry.path), " · ".join(parts), entry.supported, entry.problem, base)

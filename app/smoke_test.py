@@ -1,5 +1,10 @@
 """``--smoke-test OUTDIR``: chat once with the real window and model, screenshot every page, write a transcript.
 
+Then the labels: a conversation where two models answered (the second reply a stored sample whose stats name
+another model; ``chat-two-models*.png``), the Models page's inline error for a file that is not a model
+(``models-add-error*.png``), the Default settings page (``defaults*.png``), and a copy of the built-in model
+without its chat template opened as a base model (``chat-base-model*.png``).
+
 The built-in model does not think, so the Thinking block is shown on a stored sample: a reply written the way
 Qwen3 writes one (``<think>…</think>`` then the answer), fed through the app's own reply writer and reasoning
 splitter, tokenized by the built-in model's tokenizer for its token count, and opened in the real window
@@ -8,9 +13,12 @@ splitter, tokenized by the built-in model's tokenizer for its token count, and o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,6 +30,7 @@ from engine.reasoning import THINK, ReasoningSplitter, count_thinking_tokens
 from engine.tokenizer import IncrementalDecoder, Tokenizer
 
 from .app_session import AppSession
+from .qt_compat import emit
 from .ui.theme import dark_palette
 
 PROMPT = "Hello! Who are you?"
@@ -39,6 +48,26 @@ THINKING_REPLY = (  # as a thinking model (Qwen3, SmolLM3) writes it; a sample, 
     "7 × 13 = 91 and 7 × 14 = 98.\nNo divisor, so 97 is prime.\n</think>\n\n"
     "Yes — **97 is a prime number**. It is not divisible by 2, 3, 5 or 7, and those are the only primes up to "
     "√97 ≈ 9.8, so it has no divisors other than 1 and itself.")
+TWO_MODELS_PROMPT = "And in one sentence?"
+TWO_MODELS_REPLY = "I am a small language model running on this computer."  # a sample, not generated here
+TWO_MODELS_STATS = {"model": "Qwen2.5 0.5B Instruct AWQ", "model_name": "Qwen2.5 0.5B Instruct",
+                    "model_file": "qwen2.5-0.5b-instruct-q4_k_m.gguf", "generated_tokens": 12, "prefill_s": 0.08,
+                    "decode_tps": 41.0, "finish_reason": "eos"}
+
+
+def write_without_chat_template(source: Path, target: Path) -> None:
+    """Copy a GGUF without its chat template (as a base model ships), through the gguf package's own copier."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import copy_with_new_metadata
+
+    reader = gguf.GGUFReader(source)
+    arch = reader.get_field(gguf.Keys.General.ARCHITECTURE).contents()
+    writer = gguf.GGUFWriter(target, arch=arch, endianess=reader.endianess)
+    alignment = reader.get_field(gguf.Keys.General.ALIGNMENT)
+    if alignment is not None:
+        writer.data_alignment = alignment.contents()
+    with contextlib.redirect_stderr(io.StringIO()):  # its progress bar
+        copy_with_new_metadata(reader, writer, {}, [gguf.Keys.Tokenizer.CHAT_TEMPLATE])
 
 
 class SmokeTest(QObject):
@@ -109,6 +138,7 @@ class SmokeTest(QObject):
 
     def _capture(self, message_id: int, stats: dict) -> None:
         window = self.session.window
+        self.first_reply_id = message_id
         reply = self.session.store.message(message_id).content
         if not reply.strip():
             self._fail("the model answered with empty text")
@@ -175,6 +205,65 @@ class SmokeTest(QObject):
             "note": "a stored sample reply (the built-in model does not think), split by the app's reply writer",
             "prompt": THINKING_PROMPT, "thinking": message.thinking, "answer": message.content,
             "stats": message.stats}
+        self._capture_labels()
+
+    def _capture_labels(self) -> None:
+        """Replies labelled by model, the Models page's inline error, the defaults page; then the base model."""
+        self.transcript["two_models"] = self._store_two_model_chat()
+        QTimer.singleShot(300, self._grab_labels)  # once the previous conversation's widgets are gone
+
+    def _grab_labels(self) -> None:
+        window, pages = self.session.window, self.pages
+        self.transcript["two_models"]["authors"] = [w._author.text() for w in window.chat_view.widgets.values()]
+        pages["chat-two-models"] = self._grab("chat-two-models")
+        pages["chat-two-models-dark"] = self._grab_dark("chat-two-models-dark")
+        broken = self.out / "not-a-model.gguf"
+        broken.write_bytes(b"This file is not a GGUF model.\n")
+        window.show_page("models")
+        emit(window.models_page.add_requested, str(broken))
+        pages["models-add-error"] = self._grab("models-add-error")
+        pages["models-add-error-dark"] = self._grab_dark("models-add-error-dark")
+        window.show_page("defaults")
+        pages["defaults-dark"] = self._grab_dark("defaults-dark")
+        window.show_page("chat")
+        self._open_base_model()
+
+    def _store_two_model_chat(self) -> dict:
+        """The first real answer (the built-in model's) and a stored sample answer recorded as another model's."""
+        c, store = self.session.controller, self.session.store
+        first = store.message(self.first_reply_id)
+        conv = c.new_conversation()
+        c.rename(conv, "Two models (second reply: a sample)")
+        store.add_message(conv, "user", PROMPT)
+        store.add_message(conv, "assistant", first.content, stats=first.stats)
+        store.add_message(conv, "user", TWO_MODELS_PROMPT)
+        store.add_message(conv, "assistant", TWO_MODELS_REPLY, stats=TWO_MODELS_STATS)
+        c.open_conversation(conv)
+        return {"note": "the first reply is the built-in model's real answer above; the second is a stored sample "
+                        "whose stats name another model"}
+
+    def _open_base_model(self) -> None:
+        """A copy of the built-in model without its chat template, in a new conversation, before its first message."""
+        c = self.session.controller
+        base = Path(tempfile.mkdtemp(prefix="hearth-smoke-")) / "smollm2-135m-no-template.gguf"
+        write_without_chat_template(Path(c.builtin_path), base)
+        self._scratch = base
+        c.new_conversation()
+        c.model_changed.connect(self._on_base_model)
+        c.set_model(str(base))
+
+    def _on_base_model(self, info: dict) -> None:
+        c = self.session.controller
+        c.model_changed.disconnect(self._on_base_model)
+        if not info:
+            self._fail("the copy of the built-in model without a chat template did not load")
+            return
+        self.pages["chat-base-model"] = self._grab("chat-base-model")
+        self.pages["chat-base-model-dark"] = self._grab_dark("chat-base-model-dark")
+        self.transcript["base_model"] = {"model_text": self.session.window.composer.model_label.text()}
+        with contextlib.suppress(OSError):  # (a file still mapped cannot be deleted on Windows: the OS's temp dir)
+            self._scratch.unlink()
+            self._scratch.parent.rmdir()
         (self.out / "transcript.json").write_text(json.dumps(self.transcript, indent=2, ensure_ascii=False))
         self.exit_code = 0
         QApplication.instance().quit()

@@ -19,6 +19,7 @@ from engine.reasoning import ReasoningSplitter
 from .chat_settings import ChatSettings
 
 DB_FILENAME = "conversations.db"
+DEFAULT_SETTINGS_KEY = "default_chat_settings"  # app_settings key of the settings new conversations start from
 MESSAGE_STATES = ("complete", "streaming", "stopped", "interrupted", "error")
 
 
@@ -340,6 +341,14 @@ class ConversationStore:
         with self._transaction():
             self.db.execute("INSERT INTO app_settings (key, value) VALUES (?, ?)"
                             " ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, json.dumps(value)))
+
+    def default_settings(self) -> ChatSettings:
+        """The settings a new conversation starts from (the "Default settings" page); ChatSettings() until edited."""
+        stored = self.setting(DEFAULT_SETTINGS_KEY)
+        return ChatSettings.from_dict(stored) if isinstance(stored, dict) else ChatSettings()
+
+    def set_default_settings(self, settings: ChatSettings) -> None:
+        self.set_setting(DEFAULT_SETTINGS_KEY, settings.clamped().to_dict())
 
 
 class ReplyWriter:

@@ -16,7 +16,7 @@ import numpy as np
 from .backends import create_backend
 from .chat_template import ChatTemplate
 from .config import ModelConfig
-from .context import fit_messages
+from .context import fit_messages, reply_room
 from .generate import GenerationEvent, prefill, reusable_prefix
 from .gguf_file import GGUFFile, read_gguf
 from .memory_estimate import kv_cache_bytes
@@ -303,14 +303,14 @@ class Model:
     def fit_chat(self, messages: list[dict], max_tokens: int, overflow: str = "drop_oldest",
                  template_vars: dict | None = None) -> tuple[int, list[int]]:
         """How many messages must be dropped (see ``chat``) for the prompt to leave room for the reply, and its ids."""
-        reserve = min(max_tokens, self.n_ctx // 4)
+        reserve = reply_room(self.n_ctx, max_tokens)
         rendered: list[list[int]] = []
 
         def count(msgs: list[dict]) -> int:
             rendered.append(self.chat_ids(msgs, template_vars=template_vars))
             return len(rendered[-1])
 
-        _, dropped = fit_messages(messages, count, self.n_ctx - reserve, overflow)
+        _, dropped = fit_messages(messages, count, self.n_ctx - reserve, overflow, reply_room=reserve)
         return dropped, rendered[-1]  # fit_messages counts the list it returns last
 
     def start_chat(self, messages: list[dict], params: SamplingParams, max_tokens: int, *, priority: int = 0,

@@ -113,16 +113,26 @@ class Composer(QFrame):
         self.button.setAccessibleName("Stop" if generating else "Send")
         self.button.setIcon(icon("stop" if generating else "send", "on_accent"))
 
-    def set_context_usage(self, used: int, n_ctx: int) -> None:
+    def set_context_usage(self, used: int, n_ctx: int, reply_room: int = 0) -> None:
+        """Show ``used`` of the ``n_ctx`` tokens (the context length the settings show), of which ``reply_room``
+        stay free for the reply: a message must fit in the rest."""
         self.meter.setRange(0, max(n_ctx, 1))
         self.meter.setValue(min(used, max(n_ctx, 1)))
         share = used / n_ctx if n_ctx else 0.0
-        self.meter_label.setText(f"Context {used:,} / {n_ctx:,} tokens" if n_ctx else "")
-        self.meter.setToolTip(f"{share:.0%} of the context window is in use" if n_ctx else "")
+        room = f" ({reply_room:,} for the reply)" if reply_room else ""
+        self.meter_label.setText(f"Context {used:,} / {n_ctx:,} tokens{room}" if n_ctx else "")
+        tip = f"{share:.0%} of the context window is in use" if n_ctx else ""
+        if n_ctx and reply_room:
+            tip += (f". {reply_room:,} tokens stay free for the reply (its length limit, at most a quarter of the "
+                    f"context), so the conversation can use {n_ctx - reply_room:,}; older messages are left out "
+                    "when it needs more.")
+        self.meter.setToolTip(tip)
+        self.meter_label.setToolTip(tip)
         self.meter.setProperty("full", share > 0.85)
 
     def set_model_text(self, text: str) -> None:
         self.model_label.setText(text)
+        self.model_label.setToolTip(text)  # the whole of it when a narrow window clips it
 
     def _on_submit(self) -> None:
         if self.generating:

@@ -24,8 +24,9 @@ WINDOWS_S = (60, 120, 300)
 HISTORY_ROWS = 50
 EXPORT_LIMIT = 100_000
 
-LIMITS_TIP = ("Solid: what the engine uses now (one answer at a time, prefill chunks of at most 128 tokens). "
-              "Dashed: what the thermal policy allows, as of the engine's last step.")
+LIMITS_TIP = ("How hard the engine works. Prompt chunk: how many prompt tokens it reads in one step (at most 128). "
+              "Replies at once: how many answers it writes together. Solid: what it uses now. Dashed: what the "
+              "thermal policy allows, as of the engine's last step.")
 CARD_ORDER = ("decode", "prefill", "cpu", "thermal", "process", "system", "limits", "memory")
 FOUR_COLUMNS_PX, TWO_COLUMNS_PX = 960, 480  # page widths from which the cards sit 4 or 2 to a row
 
@@ -51,7 +52,8 @@ class MemoryView(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.process_bar, self.kv_bar = StackedBar(), StackedBar()
-        self.process_text, self.kv_title, self.kv_text, self.warning = QLabel(), QLabel("KV cache"), QLabel(), QLabel()
+        self.process_text, self.kv_text, self.warning = QLabel(), QLabel(), QLabel()
+        self.kv_title = QLabel("Conversation memory (KV cache)")
         self.kv_title.setObjectName("cardTitle")
         for label in (self.process_text, self.kv_text, self.warning):
             label.setTextFormat(Qt.TextFormat.RichText)
@@ -170,8 +172,8 @@ class DashboardPage(QScrollArea):
     def _make_charts(self) -> dict[str, tuple[str, TimeChart]]:
         cores = self.telemetry.sampler.cpu_count
         return {
-            "decode": ("Decode speed", TimeChart([Line("decode_tps", "decode")], "tok/s", y_floor=10)),
-            "prefill": ("Prompt processing", TimeChart([Line("prefill_tps", "prefill", step=True, markers=True)],
+            "decode": ("Reply speed", TimeChart([Line("decode_tps", "decode")], "tok/s", y_floor=10)),
+            "prefill": ("Prompt reading speed", TimeChart([Line("prefill_tps", "prefill", step=True, markers=True)],
                                                        "tok/s", y_floor=100)),
             "cpu": ("CPU", TimeChart([Line("cpu_system", "system"), Line("cpu_process", "hearth")],
                                      f"% of {cores} cores", y_max=100)),
@@ -183,11 +185,11 @@ class DashboardPage(QScrollArea):
                  Line("device_cache_bytes", "other", 1e-6)], "MB", y_floor=100)),
             "system": ("System memory", TimeChart([Line("system_used", "system", 1e-9),
                                                    Line("system_available", "available", 1e-9)], "GB")),
-            "limits": ("Engine limits", TimeChart(
+            "limits": ("Workload limits", TimeChart(
                 [Line("allowed_chunk", "chunk", step=True, dashed=True), Line("prefill_chunk", "chunk", step=True),
                  Line("allowed_batch", "batch", step=True, dashed=True, right=True),
                  Line("batch", "batch", step=True, right=True)],
-                "tokens", y_max=640, y_ticks=6, right_title="sequences", right_max=16)),
+                "tokens", y_max=640, y_ticks=6, right_title="replies", right_max=16)),
         }
 
     def _history_card(self) -> ChartCard:
@@ -210,8 +212,9 @@ class DashboardPage(QScrollArea):
         card.header.addWidget(self.export_status)
         card.header.addWidget(self.export_button)
         card.legend.hide()
-        self.table.setToolTip("Per answer: prompt tokens in (and how many were reused from the prompt cache), tokens "
-                              "out, time to first token, prompt processing and decode speed")
+        self.table.setToolTip("Per answer: the model that wrote it, its prompt's tokens (and how many were reused from "
+                              "memory), the reply's tokens, time to first token, and the speed of reading the prompt "
+                              "and of writing the reply")
         return card
 
     def _arrange(self, columns: int) -> None:
@@ -292,8 +295,9 @@ class DashboardPage(QScrollArea):
         cards["process"].set_legend(_process_items(s, e))
         cards["system"].set_legend([("system", f"used {format_bytes(s.used_bytes)}"),
                                     ("available", f"available {format_bytes(s.available_bytes)}")])
-        chunk = f"chunk {e.prefill_chunk or '–'} (≤ {s.allowed_prefill_chunk})"
-        cards["limits"].set_legend([("chunk", chunk), ("batch", f"batch {e.batch} (≤ {s.allowed_batch})")])
+        chunk = f"prompt chunk {e.prefill_chunk or '–'} tokens (up to {s.allowed_prefill_chunk})"
+        replies = f"replies at once {e.batch} (up to {s.allowed_batch})"
+        cards["limits"].set_legend([("chunk", chunk), ("batch", replies)])
         decision = t.decision
         cards["limits"].setToolTip(LIMITS_TIP if decision is None else f"{LIMITS_TIP}\n\n{_decision_text(decision)}")
         self.memory_view.show_breakdown(t.breakdown(), t.warnings())
@@ -368,7 +372,7 @@ def _thermal_text(s: SystemSample) -> str:
 def _process_items(s: SystemSample, e: EngineSample) -> list[tuple[str, str]]:
     items = [("hearth", f"Hearth {format_bytes(s.rss_bytes)}")]
     if e.kv is not None:
-        items.append(("kv", f"KV {format_bytes(e.kv.allocated_bytes)}"))
+        items.append(("kv", f"conversation memory (KV cache) {format_bytes(e.kv.allocated_bytes)}"))
     if e.device_active_bytes is not None:
         peak = format_bytes(e.device_peak_bytes or 0)
         items.append(("device", f"MLX active {format_bytes(e.device_active_bytes)} (peak {peak})"))

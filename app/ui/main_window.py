@@ -1,4 +1,5 @@
-"""The main window: navigation rail, the Chat page (sidebar, messages, composer, settings) and the Models page."""
+"""The main window: navigation rail, the Chat page (sidebar, messages, composer, settings), the Models page, the
+dashboard and the Default settings page."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ from ..conversation_actions import ConversationActions
 from ..downloads_bridge import DownloadsBridge
 from ..draft_models import DraftCompatibility
 from ..generation_history import recent_generations
-from ..model_choices import ModelChoices
+from ..model_choices import BASE_MODEL_LABEL, ModelChoices
 from ..telemetry import Telemetry
 from .about_dialog import AboutDialog
 from .chat_view import ChatView
 from .composer import Composer
 from .dashboard_page import DashboardPage
+from .default_settings_page import DefaultSettingsPage
 from .conversation_menu import ConversationMenu
 from .downloads_panel import DownloadsPanel
 from .models_page import ModelsPage
@@ -27,7 +29,9 @@ from .sidebar import Sidebar
 from .status_strip import StatusStrip
 from .theme import app_icon, icon
 
-PAGES = ("chat", "models", "dashboard")
+PAGES = ("chat", "models", "dashboard", "defaults")
+RAIL = (("chat", "Chat", "chat"), ("models", "Models", "models"), ("dashboard", "Live", "dashboard"),
+        ("defaults", "Defaults", "settings"))  # page, label, icon
 
 
 class MainWindow(QMainWindow):
@@ -50,6 +54,7 @@ class MainWindow(QMainWindow):
         self.confirm = lambda title, text: QMessageBox.question(self, title, text) == QMessageBox.StandardButton.Yes
         self._deleted: tuple[int, str] | None = None
         self._model_info: dict = {}  # the loaded model's name, backend, ... as the controller last reported
+        self._base_models: dict[str | None, bool] = {}  # model path -> no chat template
         self.setWindowIcon(app_icon())
         self.resize(1180, 760)
         self.setMinimumSize(720, 480)
@@ -104,8 +109,11 @@ class MainWindow(QMainWindow):
         self.models_page = ModelsPage(downloads=self.downloads_panel)
         self.dashboard = DashboardPage(self.telemetry, lambda limit: recent_generations(self.controller.store, limit),
                                        thermal_mode=self.controller)
+        self.defaults_page = DefaultSettingsPage()
+        self.defaults_page.set_defaults(self.controller.default_settings())
         self.stack = QStackedWidget()
-        self.pages = {"chat": self.splitter, "models": self.models_page, "dashboard": self.dashboard}
+        self.pages = {"chat": self.splitter, "models": self.models_page, "dashboard": self.dashboard,
+                      "defaults": self.defaults_page}
         for name in PAGES:
             self.stack.addWidget(self.pages[name])
         self.rail = QFrame()
@@ -115,14 +123,14 @@ class MainWindow(QMainWindow):
         rail_layout.setSpacing(6)
         self.nav = QButtonGroup(self)
         self.nav_buttons = {}
-        for index, (name, label) in enumerate((("chat", "Chat"), ("models", "Models"), ("dashboard", "Live"))):
+        for index, (name, label, icon_name) in enumerate(RAIL):
             button = QToolButton()
             button.setText(label)
             button.setCheckable(True)
             button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextUnderIcon)
             button.setIconSize(QSize(22, 22))
             button.setFixedWidth(64)
-            button.setIcon(icon(name))
+            button.setIcon(icon(icon_name))
             self.nav.addButton(button, index)
             self.nav_buttons[name] = button
             rail_layout.addWidget(button)
@@ -152,7 +160,7 @@ class MainWindow(QMainWindow):
     def _connect(self) -> None:
         c = self.controller
         self.nav.idClicked.connect(lambda index: self.show_page(PAGES[index]))
-        self.sidebar.new_requested.connect(c.new_conversation)
+        self.sidebar.new_requested.connect(self._new_chat)
         self.sidebar.selected.connect(c.open_conversation)
         self.sidebar.rename_requested.connect(c.rename)
         self.sidebar.delete_requested.connect(c.delete_conversation)
@@ -163,6 +171,8 @@ class MainWindow(QMainWindow):
         self.chat_view.delete_requested.connect(c.delete_message)
         self.chat_view.regenerate_requested.connect(c.regenerate)
         self.settings_panel.settings_changed.connect(c.update_settings)
+        self.settings_panel.reset_settings = c.default_settings
+        self.defaults_page.defaults_changed.connect(c.set_default_settings)
         self.settings_panel.choose_model_requested.connect(lambda: self.show_page("models"))
         self.settings_button.toggled.connect(self._show_settings)
         self.models_page.use_requested.connect(self._use_model)
@@ -185,7 +195,7 @@ class MainWindow(QMainWindow):
         c.model_changed.connect(self.dashboard.set_model)
         c.reply_finished.connect(lambda *_: self.dashboard.refresh_generations())
         self.status_strip.activated.connect(lambda: self.show_page("dashboard"))
-        QShortcut(QKeySequence.StandardKey.New, self, activated=c.new_conversation)
+        QShortcut(QKeySequence.StandardKey.New, self, activated=self._new_chat)
         QShortcut(QKeySequence(Qt.Key.Key_Escape), self, activated=c.stop)
         QShortcut(QKeySequence("Ctrl+,"), self, activated=self.settings_button.toggle)
         QShortcut(QKeySequence.StandardKey.Find, self, activated=self.sidebar.search.setFocus)
@@ -250,8 +260,8 @@ class MainWindow(QMainWindow):
         self._tell("info", f"Removed {plan.entry.name}.")
 
     def _tell(self, kind: str, text: str) -> None:
-        """A notice for the chat page and the status bar (the notice bar is not on the Models page)."""
-        self.notice_bar.show_notice(kind, text)
+        """What came of an action on the Models page: shown there, where it was taken, and in the status bar."""
+        self.models_page.show_message(kind, text)
         self.statusBar().showMessage(text, 15000)
 
     def _show_settings(self, visible: bool) -> None:
@@ -269,6 +279,7 @@ class MainWindow(QMainWindow):
         return dialog
 
     def show_page(self, name: str) -> None:
+        self.defaults_page.flush()  # an edit of the defaults applies before the next new chat
         self.stack.setCurrentWidget(self.pages[name])
         self.nav_buttons[name].setChecked(True)
         if name == "models":
@@ -278,7 +289,7 @@ class MainWindow(QMainWindow):
         try:
             models = self.model_choices.list()
         except Exception as exc:  # noqa: BLE001 - a broken scan must not take the window down
-            self.notice_bar.show_notice("error", f"Could not list the models: {exc}")
+            self.models_page.show_message("error", f"Could not list the models: {exc}")
             models = []
         self.models_page.set_models(models, self.controller.model_path())
         self._refresh_draft_models(models)
@@ -301,16 +312,20 @@ class MainWindow(QMainWindow):
         self.show_page("chat")
 
     def _add_model(self, path: str) -> None:
+        """Add a file to the library, and only that: the open conversation keeps its model."""
         try:
             choice = self.model_choices.add_file(path)
         except Exception as exc:  # noqa: BLE001 - the library explains what is wrong with the file
-            self.notice_bar.show_notice("error", f"Could not add {path}: {exc}")
+            self.models_page.show_add_failed(path, str(exc))
             return
         self._refresh_models()
-        if choice.usable:
-            self._use_model(choice.path)
+        self.models_page.show_added(choice)
 
     # -- rendering the controller's state -----------------------------------------------------------------
+    def _new_chat(self) -> None:
+        self.defaults_page.flush()  # an edit of the defaults still settling applies to this chat
+        self.controller.new_conversation()
+
     def _send(self, text: str) -> None:
         self.settings_panel.flush()
         self.controller.send(text)
@@ -343,7 +358,21 @@ class MainWindow(QMainWindow):
     def _empty_text(self) -> str:
         name = self.controller.model_info.get("name")
         state = f"{name} is ready." if name else "The model is loading; you can start typing."
+        if self._is_base_model():
+            state += (f"</p><p><b>{self.controller.model_name()} is a {BASE_MODEL_LABEL}.</b> It was not trained to "
+                      "chat: it continues the text it is given, so its answers may ramble or repeat. Choose a chat "
+                      "(instruct) model on the Models page to chat.")
         return f"<h2>Start a conversation</h2><p>{state}</p><p>Everything stays on this computer.</p>"
+
+    def _is_base_model(self) -> bool:
+        """Whether the shown conversation's model has no chat template (read from the file once per path)."""
+        path = self.controller.model_path()
+        if path not in self._base_models:
+            try:
+                self._base_models[path] = self.model_choices.is_base_model(path)
+            except Exception:  # noqa: BLE001 - an unreadable file is reported when it loads; no label then
+                self._base_models[path] = False
+        return self._base_models[path]
 
     def _on_model_changed(self, info: dict) -> None:
         self._model_info = dict(info or {})
@@ -354,7 +383,7 @@ class MainWindow(QMainWindow):
 
     def _show_model_text(self) -> None:
         name = self.controller.model_name()
-        self.composer.set_model_text(name)
+        self.composer.set_model_text(f"{name} · {BASE_MODEL_LABEL}" if self._is_base_model() else name)
         self.settings_panel.set_model(name)
         self._refresh_draft_models()
 

@@ -1,5 +1,5 @@
-"""One message in the chat: who said it, its thinking (collapsible), the rendered text, actions (copy, edit, delete,
-regenerate) and stats."""
+"""One message in the chat: who said it (for a reply, the model that wrote it), its thinking (collapsible), the
+rendered text, actions (copy, edit, delete, regenerate) and stats in plain words (the engine's details in a tooltip)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QToolButton, QVBoxLayout,
                                QWidget)
 
+from ..model_names import reply_author
 from ..qt_compat import emit
 from ..speculation import speculation_text
 from ..store import Message
@@ -20,7 +21,8 @@ STATE_NOTES = {"stopped": "stopped", "interrupted": "interrupted — the app clo
 
 
 def stats_text(message: Message) -> str:
-    """The line under an answer: tokens, time to first token, speed, speculative decoding, and how it ended."""
+    """The line under an answer in plain words: tokens, time to first token, speed, and how it ended (the
+    engine's details, speculation and the prompt cache, are in ``stats_details``, the line's tooltip)."""
     s = message.stats
     parts = []
     if "generated_tokens" in s and "prefill_s" in s:
@@ -30,14 +32,6 @@ def stats_text(message: Message) -> str:
         parts.append(f"{s['prefill_s']:.2f} s to first token")
         if s.get("decode_tps"):
             parts.append(f"{s['decode_tps']:.1f} tok/s")
-    if s.get("cached_tokens"):  # the KV cache of the history was reused (restored from a snapshot: where from)
-        where = {"memory": "memory", "disk": "disk", "file": "a saved state"}.get(s.get("restored_from"))
-        parts.append(f"{s['cached_tokens']:,} of {s.get('prompt_tokens', 0):,} prompt tokens cached"
-                     + (f" (restored from {where})" if where else ""))
-    drafted, accepted, speedup = s.get("drafted_tokens", 0), s.get("accepted_tokens", 0), s.get("speedup_estimate")
-    # (an imported conversation's stats are kept as they came: show only well-formed figures)
-    if s.get("speculation") and _is_count(drafted) and _is_count(accepted) and (speedup is None or _is_number(speedup)):
-        parts.append(speculation_text(str(s["speculation"]), drafted, accepted, speedup))
     if s.get("finish_reason") in ("length", "context"):
         parts.append("hit the length limit" if s["finish_reason"] == "length" else "context full")
     if s.get("dropped"):
@@ -45,6 +39,22 @@ def stats_text(message: Message) -> str:
     if message.state in STATE_NOTES:
         parts.append(STATE_NOTES[message.state])
     return " · ".join(parts)
+
+
+def stats_details(message: Message) -> str:
+    """The engine's details of an answer, one per line, for the stats line's tooltip: the prompt cache and
+    speculative decoding; '' when there are none."""
+    s = message.stats
+    lines = []
+    if s.get("cached_tokens"):  # the KV cache of the history was reused (restored from a snapshot: where from)
+        where = {"memory": "memory", "disk": "disk", "file": "a saved state"}.get(s.get("restored_from"))
+        lines.append(f"{s['cached_tokens']:,} of {s.get('prompt_tokens', 0):,} prompt tokens cached"
+                     + (f" (restored from {where})" if where else ""))
+    drafted, accepted, speedup = s.get("drafted_tokens", 0), s.get("accepted_tokens", 0), s.get("speedup_estimate")
+    # (an imported conversation's stats are kept as they came: show only well-formed figures)
+    if s.get("speculation") and _is_count(drafted) and _is_count(accepted) and (speedup is None or _is_number(speedup)):
+        lines.append(speculation_text(str(s["speculation"]), drafted, accepted, speedup))
+    return "\n".join(lines)
 
 
 def _is_number(value) -> bool:
@@ -135,8 +145,10 @@ class MessageWidget(QFrame):
         super().__init__(parent)
         self.message = message
         self.setObjectName("userMessage" if message.role == "user" else "assistantMessage")
-        self._author = QLabel("You" if message.role == "user" else assistant_name)
+        self._assistant_name = assistant_name  # for a reply whose stats do not name its model (yet)
+        self._author = QLabel("You")
         self._author.setObjectName("author")
+        self._author.setTextFormat(Qt.TextFormat.PlainText)  # a model's name comes from files, never markup
         self._author.setMinimumWidth(1)  # a long model name is clipped rather than widening the chat
         self.thinking = ThinkingBlock()
         self.thinking.hide()
@@ -198,13 +210,18 @@ class MessageWidget(QFrame):
         self._error.setVisible(bool(error))
         stats = "" if streaming else stats_text(message)
         self._stats.setText(stats)
+        self._stats.setToolTip("" if streaming else stats_details(message))
         self._stats.setVisible(bool(stats))
+        self.set_author(self._assistant_name)
         for button in (self.copy_button, self.edit_button, self.delete_button):
             button.setEnabled(not streaming)
 
     def set_author(self, assistant_name: str) -> None:
+        """Name the model that wrote this reply: the one its stats record, else ``assistant_name`` (the
+        conversation's model, for a reply still streaming)."""
+        self._assistant_name = assistant_name
         if self.message.role == "assistant":
-            self._author.setText(assistant_name)
+            self._author.setText(reply_author(self.message.stats, assistant_name))
 
     def set_regenerate_visible(self, visible: bool) -> None:
         self.regenerate_button.setVisible(visible)

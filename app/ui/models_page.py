@@ -1,5 +1,6 @@
 """The Models page: the loaded model and its memory, every model in the library with the engine's verdict
-("Runs here · needs 3.1 GB" or, greyed out, "Won't load: <reason>"), adding, removing, downloading."""
+("Runs here · needs 3.1 GB" or, greyed out, "Won't load: <reason>"), adding (a file that cannot be added gets a red
+row saying why), removing, downloading."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from PySide6.QtWidgets import (QFileDialog, QFrame, QHBoxLayout, QLabel, QListWi
                                QSplitter, QVBoxLayout, QWidget)
 
 from ..model_choices import ModelChoice
+from ..paths import file_name
 from ..qt_compat import emit
 
 PATH_ROLE = Qt.ItemDataRole.UserRole
+FAILED_ROLE = Qt.ItemDataRole.UserRole + 1  # a row for a file that could not be added (not in the library)
 WONT_LOAD_COLOR = "#c5322a"  # a row whose model won't load: its reason, last line, stays readable
 
 
@@ -40,6 +43,12 @@ class ModelsPage(QFrame):
         self.current.setObjectName("currentModel")
         self.current.setWordWrap(True)
         self.current.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.message = QLabel()  # what came of the last action taken on this page (adding a file)
+        self.message.setObjectName("modelsMessage")
+        self.message.setWordWrap(True)
+        self.message.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.message.hide()
+        self._failed: dict[str, str] = {}  # files that could not be added: path -> reason, shown as rows
         self.list = QListWidget()
         self.list.setObjectName("modelList")
         self.list.itemDoubleClicked.connect(self._use)
@@ -67,6 +76,7 @@ class ModelsPage(QFrame):
         library_layout = QVBoxLayout(library)
         library_layout.setContentsMargins(0, 0, 0, 0)
         library_layout.addWidget(QLabel("Available models"))
+        library_layout.addWidget(self.message)
         library_layout.addWidget(self.list, 1)
         library_layout.addLayout(buttons)
         if downloads is None:
@@ -82,6 +92,8 @@ class ModelsPage(QFrame):
 
     def set_models(self, models: list[ModelChoice], current_path: str | None) -> None:
         self.list.clear()
+        for path, reason in self._failed.items():
+            self.list.addItem(self._failed_row(path, reason))
         for m in models:
             text = f"{m.name}\n{m.detail}" + (f"\n{m.problem}" if m.problem else "")
             item = QListWidgetItem(text)
@@ -96,6 +108,45 @@ class ModelsPage(QFrame):
         if not models:
             self.list.addItem("No models found. Add a GGUF file to start.")
         self._update_buttons()
+
+    def show_message(self, kind: str, text: str) -> None:
+        """A line above the list saying what came of the last action here ("info" or "error"); '' hides it."""
+        self.message.setText(text)
+        self.message.setProperty("kind", kind)
+        self.message.setStyleSheet(f"color: {WONT_LOAD_COLOR};" if kind == "error" else "")
+        self.message.setVisible(bool(text))
+
+    def show_add_failed(self, path: str, reason: str) -> None:
+        """A file could not be added: a red row for it at the top of the list, and the reason above the list."""
+        reason = reason.replace(path, "the file")  # the library's message names the path the row shows already
+        self._failed[path] = reason
+        self.list.insertItem(0, self._failed_row(path, reason))
+        self.list.scrollToTop()
+        self.show_message("error", f"Could not add {file_name(path)}: {reason}")
+
+    def show_added(self, choice: ModelChoice) -> None:
+        """A file was added: select its row and say how to use it (adding never changes a conversation)."""
+        self._failed.pop(choice.path, None)
+        for row in range(self.list.count()):
+            item = self.list.item(row)
+            if item.data(PATH_ROLE) == choice.path and not item.data(FAILED_ROLE):
+                self.list.setCurrentItem(item)
+        if choice.usable:
+            self.show_message("info", f"Added {choice.name} to the library. Select it and choose “Use in this "
+                                      "conversation” to chat with it.")
+        else:
+            self.show_message("error", f"Added {choice.name} to the library, but it will not run here: "
+                                       f"{choice.problem or 'see its row'}")
+
+    @staticmethod
+    def _failed_row(path: str, reason: str) -> QListWidgetItem:
+        item = QListWidgetItem(f"{file_name(path)}\nCould not add: {reason}")
+        item.setData(PATH_ROLE, path)
+        item.setData(FAILED_ROLE, True)
+        item.setToolTip(path)
+        item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsEnabled)
+        item.setForeground(QBrush(QColor(WONT_LOAD_COLOR)))
+        return item
 
     def set_current(self, info: dict) -> None:
         if not info:

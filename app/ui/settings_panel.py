@@ -1,5 +1,5 @@
 """The per-conversation settings panel: model, system prompt, thinking, sampling, reply length, context length,
-speculation."""
+speculation; the same form edits the app-wide defaults new chats start from."""
 
 from __future__ import annotations
 
@@ -48,10 +48,14 @@ class SettingsPanel(QFrame):
     settings_changed = Signal(object)
     choose_model_requested = Signal()
 
-    def __init__(self, parent: QWidget | None = None):
+    def __init__(self, parent: QWidget | None = None, for_defaults: bool = False):
+        """``for_defaults``: edit the app-wide defaults new chats start from (no model, no draft model; its reset
+        goes back to Hearth's own defaults) rather than one conversation's settings."""
         super().__init__(parent)
         self.setObjectName("settingsPanel")
         self._loading = False
+        self.for_defaults = for_defaults
+        self.reset_settings = ChatSettings  # what "Reset to defaults" restores: the window sets the app's defaults
         self.model_name = QLabel("—")
         self.model_name.setWordWrap(True)
         self.model_name.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -91,19 +95,27 @@ class SettingsPanel(QFrame):
         form.addRow("Speculative decoding", self._speculation_controls())
         form.addRow("Draft model", self.draft_model)
         form.addRow("Max draft length", self.max_draft)
-        reset = QPushButton("Reset to defaults")
-        reset.clicked.connect(lambda: (self.set_settings(ChatSettings()), self._emit()))
+        reset = QPushButton("Reset to Hearth's defaults" if for_defaults else "Reset to defaults")
+        reset.setToolTip("Hearth's own settings" if for_defaults else "The settings new chats start from "
+                                                                         "(the Default settings page)")
+        reset.clicked.connect(lambda: (self.set_settings(self.reset_settings()), self._emit()))
         self._timer = QTimer(self, singleShot=True, interval=300)
         self._timer.timeout.connect(self._emit)
         title = QLabel("Conversation settings")
         title.setObjectName("panelTitle")
+        title.setVisible(not for_defaults)
         content = QWidget()
         layout = QVBoxLayout(content)
         layout.setContentsMargins(14, 14, 14, 14)
         layout.setSpacing(8)
         layout.addWidget(title)
-        layout.addWidget(QLabel("Model"))
-        layout.addLayout(model_row)
+        if not for_defaults:  # the defaults are for any model; a draft model belongs to one model's vocabulary
+            layout.addWidget(QLabel("Model"))
+            layout.addLayout(model_row)
+        else:
+            form.setRowVisible(self.draft_model, False)
+            self.thinking.setVisible(True)
+            self.thinking.setToolTip(THINKING_TIP + " Applies to models whose chat template has this switch.")
         layout.addWidget(QLabel("System prompt"))
         layout.addWidget(self.system_prompt)
         layout.addWidget(self.thinking)
@@ -184,6 +196,8 @@ class SettingsPanel(QFrame):
         self.draft_note.setVisible(bool(self.draft_note.text()))
 
     def _draft_problem(self) -> str:
+        if self.for_defaults:
+            return "A new chat picks its draft model in its own settings, among those that fit its model."
         chosen = self.draft_model.currentData()
         usable = {path for _, path in self._draft_models}
         if not usable and not chosen:
@@ -198,8 +212,8 @@ class SettingsPanel(QFrame):
         self.model_name.setText(text)
 
     def set_thinking_available(self, available: bool) -> None:
-        """Show the Thinking switch: the model's chat template reads ``enable_thinking``."""
-        self.thinking.setVisible(available)
+        """Show the Thinking switch: the model's chat template reads ``enable_thinking`` (always, for defaults)."""
+        self.thinking.setVisible(available or self.for_defaults)
 
     def settings(self) -> ChatSettings:
         values = {name: box.value() for name, box in self.inputs.items()}

@@ -40,8 +40,12 @@ def test_smoke_test_chats_and_saves_every_page(tmp_path):
     assert transcript["prompt"] == "Hello! Who are you?" and transcript["reply"].strip()
     assert transcript["stats"]["generated_tokens"] > 0 and transcript["ui_time_to_first_text_s"] > 0
     for name in ("chat", "models", "chat-settings", "chat-dark", "chat-empty", "chat-streaming", "chat-thinking",
-                 "chat-thinking-open", "chat-thinking-dark"):
+                 "chat-thinking-open", "chat-thinking-dark", "chat-two-models", "chat-two-models-dark",
+                 "models-add-error", "models-add-error-dark", "defaults", "defaults-dark", "chat-base-model",
+                 "chat-base-model-dark"):
         assert (out / f"{name}.png").stat().st_size > 5000, name
+    assert transcript["two_models"]["authors"] == ["You", "SmolLM2 135M Instruct", "You", "Qwen2.5 0.5B Instruct"]
+    assert transcript["base_model"]["model_text"].endswith("· base model — text completion")
     sample = transcript["thinking_sample"]  # the Thinking block, shown on a stored sample reply
     assert sample["thinking"].startswith("The user asks whether 97 is prime") and "<think>" not in sample["thinking"]
     counts = sample["stats"]

@@ -46,7 +46,7 @@ def test_enter_sends_shift_enter_adds_a_line_and_the_answer_streams_in(qtbot, ma
     assert [w.message.role for w in widgets] == ["user", "assistant"]
     assert widgets[1].body.markdown == "Hi you" and "2 tokens" in widgets[1]._stats.text()
     assert session.window.sidebar.list.item(0).text() == "line one line two"
-    assert session.window.composer.meter_label.text() == "Context 12 / 4,096 tokens"
+    assert session.window.composer.meter_label.text() == "Context 12 / 4,096 tokens (512 for the reply)"
 
 
 def test_markdown_code_blocks_tables_and_copy_buttons(qtbot, make_session):
@@ -208,7 +208,7 @@ def test_a_conversation_remembers_the_model_chosen_on_the_models_page(qtbot, mak
     assert c.store.conversation(c.current_id).model_path == other and factory.loads[-1] == (other, 4096)
     send(qtbot, session, "hi")
     c.new_conversation()
-    assert c.model_path() == other and window.composer.model_label.text() == "Fake"
+    assert c.model_path() == other and window.composer.model_label.text() == "other"  # the file names it, not "Fake"
     emit(window.models_page.use_requested, builtin_model)
     assert c.store.conversation(c.current_id).model_path is None and c.model_name() == BUILTIN_MODEL_NAME
 

@@ -12,7 +12,7 @@ from app.conversation_export import conversation_document, parse_document
 from app.draft_models import DraftCompatibility
 from app.model_choices import ModelChoice
 from app.store import ConversationStore, Message
-from app.ui.message_widget import stats_text
+from app.ui.message_widget import stats_details, stats_text
 from app.ui.settings_panel import SettingsPanel
 from tests.model_store import model_path
 
@@ -128,10 +128,12 @@ def test_the_window_offers_only_library_models_that_can_draft(qtbot, make_sessio
     assert session.controller.model_path() not in offered
 
 
-def test_the_answer_line_shows_speculation_figures_and_skips_malformed_ones():
+def test_the_answer_line_keeps_speculation_in_its_tooltip_and_skips_malformed_figures():
     def line(**stats):
-        return stats_text(Message(1, 1, 2, "assistant", "Hi", "complete", {"generated_tokens": 9, "prefill_s": 0.1,
-                                                                           "decode_tps": 20.0, **stats}, 0.0))
+        message = Message(1, 1, 2, "assistant", "Hi", "complete",
+                          {"generated_tokens": 9, "prefill_s": 0.1, "decode_tps": 20.0, **stats}, 0.0)
+        assert "lookup" not in stats_text(message) and "draft" not in stats_text(message)  # plain words only
+        return stats_details(message)
     assert "prompt lookup: 30 of 40 drafted tokens accepted (75%), ~1.42× plain speed (estimated)" in line(
         speculation="prompt lookup", drafted_tokens=40, accepted_tokens=30, speedup_estimate=1.42)
     assert "draft Tiny: nothing drafted" in line(speculation="draft Tiny", drafted_tokens=0, accepted_tokens=0)

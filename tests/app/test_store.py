@@ -212,3 +212,15 @@ def test_settings_from_bad_json_values_fall_back_to_defaults():
     assert s.temperature == ChatSettings().temperature and s.top_k == 12 and s.max_tokens == 1
     assert ChatSettings(seed=-1).sampling_kwargs()["seed"] is None
     assert ChatSettings(seed=7).sampling_kwargs()["seed"] == 7
+
+
+def test_the_default_settings_for_new_chats_are_kept_across_opens(tmp_path):
+    store, _ = ConversationStore.open(tmp_path / "c.db")
+    assert store.default_settings() == ChatSettings()
+    store.set_default_settings(ChatSettings(system_prompt="Be terse.", temperature=9.0))  # stored clamped
+    store.close()
+    store, _ = ConversationStore.open(tmp_path / "c.db")
+    assert (store.default_settings().system_prompt, store.default_settings().temperature) == ("Be terse.", 2.0)
+    store.set_setting("default_chat_settings", ["not", "a", "dict"])  # damaged: Hearth's own defaults
+    assert store.default_settings() == ChatSettings()
+    store.close()

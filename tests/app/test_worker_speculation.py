@@ -131,7 +131,9 @@ def test_the_answer_and_the_dashboard_show_acceptance_and_the_estimated_speedup(
         c.send(COPY_PROMPT[0]["content"])
     message_id, stats = finished.args
     assert stats["speculation"] == "prompt lookup" and stats["drafted_tokens"] > 0
-    shown = window.chat_view.widgets[message_id]._stats.text()
+    line = window.chat_view.widgets[message_id]._stats
+    assert "accepted" not in line.text() and "tok/s" in line.text()  # the line is plain; the details are its tooltip
+    shown = line.toolTip()
     assert f"prompt lookup: {stats['accepted_tokens']:,} of {stats['drafted_tokens']:,} drafted tokens accepted" in shown
     if "speedup_estimate" in stats:
         assert f"~{stats['speedup_estimate']:.2f}× plain speed (estimated)" in shown

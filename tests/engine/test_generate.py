@@ -277,3 +277,12 @@ def test_mlx_pipelined_steps_of_a_lone_reply_give_way_to_a_batch_when_a_second_a
     assert 2 in batches and len(pipelines) >= 2
     assert model.sequence == PROMPTS[0] + alone[0]
     model.close()
+
+
+def test_a_refusal_names_the_context_length_and_the_room_kept_for_the_reply(tiny_model_path):
+    model = engine.model.load(tiny_model_path, backend="numpy", n_ctx=256)
+    too_long = [{"role": "user", "content": "word " * 400}]
+    with pytest.raises(ContextOverflowError, match=r"the context of 256 tokens, which keeps 64 for the reply$"):
+        model.fit_chat(too_long, max_tokens=64)
+    with pytest.raises(ContextOverflowError, match=r"the context of 256 tokens, which keeps 64 for the reply$"):
+        model.fit_chat(too_long * 3, max_tokens=1000, overflow="stop")  # the reply keeps at most a quarter

@@ -1,0 +1,45 @@
+"""The Default settings page: the system prompt, sampling and context length every new chat starts from."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import QFrame, QLabel, QVBoxLayout, QWidget
+
+from ..chat_settings import ChatSettings
+from ..qt_compat import emit
+from .settings_panel import SettingsPanel
+
+
+class DefaultSettingsPage(QFrame):
+    """Edits the app-wide default ChatSettings; a conversation copies them when it is created and keeps its own.
+
+    Signals:
+        defaults_changed(object): the new default ChatSettings, after an edit settles.
+    """
+
+    defaults_changed = Signal(object)
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("defaultSettingsPage")
+        title = QLabel("Default settings")
+        title.setObjectName("pageTitle")
+        note = QLabel("Every new chat starts from these settings. A chat keeps its own copy: change one chat in its "
+                      "Conversation settings panel; changes here apply to chats started afterwards.")
+        note.setWordWrap(True)
+        self.panel = SettingsPanel(for_defaults=True)
+        self.panel.settings_changed.connect(lambda settings: emit(self.defaults_changed, settings))
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(24, 20, 24, 20)
+        layout.setSpacing(10)
+        layout.addWidget(title)
+        layout.addWidget(note)
+        layout.addWidget(self.panel, 1)
+
+    def set_defaults(self, settings: ChatSettings) -> None:
+        """Show ``settings`` without emitting defaults_changed."""
+        self.panel.set_settings(settings)
+
+    def flush(self) -> None:
+        """Emit an edit still waiting for its pause (before leaving the page or starting a chat)."""
+        self.panel.flush()

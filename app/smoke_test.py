@@ -50,9 +50,9 @@ THINKING_REPLY = (  # as a thinking model (Qwen3, SmolLM3) writes it; a sample, 
     "√97 ≈ 9.8, so it has no divisors other than 1 and itself.")
 TWO_MODELS_PROMPT = "And in one sentence?"
 TWO_MODELS_REPLY = "I am a small language model running on this computer."  # a sample, not generated here
-TWO_MODELS_STATS = {"model": "Qwen2.5 0.5B Instruct AWQ", "model_name": "Qwen2.5 0.5B Instruct",
-                    "model_file": "qwen2.5-0.5b-instruct-q4_k_m.gguf", "generated_tokens": 12, "prefill_s": 0.08,
-                    "decode_tps": 41.0, "finish_reason": "eos"}
+TWO_MODELS_STATS = {"model": "Smollm2 135M 8k Lc100K Mix1 Ep2", "model_name": "SmolLM2 135M Instruct",
+                    "model_file": "SmolLM2-135M-Instruct.Q4_1.gguf", "generated_tokens": 12, "prefill_s": 0.02,
+                    "decode_tps": 180.0, "finish_reason": "eos"}
 
 
 def write_without_chat_template(source: Path, target: Path) -> None:

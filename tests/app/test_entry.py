@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import engine
+from app.builtin_model import BUILTIN_MODEL_NAME
 from app.__main__ import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,7 +45,7 @@ def test_smoke_test_chats_and_saves_every_page(tmp_path):
                  "models-add-error", "models-add-error-dark", "defaults", "defaults-dark", "chat-base-model",
                  "chat-base-model-dark"):
         assert (out / f"{name}.png").stat().st_size > 5000, name
-    assert transcript["two_models"]["authors"] == ["You", "SmolLM2 135M Instruct", "You", "Qwen2.5 0.5B Instruct"]
+    assert transcript["two_models"]["authors"] == ["You", BUILTIN_MODEL_NAME, "You", "SmolLM2 135M Instruct"]
     assert transcript["base_model"]["model_text"].endswith("· base model — text completion")
     sample = transcript["thinking_sample"]  # the Thinking block, shown on a stored sample reply
     assert sample["thinking"].startswith("The user asks whether 97 is prime") and "<think>" not in sample["thinking"]

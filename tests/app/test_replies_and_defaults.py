@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 from PySide6.QtWidgets import QPushButton
 
+from app.builtin_model import BUILTIN_MODEL_NAME
 from app.chat_settings import ChatSettings
 from app.conversation_export import conversation_document, to_markdown
 from app.generation_history import recent_generations
@@ -19,7 +20,7 @@ from .fake_engine import FakeFactory, FakeModel
 
 pytestmark = pytest.mark.gui
 
-BUILTIN = "SmolLM2 135M Instruct"
+BUILTIN = BUILTIN_MODEL_NAME  # the built-in model stands in for "the first model"
 
 
 def ask(qtbot, session, text):

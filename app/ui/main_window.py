@@ -179,6 +179,7 @@ class MainWindow(QMainWindow):
         self.chat_view.edit_submitted.connect(c.edit_and_resend)
         self.chat_view.delete_requested.connect(c.delete_message)
         self.chat_view.regenerate_requested.connect(c.regenerate)
+        self.chat_view.alternative_requested.connect(c.show_alternative)
         self.settings_panel.settings_changed.connect(c.update_settings)
         self.settings_panel.choose_model_requested.connect(lambda: self.show_page("models"))
         self.settings_button.toggled.connect(self._show_settings)

@@ -126,3 +126,25 @@ def test_rename_and_delete_are_reachable_without_right_click(qtbot, make_session
     with qtbot.waitSignal(c.conversation_deleted, timeout=2000):
         menu.actions_by_name["delete"].trigger()
     assert window.sidebar.item_for(doomed) is None
+
+
+def test_regenerate_keeps_the_earlier_answer_as_an_alternative_to_flip_back_to(qtbot, make_session):
+    model = FakeModel(["first answer"])
+    session = make_session(engine_factory=FakeFactory(model))
+    c, view = session.controller, session.window.chat_view
+    first_id, _ = send(qtbot, session, "a question")
+    assert not view.widgets[first_id].alternatives_label.isVisible()
+    model.pieces = ["second answer"]
+    with qtbot.waitSignal(c.reply_finished, timeout=20000) as finished:
+        qtbot.mouseClick(view.widgets[first_id].regenerate_button, Qt.MouseButton.LeftButton)
+    second_id = finished.args[0]
+    widget = view.widgets[second_id]
+    assert widget.body.markdown == "second answer"
+    assert widget.alternatives_label.isVisible() and widget.alternatives_label.text() == "2/2"
+    assert not widget.next_button.isEnabled() and widget.previous_button.isEnabled()
+    qtbot.mouseClick(widget.previous_button, Qt.MouseButton.LeftButton)
+    shown = view.widgets[first_id]
+    assert shown.body.markdown == "first answer" and shown.alternatives_label.text() == "1/2"
+    assert [m["content"] for m in c.history(c.current_id)][-2:] == ["a question", "first answer"]
+    qtbot.mouseClick(shown.next_button, Qt.MouseButton.LeftButton)
+    assert view.widgets[second_id].body.markdown == "second answer"

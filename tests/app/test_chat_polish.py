@@ -148,3 +148,37 @@ def test_regenerate_keeps_the_earlier_answer_as_an_alternative_to_flip_back_to(q
     assert [m["content"] for m in c.history(c.current_id)][-2:] == ["a question", "first answer"]
     qtbot.mouseClick(shown.next_button, Qt.MouseButton.LeftButton)
     assert view.widgets[second_id].body.markdown == "second answer"
+
+
+@pytest.mark.qt_log_ignore("This plugin does not support")  # offscreen: a top-level MarkdownView
+def test_code_blocks_are_coloured_and_their_scrollbar_follows_the_theme(qtbot):
+    from PySide6.QtGui import QPalette
+
+    from app.ui.markdown_view import MarkdownView
+    from app.ui.theme import ThemeKeeper, apply_color_scheme, mix
+
+    app = QApplication.instance()
+    old_palette, old_style, old_sheet = app.palette(), app.style().name(), app.styleSheet()
+    try:
+        apply_color_scheme(app, "dark")
+        ThemeKeeper(app).apply()
+        view = MarkdownView()
+        qtbot.addWidget(view)
+        view.resize(420, 300)
+        view.set_markdown("```python\ndef f(x):\n    return '" + "long " * 60 + "'  # comment\n```\n")
+        view.show()
+        qtbot.waitExposed(view)
+        (block,) = view.code_blocks()
+        formats = block.code.document().firstBlock().layout().formats()
+        assert len({f.format.foreground().color().name() for f in formats}) >= 2  # "def" and "f" at least
+        bar = block.code.horizontalScrollBar()
+        qtbot.waitUntil(bar.isVisible, timeout=2000)
+        image = bar.grab().toImage()
+        track = image.pixelColor(image.width() * 3 // 4, image.height() // 2)  # the handle is at the left
+        palette = app.palette()
+        code_background = mix(palette.color(QPalette.ColorRole.Base), palette.color(QPalette.ColorRole.Text), 0.05)
+        assert abs(track.lightness() - code_background.lightness()) <= 4, track.name()  # not a black bar
+    finally:
+        app.setStyleSheet(old_sheet)
+        app.setStyle(old_style)
+        app.setPalette(old_palette)

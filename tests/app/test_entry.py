@@ -40,12 +40,14 @@ def test_smoke_test_chats_and_saves_every_page(tmp_path):
     assert transcript["prompt"] == "Hello! Who are you?" and transcript["reply"].strip()
     assert transcript["stats"]["generated_tokens"] > 0 and transcript["ui_time_to_first_text_s"] > 0
     for name in ("chat", "models", "chat-settings", "chat-dark", "chat-empty", "chat-streaming", "chat-thinking",
-                 "chat-thinking-open", "chat-thinking-dark"):
+                 "chat-thinking-open", "chat-thinking-dark", "chat-code", "chat-code-dark", "chat-narrow",
+                 "chat-narrow-dark"):
         assert (out / f"{name}.png").stat().st_size > 5000, name
     sample = transcript["thinking_sample"]  # the Thinking block, shown on a stored sample reply
     assert sample["thinking"].startswith("The user asks whether 97 is prime") and "<think>" not in sample["thinking"]
     counts = sample["stats"]
     assert sample["answer"].startswith("Yes") and 0 < counts["thinking_tokens"] < counts["generated_tokens"]
+    assert transcript["polish_sample"]["shown"] == 2 and len(transcript["polish_sample"]["answers"]) == 3
 
 
 def test_help_lists_every_subcommand():

@@ -100,3 +100,22 @@ def test_alternatives_are_exported_and_imported_again(store, tmp_path):
     shown = store.messages(copy.id)
     assert [m.content for m in shown] == ["q", "two"] and shown[1].alternatives == 2
     assert [m.content for m in store.alternatives(shown[1].id)] == ["one", "two"]
+
+
+def test_alternatives_are_refused_where_they_cannot_be(store):
+    conv = store.create_conversation()
+    user = store.add_message(conv.id, "user", "q")
+    _answer(store, conv.id, user.id, "one")
+    _regenerate(store, conv.id, user, "two")
+    document = conversation_export.conversation_document(store, conv.id)
+    old = {**document, "version": 2}
+    with pytest.raises(conversation_export.ConversationFormatError, match="alternatives"):
+        conversation_export.parse_document(json.dumps(old).encode())
+    on_question = json.loads(json.dumps(document))
+    on_question["messages"][0]["alternatives"] = [{"content": "x", "created_at": document["created_at"]}]
+    with pytest.raises(conversation_export.ConversationFormatError, match="only an answer"):
+        conversation_export.parse_document(json.dumps(on_question).encode())
+    nested = json.loads(json.dumps(document))
+    nested["messages"][1]["alternatives"][0]["alternatives"] = []
+    with pytest.raises(conversation_export.ConversationFormatError, match=r"alternatives\[0\]"):
+        conversation_export.parse_document(json.dumps(nested).encode())

@@ -285,7 +285,7 @@ class MainWindow(QMainWindow):
 
     def _fit_side_panels(self) -> None:
         """In a narrow window the settings panel takes the sidebar's place, so the chat keeps its room."""
-        settings = self.settings_panel.isVisibleTo(self)
+        settings = not self.settings_panel.isHidden()  # (also while another page is shown)
         room = self.width() - self.rail.sizeHint().width() - CHAT_MIN_WIDTH - 2 * self.splitter.handleWidth()
         panel = max(self.settings_panel.minimumWidth(), self.settings_panel.minimumSizeHint().width())
         needed = max(self.sidebar.minimumWidth(), self.sidebar.minimumSizeHint().width()) + panel

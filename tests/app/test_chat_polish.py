@@ -103,6 +103,9 @@ def test_the_narrow_window_keeps_the_chat_beside_the_settings(qtbot, make_sessio
     panel_rect = panel.rect().translated(panel.mapTo(window, QPoint(0, 0)))
     assert chat.isVisible() and chat.width() >= 300 and not chat_rect.intersects(panel_rect)
     assert panel_rect.right() <= window.width()
+    window.show_page("models")
+    window.show_page("chat")
+    assert not window.sidebar.isVisible()  # still narrow: coming back to the chat keeps the sidebar away
     window.settings_button.click()
     window.resize(1400, 800)
     window.settings_button.click()

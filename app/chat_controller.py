@@ -269,15 +269,28 @@ class ChatController(QObject):
             self.stop_and_forget(reply.conversation_id)
 
     def regenerate(self) -> None:
-        """Replace the last answer of the shown conversation with a new one."""
+        """Answer the last question of the shown conversation again; the earlier answers stay as alternatives."""
         messages = self.store.messages(self.current_id)
         users = [m for m in messages if m.role == "user"]
         if not users:
             return
         self.stop_and_forget()
-        self.store.delete_messages_after(self.current_id, users[-1].seq)
+        self.store.keep_answers_as_alternatives(self.current_id, users[-1].id)
+        self.store.delete_messages_after(self.current_id, users[-1].seq, shown_only=True)  # failed, empty ones
         emit(self.messages_changed, self.current_id)
         self._generate()
+
+    def show_alternative(self, message_id: int, step: int) -> None:
+        """Show the answer ``step`` places before (-1) or after (+1) ``message_id`` among its turn's answers."""
+        message = self.store.message(message_id)
+        if message.conversation_id in self._replies:
+            return  # its reply is streaming; flip once it is done
+        answers = self.store.alternatives(message_id)
+        index = next(i for i, m in enumerate(answers) if m.id == message_id) + step
+        if 0 <= index < len(answers):
+            self.store.show_alternative(answers[index].id)
+            emit(self.messages_changed, message.conversation_id)
+            self._emit_context_usage()
 
     def edit_and_resend(self, message_id: int, text: str) -> None:
         """Replace a user message's text, drop everything after it and answer again."""
@@ -344,7 +357,8 @@ class ChatController(QObject):
         options = {**conv.settings.sampling_kwargs(), "max_tokens": conv.settings.max_tokens,
                    "speculation": conv.settings.speculation_options(), "conversation_id": conv.id,
                    "thermal_mode": self.thermal_mode(), "template_vars": conv.settings.template_options()}
-        writer = self.store.begin_reply(conv.id)
+        question = next((m.id for m in reversed(self.store.messages(conv.id)) if m.role == "user"), None)
+        writer = self.store.begin_reply(conv.id, reply_to=question)
         request_id = self.host.generate(path, conv.settings.n_ctx, history, options)
         self._replies[conv.id] = _Reply(request_id, conv.id, writer, model)
         self._flush_timer.start()

@@ -25,7 +25,8 @@ from .chat_settings import ChatSettings
 from .model_names import reply_author
 from .store import Conversation, ConversationStore
 
-FORMAT, VERSION = "hearth-conversation", 2  # 2: a message's "thinking", the "enable_thinking" setting
+FORMAT, VERSION = "hearth-conversation", 3  # 2: a message's "thinking", the "enable_thinking" setting; 3: an
+# answer's "alternatives" (the other answers of its turn, kept when the user regenerated)
 ARCHIVE_FORMAT, ARCHIVE_VERSION = "hearth-archive", 1
 MANIFEST = "manifest.json"
 MAX_JSON_BYTES = 64 << 20  # one conversation file
@@ -39,9 +40,12 @@ SHA256 = re.compile(r"[0-9a-f]{64}")
 TOP_KEYS = {"format", "version", "exported_at", "exported_by", "title", "created_at", "updated_at", "model",
             "system_prompt", "settings", "messages"}
 OPTIONAL_TOP_KEYS = {"exported_at", "exported_by"}
-MESSAGE_KEYS = {"role", "content", "created_at", "state", "stats", "thinking"}
-OPTIONAL_MESSAGE_KEYS = {"state", "stats", "thinking"}
+MESSAGE_KEYS = {"role", "content", "created_at", "state", "stats", "thinking", "alternatives"}
+OPTIONAL_MESSAGE_KEYS = {"state", "stats", "thinking", "alternatives"}
+ALTERNATIVE_KEYS = MESSAGE_KEYS - {"role", "alternatives"}
 SINCE_VERSION_2 = {"thinking", "enable_thinking"}  # a version-1 document may not have them
+SINCE_VERSION_3 = {"alternatives"}
+MAX_ALTERNATIVES = 100
 # speed choices of this machine (speculative decoding, a local draft model path): not part of the format
 LOCAL_SETTINGS = {"speculation", "draft_model", "max_draft"}
 SETTINGS_KEYS = {f.name for f in dataclasses.fields(ChatSettings)} - {"system_prompt"} - LOCAL_SETTINGS
@@ -69,6 +73,7 @@ class ImportedMessage:
     stats: dict
     created_at: float
     thinking: str = ""
+    alternatives: tuple[ImportedMessage, ...] = ()  # an answer's other answers in its turn, oldest first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,14 +95,25 @@ def conversation_document(store: ConversationStore, conversation_id: int, model:
     conv = store.conversation(conversation_id)
     settings = {k: v for k, v in conv.settings.to_dict().items() if k in SETTINGS_KEYS}
     system_prompt = conv.settings.system_prompt
-    messages = [{"role": m.role, "content": m.content, "created_at": iso_time(m.created_at),
-                 "state": "interrupted" if m.state == "streaming" else m.state, "stats": m.stats,
-                 **({"thinking": m.thinking} if m.thinking else {})}
+    messages = [{"role": m.role, **_message_fields(m), **_alternatives_field(store, m)}
                 for m in store.messages(conversation_id)]
     return {"format": FORMAT, "version": VERSION, "exported_at": iso_time(clock()),
             "exported_by": f"Hearth {__version__}", "title": conv.title, "created_at": iso_time(conv.created_at),
             "updated_at": iso_time(conv.updated_at), "model": dataclasses.asdict(model) if model else None,
             "system_prompt": system_prompt, "settings": settings, "messages": messages}
+
+
+def _message_fields(m) -> dict:
+    return {"content": m.content, "created_at": iso_time(m.created_at),
+            "state": "interrupted" if m.state == "streaming" else m.state, "stats": m.stats,
+            **({"thinking": m.thinking} if m.thinking else {})}
+
+
+def _alternatives_field(store: ConversationStore, m) -> dict:
+    """``{"alternatives": [...]}``: the other answers of ``m``'s turn, oldest first; ``{}`` when it has none."""
+    if m.alternatives < 2:
+        return {}
+    return {"alternatives": [_message_fields(a) for a in store.alternatives(m.id) if a.id != m.id]}
 
 
 def to_json_bytes(document: dict) -> bytes:
@@ -127,6 +143,11 @@ def to_markdown(document: dict) -> str:
         if m.get("thinking"):
             lines += [*_thinking_quote(m["thinking"], m.get("stats", {}).get("thinking_tokens")), ""]
         lines += [m["content"], ""]
+        for n, other in enumerate(m.get("alternatives", ()), 1):
+            lines += [f"### Other answer {n} of {len(m['alternatives'])} — {_readable_time(other['created_at'])}", ""]
+            if other.get("thinking"):
+                lines += [*_thinking_quote(other["thinking"], other.get("stats", {}).get("thinking_tokens")), ""]
+            lines += [other["content"], ""]
     return "\n".join(lines)
 
 
@@ -221,7 +242,9 @@ def read_archive(path: str | Path) -> list[ImportedConversation]:
 def add_to_store(store: ConversationStore, conversation: ImportedConversation,
                  model_path: str | None = None) -> Conversation:
     """Add a validated conversation to the store as a new conversation."""
-    messages = [(m.role, m.content, m.state, m.stats, m.created_at, m.thinking) for m in conversation.messages]
+    messages = [(m.role, m.content, m.state, m.stats, m.created_at, m.thinking,
+                 [(a.content, a.state, a.stats, a.created_at, a.thinking) for a in m.alternatives])
+                for m in conversation.messages]
     return store.import_conversation(conversation.title, model_path, conversation.settings, messages,
                                      conversation.created_at, conversation.updated_at)
 
@@ -308,7 +331,7 @@ def _conversation(doc) -> ImportedConversation:
     messages = _typed(doc["messages"], list, "messages")
     if len(messages) > MAX_MESSAGES:
         raise ConversationFormatError(f"messages: {len(messages)} messages; at most {MAX_MESSAGES} are imported")
-    drop = SINCE_VERSION_2 if doc["version"] < 2 else set()
+    drop = (SINCE_VERSION_2 if doc["version"] < 2 else set()) | (SINCE_VERSION_3 if doc["version"] < 3 else set())
     settings = _settings(doc["settings"], _text(doc["system_prompt"], "system_prompt", MAX_TEXT_CHARS), drop)
     return ImportedConversation(title, parse_time(doc["created_at"], "created_at"),
                                 parse_time(doc["updated_at"], "updated_at"), _model(doc["model"]), settings,
@@ -362,10 +385,11 @@ def _settings(value, system_prompt: str, drop: set[str]) -> ChatSettings:
     return settings
 
 
-def _message(value, i: int, drop: set[str]) -> ImportedMessage:
-    where = f"messages[{i}]"
-    _expect_keys(_typed(value, dict, where), MESSAGE_KEYS - drop, OPTIONAL_MESSAGE_KEYS, where)
-    role = value["role"]
+def _message(value, i: int, drop: set[str], where: str = "") -> ImportedMessage:
+    where = where or f"messages[{i}]"
+    keys = ALTERNATIVE_KEYS if where.endswith("]") and ".alternatives[" in where else MESSAGE_KEYS
+    _expect_keys(_typed(value, dict, where), keys - drop, OPTIONAL_MESSAGE_KEYS, where)
+    role = value.get("role", "assistant")
     if role not in ("user", "assistant"):
         raise ConversationFormatError(f"{where}.role: expected 'user' or 'assistant', not {role!r}")
     state = value.get("state", "complete")
@@ -374,9 +398,15 @@ def _message(value, i: int, drop: set[str]) -> ImportedMessage:
     stats = _typed(value.get("stats", {}), dict, f"{where}.stats")
     if len(stats) > 64 or not all(isinstance(v, (str, int, float, bool)) or v is None for v in stats.values()):
         raise ConversationFormatError(f"{where}.stats: expected at most 64 plain values (numbers, text, booleans)")
+    alternatives = _typed(value.get("alternatives", []), list, f"{where}.alternatives")
+    if alternatives and role != "assistant":
+        raise ConversationFormatError(f"{where}.alternatives: only an answer has alternatives")
+    if len(alternatives) > MAX_ALTERNATIVES:
+        raise ConversationFormatError(f"{where}.alternatives: at most {MAX_ALTERNATIVES} are imported")
     return ImportedMessage(role, _text(value["content"], f"{where}.content", MAX_TEXT_CHARS), state, stats,
                            parse_time(value["created_at"], f"{where}.created_at"),
-                           _text(value.get("thinking", ""), f"{where}.thinking", MAX_TEXT_CHARS))
+                           _text(value.get("thinking", ""), f"{where}.thinking", MAX_TEXT_CHARS),
+                           tuple(_message(a, j, drop, f"{where}.alternatives[{j}]") for j, a in enumerate(alternatives)))
 
 
 def _expect_keys(doc: dict, allowed: set[str], optional: set[str], where: str) -> None:

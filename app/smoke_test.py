@@ -9,6 +9,10 @@ The built-in model does not think, so the Thinking block is shown on a stored sa
 Qwen3 writes one (``<think>…</think>`` then the answer), fed through the app's own reply writer and reasoning
 splitter, tokenized by the built-in model's tokenizer for its token count, and opened in the real window
 (``chat-thinking*.png``; the transcript's ``thinking_sample`` says so).
+
+Then the chat polish, on stored sample answers too: a question with three answers (as Regenerate keeps them),
+the second shown with its Python code block in syntax colours and ‹ 2/3 › (``chat-code.png``, ``chat-code-dark.png``),
+and the window at 760×520 with the settings open (``chat-narrow.png``, ``chat-narrow-dark.png``).
 """
 
 from __future__ import annotations
@@ -68,6 +72,15 @@ def write_without_chat_template(source: Path, target: Path) -> None:
         writer.data_alignment = alignment.contents()
     with contextlib.redirect_stderr(io.StringIO()):  # its progress bar
         copy_with_new_metadata(reader, writer, {}, [gguf.Keys.Tokenizer.CHAT_TEMPLATE])
+CODE_PROMPT = "Write a Python function that tells whether a number is prime."
+CODE_REPLIES = (  # three answers to one question, as Regenerate keeps them; samples, not generated here
+    "Check every divisor up to the square root of the number.",
+    "Here is a short one:\n\n```python\ndef is_prime(n: int) -> bool:\n    \"\"\"True when n is a prime number.\"\"\"\n"
+    "    if n < 2:\n        return False\n    # a divisor above the square root pairs with one below it\n"
+    "    return all(n % d for d in range(2, int(n ** 0.5) + 1))\n\n\nprint([n for n in range(30) if is_prime(n)])\n"
+    "```\n\nIt tries each divisor from 2 up to √n.",
+    "Use `sympy.isprime(n)` if SymPy is installed.")
+NARROW_SIZE = (760, 520)
 
 
 class SmokeTest(QObject):
@@ -245,7 +258,7 @@ class SmokeTest(QObject):
     def _open_base_model(self) -> None:
         """A copy of the built-in model without its chat template, in a new conversation, before its first message."""
         c = self.session.controller
-        base = Path(tempfile.mkdtemp(prefix="hearth-smoke-")) / "smollm2-135m-no-template.gguf"
+        base = Path(tempfile.mkdtemp(prefix="hearth-smoke-")) / "builtin-no-template.gguf"
         write_without_chat_template(Path(c.builtin_path), base)
         self._scratch = base
         c.new_conversation()
@@ -264,6 +277,48 @@ class SmokeTest(QObject):
         with contextlib.suppress(OSError):  # (a file still mapped cannot be deleted on Windows: the OS's temp dir)
             self._scratch.unlink()
             self._scratch.parent.rmdir()
+        self._capture_polish()
+
+    def _capture_polish(self) -> None:
+        """Stored code answers with alternatives, then the narrow window."""
+        shown = self._store_code_sample()
+        QTimer.singleShot(300, lambda: self._grab_polish(shown))
+
+    def _store_code_sample(self):
+        """A question with three stored answers (the first two kept as Regenerate keeps them), the second shown."""
+        c, store = self.session.controller, self.session.store
+        conv = c.new_conversation()
+        c.rename(conv, "Code and alternatives (sample replies)")
+        question = store.add_message(conv, "user", CODE_PROMPT)
+        answers = []
+        for reply in CODE_REPLIES:
+            store.keep_answers_as_alternatives(conv, question.id)
+            answers.append(store.add_message(conv, "assistant", reply, reply_to=question.id))
+        store.show_alternative(answers[1].id)
+        c.open_conversation(conv)
+        return store.message(answers[1].id)
+
+    def _grab_polish(self, shown) -> None:
+        """The code block in colour with ‹ 2/3 ›, light and dark; the narrow window with the settings open."""
+        window = self.session.window
+        widget = window.chat_view.widgets.get(shown.id)
+        if widget is None or not widget.body.code_blocks() or widget.alternatives_label.text() != "2/3":
+            self._fail("the code sample did not show a code block with its alternatives 2/3")
+            return
+        self.pages["chat-code"] = self._grab("chat-code")
+        self.pages["chat-code-dark"] = self._grab_dark("chat-code-dark")
+        size = window.size()
+        window.resize(*NARROW_SIZE)
+        window.settings_button.setChecked(True)
+        self.pages["chat-narrow"] = self._grab("chat-narrow")
+        self.pages["chat-narrow-dark"] = self._grab_dark("chat-narrow-dark")
+        narrow_sidebar = window.sidebar.isVisible()
+        window.settings_button.setChecked(False)
+        window.resize(size)
+        self.transcript["polish_sample"] = {
+            "note": "stored sample answers (not generated): a question with three, the second shown",
+            "prompt": CODE_PROMPT, "answers": list(CODE_REPLIES), "shown": 2,
+            "narrow_window": list(NARROW_SIZE), "narrow_sidebar_visible": narrow_sidebar}
         (self.out / "transcript.json").write_text(json.dumps(self.transcript, indent=2, ensure_ascii=False))
         self.exit_code = 0
         QApplication.instance().quit()

@@ -48,6 +48,9 @@ class Message:
     stats: dict  # per-answer numbers (tokens, thinking_tokens, prefill_s, decode_tps, ...), {} for user messages
     created_at: float
     thinking: str = ""  # the model's reasoning before its answer ("Thinking"), kept apart from ``content``
+    reply_to: int | None = None  # for an answer: the id of the user message it answers (None in old databases)
+    alternative: int = 0  # which of its turn's answers this is, from 0 (regenerating keeps the earlier ones)
+    alternatives: int = 1  # how many answers its turn has
 
 
 def _v1(db: sqlite3.Connection) -> None:
@@ -89,6 +92,16 @@ def _v3(db: sqlite3.Connection) -> None:
     _run_script(db, "ALTER TABLE messages ADD COLUMN thinking TEXT NOT NULL DEFAULT ''")
 
 
+def _v4(db: sqlite3.Connection) -> None:
+    # regenerating keeps earlier answers as alternatives: all answers of a turn share ``reply_to`` (the question's
+    # id) and one of them is ``active`` (shown, and sent to the model); older answers are active and stand alone
+    _run_script(db, """
+        ALTER TABLE messages ADD COLUMN reply_to INTEGER;
+        ALTER TABLE messages ADD COLUMN active INTEGER NOT NULL DEFAULT 1;
+        CREATE INDEX messages_by_reply ON messages(reply_to)
+    """)
+
+
 def _run_script(db: sqlite3.Connection, script: str) -> None:
     # statement by statement: executescript() would commit the migration's transaction half-way
     for statement in script.split(";"):
@@ -96,7 +109,7 @@ def _run_script(db: sqlite3.Connection, script: str) -> None:
             db.execute(statement)
 
 
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_v1, _v2, _v3)  # MIGRATIONS[i]: version i -> i + 1
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_v1, _v2, _v3, _v4)  # MIGRATIONS[i]: version i -> i + 1
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -189,21 +202,33 @@ class ConversationStore:
     def import_conversation(self, title: str, model_path: str | None, settings: ChatSettings,
                             messages: list[tuple], created_at: float,
                             updated_at: float) -> Conversation:
-        """Add a whole conversation (messages as role, content, state, stats, created_at and optionally thinking)
-        in one transaction."""
-        messages = [(*m, "")[:6] for m in messages]
-        for _, _, state, _, _, _ in messages:
+        """Add a whole conversation in one transaction: messages as role, content, state, stats, created_at and
+        optionally thinking and an answer's alternatives (content, state, stats, created_at, thinking; oldest first,
+        kept hidden before the answer, which is shown)."""
+        messages = [(*m[:5], m[5] if len(m) > 5 else "", m[6] if len(m) > 6 else ()) for m in messages]
+        for _, _, state, _, _, _, alternatives in messages:
             _check_state(state)
+            for alternative in alternatives:
+                _check_state(alternative[1])
         with self._transaction():
             cur = self.db.execute(
                 "INSERT INTO conversations (title, created_at, updated_at, model_path, settings) VALUES (?,?,?,?,?)",
                 (title, created_at, updated_at, model_path, json.dumps(settings.to_dict())))
-            self.db.executemany(
-                "INSERT INTO messages (conversation_id, seq, role, content, state, stats, created_at, updated_at,"
-                " thinking) VALUES (?,?,?,?,?,?,?,?,?)",
-                [(cur.lastrowid, seq, role, content, state, json.dumps(stats), at, at, thinking)
-                 for seq, (role, content, state, stats, at, thinking) in enumerate(messages)])
-        return self.conversation(cur.lastrowid)
+            conversation_id, seq, question = cur.lastrowid, 0, None
+            for role, content, state, stats, at, thinking, alternatives in messages:
+                reply_to = question if role == "assistant" else None
+                rows = [(*alternative, 0) for alternative in alternatives] if reply_to is not None else []
+                for row_content, row_state, row_stats, row_at, row_thinking, active in \
+                        [*rows, (content, state, stats, at, thinking, 1)]:
+                    row = self.db.execute(
+                        "INSERT INTO messages (conversation_id, seq, role, content, state, stats, created_at,"
+                        " updated_at, thinking, reply_to, active) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                        (conversation_id, seq, role, row_content, row_state, json.dumps(row_stats), row_at, row_at,
+                         row_thinking, reply_to, active))
+                    seq += 1
+                if role == "user":
+                    question = row.lastrowid
+        return self.conversation(conversation_id)
 
     def conversation(self, conversation_id: int) -> Conversation:
         row = self.db.execute("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
@@ -254,15 +279,45 @@ class ConversationStore:
 
     # -- messages ------------------------------------------------------------------------------------
     def messages(self, conversation_id: int) -> list[Message]:
-        rows = self.db.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY seq",
+        """The conversation as shown: each turn with its shown answer (earlier alternatives left out)."""
+        rows = self.db.execute(MESSAGE_SELECT + " WHERE m.conversation_id = ? AND m.active = 1 ORDER BY m.seq",
                                (conversation_id,)).fetchall()
         return [_message(r) for r in rows]
 
     def message(self, message_id: int) -> Message:
-        row = self.db.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
+        row = self.db.execute(MESSAGE_SELECT + " WHERE m.id = ?", (message_id,)).fetchone()
         if row is None:
             raise KeyError(message_id)
         return _message(row)
+
+    # -- alternatives: the answers of one turn ---------------------------------------------------------------
+    def alternatives(self, message_id: int) -> list[Message]:
+        """Every answer of ``message_id``'s turn, oldest first (just the message when it has none)."""
+        message = self.message(message_id)
+        if message.reply_to is None:
+            return [message]
+        rows = self.db.execute(MESSAGE_SELECT + " WHERE m.conversation_id = ? AND m.reply_to = ? ORDER BY m.id",
+                               (message.conversation_id, message.reply_to)).fetchall()
+        return [_message(r) for r in rows]
+
+    def keep_answers_as_alternatives(self, conversation_id: int, user_message_id: int) -> int:
+        """Before answering ``user_message_id`` again: its shown answers (with text) become hidden alternatives of
+        its turn; returns how many. Answers without text (failed, stopped at once) are not kept."""
+        user = self.message(user_message_id)
+        with self._transaction():
+            return self.db.execute(
+                "UPDATE messages SET active = 0, reply_to = ? WHERE conversation_id = ? AND seq > ? AND active = 1"
+                " AND role = 'assistant' AND state != 'error' AND (content != '' OR thinking != '')",
+                (user.id, conversation_id, user.seq)).rowcount
+
+    def show_alternative(self, message_id: int) -> None:
+        """Show ``message_id`` in its turn instead of the answer shown now."""
+        message = self.message(message_id)
+        if message.reply_to is None:
+            return
+        with self._transaction():
+            self.db.execute("UPDATE messages SET active = (id = ?) WHERE conversation_id = ? AND reply_to = ?",
+                            (message.id, message.conversation_id, message.reply_to))
 
     def recent_replies(self, limit: int = 50) -> list[tuple[Message, str]]:
         """The latest answers that carry stats, across conversations not deleted, newest first, each with its
@@ -274,8 +329,9 @@ class ConversationStore:
         return [(_message(r), r["conversation_title"]) for r in rows]
 
     def add_message(self, conversation_id: int, role: str, content: str, state: str = "complete",
-                    stats: dict | None = None, thinking: str = "") -> Message:
-        """Append a message in its own transaction; it is on disk when this returns."""
+                    stats: dict | None = None, thinking: str = "", reply_to: int | None = None) -> Message:
+        """Append a message in its own transaction; it is on disk when this returns. ``reply_to``: for an answer,
+        the user message it answers (the key of its turn's alternatives)."""
         _check_state(state)
         now = self.clock()
         with self._transaction():
@@ -283,8 +339,8 @@ class ConversationStore:
                                   (conversation_id,)).fetchone()[0]
             cur = self.db.execute(
                 "INSERT INTO messages (conversation_id, seq, role, content, state, stats, created_at, updated_at,"
-                " thinking) VALUES (?,?,?,?,?,?,?,?,?)",
-                (conversation_id, seq, role, content, state, json.dumps(stats or {}), now, now, thinking))
+                " thinking, reply_to) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (conversation_id, seq, role, content, state, json.dumps(stats or {}), now, now, thinking, reply_to))
             self.db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, conversation_id))
         return self.message(cur.lastrowid)
 
@@ -311,14 +367,21 @@ class ConversationStore:
                 raise KeyError(message_id)
 
     def delete_message(self, message_id: int) -> None:
+        """Delete a message; when it was its turn's shown answer, the newest other alternative is shown instead."""
+        row = self.db.execute("SELECT conversation_id, reply_to, active FROM messages WHERE id = ?",
+                              (message_id,)).fetchone()
         with self._transaction():
             self.db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
+            if row is not None and row["active"] and row["reply_to"] is not None:
+                self.db.execute("UPDATE messages SET active = 1 WHERE id = (SELECT MAX(id) FROM messages"
+                                " WHERE conversation_id = ? AND reply_to = ?)", (row["conversation_id"], row["reply_to"]))
 
-    def delete_messages_after(self, conversation_id: int, seq: int) -> int:
-        """Delete every message after position ``seq`` (to regenerate or resend from there); returns how many."""
+    def delete_messages_after(self, conversation_id: int, seq: int, shown_only: bool = False) -> int:
+        """Delete every message after position ``seq`` (to regenerate or resend from there); returns how many.
+        ``shown_only`` keeps the hidden alternatives."""
         with self._transaction():
-            return self.db.execute("DELETE FROM messages WHERE conversation_id = ? AND seq > ?",
-                                   (conversation_id, seq)).rowcount
+            return self.db.execute("DELETE FROM messages WHERE conversation_id = ? AND seq > ?"
+                                   + (" AND active = 1" if shown_only else ""), (conversation_id, seq)).rowcount
 
     def mark_interrupted(self) -> int:
         """Mark replies left 'streaming' by a previous run that ended abruptly; returns how many."""
@@ -327,9 +390,9 @@ class ConversationStore:
 
     def begin_reply(self, conversation_id: int, interval: float = 0.5,
                     clock: Callable[[], float] = time.monotonic,
-                    splitter: ReasoningSplitter | None = None) -> ReplyWriter:
-        """Start an assistant reply that will stream in; see ``ReplyWriter``."""
-        message = self.add_message(conversation_id, "assistant", "", state="streaming")
+                    splitter: ReasoningSplitter | None = None, reply_to: int | None = None) -> ReplyWriter:
+        """Start an assistant reply (to the user message ``reply_to``) that will stream in; see ``ReplyWriter``."""
+        message = self.add_message(conversation_id, "assistant", "", state="streaming", reply_to=reply_to)
         return ReplyWriter(self, message.id, interval, clock, splitter)
 
     # -- app settings --------------------------------------------------------------------------------
@@ -436,6 +499,14 @@ def _conversation(row: sqlite3.Row) -> Conversation:
                         ChatSettings.from_dict(json.loads(row["settings"] or "{}")))
 
 
+MESSAGE_SELECT = (  # a message with its place among its turn's answers
+    "SELECT m.*, (SELECT COUNT(*) FROM messages a WHERE a.conversation_id = m.conversation_id"
+    " AND a.reply_to = m.reply_to) AS n_alternatives, (SELECT COUNT(*) FROM messages a"
+    " WHERE a.conversation_id = m.conversation_id AND a.reply_to = m.reply_to AND a.id < m.id) AS alternative"
+    " FROM messages m")
+
+
 def _message(row: sqlite3.Row) -> Message:
     return Message(row["id"], row["conversation_id"], row["seq"], row["role"], row["content"], row["state"],
-                   json.loads(row["stats"] or "{}"), row["created_at"], row["thinking"])
+                   json.loads(row["stats"] or "{}"), row["created_at"], row["thinking"], row["reply_to"],
+                   *((row["alternative"], max(1, row["n_alternatives"])) if "alternative" in row.keys() else ()))

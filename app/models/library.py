@@ -8,17 +8,22 @@ Sources, in listing order:
 * ``imported`` — files the user added: copied into ``data_dir/imported`` or linked in place, recorded in
   ``data_dir/imported.json``;
 * ``external`` — GGUFs found without copying in the Hugging Face hub cache
-  (``models--org--name/snapshots/<rev>/…``) and LM Studio's models folder (``publisher/repo/file.gguf``).
+  (``models--org--name/snapshots/<rev>/…``), LM Studio's models folder (``publisher/repo/file.gguf``) and
+  Ollama's model store (``manifests/<registry>/<namespace>/<model>/<tag>`` JSON manifests whose
+  ``application/vnd.ollama.image.model`` layer names the GGUF ``blobs/sha256-<digest>``).
 
 Names are unique paths such as ``bartowski/Llama-3.2-1B-Instruct-GGUF/Llama-3.2-1B-Instruct-Q4_K_M.gguf``,
-``imported/my-model.gguf`` or ``hf-cache/Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q4_k_m.gguf``.
+``imported/my-model.gguf``, ``hf-cache/Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q4_k_m.gguf`` or
+``ollama/llama3.2:1b``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
+import sys
 import shutil
 import time
 from pathlib import Path
@@ -32,6 +37,10 @@ Source = Literal["builtin", "downloaded", "imported", "external"]
 DEFAULT_BUILTIN = object()  # the per-user built-in model (BuiltinModel()), looked up when the library is made
 SPLIT_PART = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 MAX_SCAN_DEPTH = 4  # publisher/repo/[quant folder/]file.gguf
+OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
+OLLAMA_REGISTRY = "registry.ollama.ai"
+OLLAMA_DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
+MAX_MANIFEST_BYTES = 1 << 20  # a manifest is a few hundred bytes; a larger file is not one
 
 
 class LibraryError(Exception):
@@ -85,11 +94,23 @@ class RemovalPlan:
 
 
 def default_scan_dirs() -> list[Path]:
-    """The Hugging Face hub cache and LM Studio's models folders (current and older location)."""
+    """The Hugging Face hub cache, LM Studio's models folders (current and older location) and Ollama's store."""
     from huggingface_hub import constants
 
     home = Path.home()
-    return [Path(constants.HF_HUB_CACHE), home / ".lmstudio" / "models", home / ".cache" / "lm-studio" / "models"]
+    return [Path(constants.HF_HUB_CACHE), home / ".lmstudio" / "models", home / ".cache" / "lm-studio" / "models",
+            *ollama_model_dirs()]
+
+
+def ollama_model_dirs() -> list[Path]:
+    """Where Ollama keeps models: ``OLLAMA_MODELS`` when set, else ``~/.ollama/models`` (macOS, Windows, Linux
+    user installs) and, on Linux, the system service's ``/usr/share/ollama/.ollama/models``."""
+    if os.environ.get("OLLAMA_MODELS"):
+        return [Path(os.environ["OLLAMA_MODELS"]).expanduser()]
+    dirs = [Path.home() / ".ollama" / "models"]
+    if sys.platform.startswith("linux"):
+        dirs.append(Path("/usr/share/ollama/.ollama/models"))
+    return dirs
 
 
 class ModelLibrary:
@@ -155,7 +176,10 @@ class ModelLibrary:
         for root in self.scan_dirs:
             if not root.is_dir():
                 continue
-            scan = _scan_hf_cache(root) if _is_hf_cache(root) else _scan_folder(root)
+            if _is_ollama_store(root):
+                scan = _scan_ollama(root)
+            else:
+                scan = _scan_hf_cache(root) if _is_hf_cache(root) else _scan_folder(root)
             for f in scan:
                 key = _real(f.path)
                 if key not in seen:
@@ -317,6 +341,48 @@ def _scan_folder(root: Path) -> list[_Found]:
         repo = "/".join(rel.parts[:2]) if len(rel.parts) > 2 else None
         found.append(_Found(f"{label}/{rel.as_posix()}", path, "external", repo=repo, origin=origin))
     return found
+
+
+def _is_ollama_store(root: Path) -> bool:
+    return (root / "manifests").is_dir() and (root / "blobs").is_dir()
+
+
+def _scan_ollama(root: Path) -> list[_Found]:
+    """Ollama's models: each manifest (``<registry>/<namespace>/<model>/<tag>``) names its GGUF blob."""
+    found = []
+    manifests = root / "manifests"
+    for dirpath, dirnames, filenames in os.walk(manifests):
+        dirnames.sort()
+        for filename in sorted(filenames):
+            path = Path(dirpath) / filename
+            parts = path.relative_to(manifests).parts
+            digest = _ollama_model_digest(path) if len(parts) == 4 else None
+            if digest is not None:
+                found.append(_Found(_ollama_name(*parts), root / "blobs" / f"sha256-{digest}", "external",
+                                    origin="Ollama"))
+    return found
+
+
+def _ollama_model_digest(manifest: Path) -> str | None:
+    """The hex sha256 of the manifest's model layer, or None when the file is not a manifest with one."""
+    try:
+        if manifest.stat().st_size > MAX_MANIFEST_BYTES:
+            return None
+        layers = json.loads(manifest.read_text(encoding="utf-8")).get("layers", [])
+    except (OSError, ValueError, AttributeError):
+        return None
+    for layer in layers if isinstance(layers, list) else []:
+        if isinstance(layer, dict) and layer.get("mediaType") == OLLAMA_MODEL_LAYER:
+            match = OLLAMA_DIGEST.fullmatch(str(layer.get("digest", "")))  # never a path out of blobs/
+            return match.group(1) if match else None
+    return None
+
+
+def _ollama_name(registry: str, namespace: str, model: str, tag: str) -> str:
+    """``ollama/llama3.2:1b`` as Ollama itself names it; other namespaces and registries are spelled out."""
+    prefix = [] if registry == OLLAMA_REGISTRY else [registry]
+    prefix += [] if registry == OLLAMA_REGISTRY and namespace == "library" else [namespace]
+    return "ollama/" + "/".join([*prefix, f"{model}:{tag}"])
 
 
 def _real(path: Path) -> Path:

@@ -15,12 +15,14 @@ class ChatView(QScrollArea):
     """Shows a conversation's messages and re-emits each message's intents.
 
     Signals:
-        edit_submitted(int, str), delete_requested(int), regenerate_requested(): from the message widgets.
+        edit_submitted(int, str), delete_requested(int), regenerate_requested(), alternative_requested(int, int):
+            from the message widgets.
     """
 
     edit_submitted = Signal(int, str)
     delete_requested = Signal(int)
     regenerate_requested = Signal()
+    alternative_requested = Signal(int, int)
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -90,6 +92,7 @@ class ChatView(QScrollArea):
         widget.edit_submitted.connect(self.edit_submitted)
         widget.delete_requested.connect(self.delete_requested)
         widget.regenerate_requested.connect(self.regenerate_requested)
+        widget.alternative_requested.connect(self.alternative_requested)
         return widget
 
     def _remember_position(self, value: int) -> None:

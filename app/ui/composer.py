@@ -71,6 +71,7 @@ class Composer(QFrame):
         self.edit.setPlaceholderText("Message Hearth…  (Shift+Enter for a new line)")
         self.edit.setAccessibleName("Message")
         self.edit.submitted.connect(self._on_submit)
+        self.edit.textChanged.connect(self._update_button)
         self.edit.escape_pressed.connect(lambda: emit(self.stop_requested) if self.generating else None)
         self.button = QToolButton()
         self.button.setObjectName("sendButton")
@@ -112,6 +113,7 @@ class Composer(QFrame):
         self.button.setToolTip("Stop the answer (Esc)" if generating else "Send (Enter)")
         self.button.setAccessibleName("Stop" if generating else "Send")
         self.button.setIcon(icon("stop" if generating else "send", "on_accent"))
+        self._update_button()
 
     def set_context_usage(self, used: int, n_ctx: int, reply_room: int = 0) -> None:
         """Show ``used`` of the ``n_ctx`` tokens (the context length the settings show), of which ``reply_room``
@@ -133,6 +135,10 @@ class Composer(QFrame):
     def set_model_text(self, text: str) -> None:
         self.model_label.setText(text)
         self.model_label.setToolTip(text)  # the whole of it when a narrow window clips it
+
+    def _update_button(self) -> None:
+        # Stop is always there while answering; Send only when there is something to send
+        self.button.setEnabled(self.generating or bool(self.edit.toPlainText().strip()))
 
     def _on_submit(self) -> None:
         if self.generating:

@@ -1,4 +1,5 @@
-"""The conversation header's menu: export and import conversations, save and restore the model's state."""
+"""The conversation header's menu: rename or delete the conversation, export and import conversations, save and
+restore the model's state."""
 
 from __future__ import annotations
 
@@ -29,12 +30,16 @@ class ConversationMenu(QToolButton):
     """A "⋯" button whose menu asks for a file and emits what to do with it.
 
     Signals:
+        rename_requested(): rename the shown conversation.
+        delete_requested(): delete the shown conversation (the window offers undo).
         export_requested(str, str): kind ("json", "markdown" or "all") and the target path.
         import_requested(str, str): kind ("json" or "all") and the file to import.
         save_state_requested(str): where to write the shown conversation's state snapshot.
         restore_state_requested(str): the snapshot to restore as a new conversation.
     """
 
+    rename_requested = Signal()
+    delete_requested = Signal()
     export_requested = Signal(str, str)
     import_requested = Signal(str, str)
     save_state_requested = Signal(str)
@@ -43,7 +48,7 @@ class ConversationMenu(QToolButton):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.setText("⋯")
-        self.setToolTip("Export, import, save or restore state")
+        self.setToolTip("Rename, delete, export, import, save or restore state")
         self.setAutoRaise(True)
         self.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
         self.setStyleSheet("QToolButton::menu-indicator { image: none; width: 0px; }")
@@ -55,6 +60,9 @@ class ConversationMenu(QToolButton):
         menu = QMenu(self)
         self.actions_by_name = {}
         entries = [
+            ("rename", "Rename…", lambda: emit(self.rename_requested)),
+            ("delete", "Delete", lambda: emit(self.delete_requested)),
+            None,
             ("export_json", "Export as JSON…", self._export_json),
             ("export_markdown", "Export as Markdown…", self._export_markdown),
             ("import_json", "Import a conversation…", self._import_json),

@@ -4,7 +4,7 @@ dashboard and the Default settings page."""
 from __future__ import annotations
 
 from PySide6.QtCore import QSize, Qt
-from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtGui import QAction, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QButtonGroup, QFrame, QHBoxLayout, QLabel, QMainWindow, QMessageBox, QSplitter,
                                QStackedWidget, QToolButton, QVBoxLayout, QWidget)
 
@@ -22,6 +22,7 @@ from .dashboard_page import DashboardPage
 from .default_settings_page import DefaultSettingsPage
 from .conversation_menu import ConversationMenu
 from .downloads_panel import DownloadsPanel
+from .elided_label import ElidedLabel
 from .models_page import ModelsPage
 from .notice_bar import NoticeBar
 from .settings_panel import SettingsPanel
@@ -32,6 +33,7 @@ from .theme import app_icon, icon
 PAGES = ("chat", "models", "dashboard", "defaults")
 RAIL = (("chat", "Chat", "chat"), ("models", "Models", "models"), ("dashboard", "Live", "dashboard"),
         ("defaults", "Defaults", "settings"))  # page, label, icon
+CHAT_MIN_WIDTH = 380
 
 
 class MainWindow(QMainWindow):
@@ -71,9 +73,8 @@ class MainWindow(QMainWindow):
         self.notice_bar = NoticeBar()
         self.settings_panel = SettingsPanel()
         self.settings_panel.hide()
-        self.title = QLabel()
+        self.title = ElidedLabel()
         self.title.setObjectName("chatTitle")
-        self.title.setMinimumWidth(1)  # a long title is clipped rather than pushing the layout wider
         self.settings_button = QToolButton()
         self.settings_button.setCheckable(True)
         self.settings_button.setToolTip("Conversation settings (Ctrl+,)")
@@ -104,7 +105,7 @@ class MainWindow(QMainWindow):
         self.splitter.setStretchFactor(1, 1)
         self.splitter.setSizes([260, 700, 300])
         self.sidebar.setMinimumWidth(180)
-        center.setMinimumWidth(380)  # the side panels give way first; below this the window grows instead
+        center.setMinimumWidth(CHAT_MIN_WIDTH)  # the side panels give way first (see _fit_side_panels)
         self.downloads_panel = DownloadsPanel() if self.downloads is not None else None
         self.models_page = ModelsPage(downloads=self.downloads_panel)
         self.dashboard = DashboardPage(self.telemetry, lambda limit: recent_generations(self.controller.store, limit),
@@ -156,6 +157,22 @@ class MainWindow(QMainWindow):
         self.statusBar().setSizeGripEnabled(False)
         self.status_strip = StatusStrip(self.telemetry)
         self.statusBar().addPermanentWidget(self.status_strip)
+        self._build_menu_bar()
+
+    def _build_menu_bar(self) -> None:
+        """File: New chat, Settings, Quit (on macOS Qt moves Quit and Settings into the app menu)."""
+        menu = self.menuBar().addMenu("&File")
+        self.new_chat_action = QAction("&New chat", self, shortcut=QKeySequence.StandardKey.New)
+        self.settings_action = QAction("&Settings…", self, shortcut=QKeySequence("Ctrl+,"),
+                                       menuRole=QAction.MenuRole.PreferencesRole)
+        self.quit_action = QAction("&Quit", self, shortcut=QKeySequence("Ctrl+Q"),  # Cmd+Q on macOS
+                                   menuRole=QAction.MenuRole.QuitRole)
+        self.settings_action.triggered.connect(self._toggle_settings)
+        self.quit_action.triggered.connect(self.close)
+        for action in (self.new_chat_action, self.settings_action, None, self.quit_action):
+            menu.addSeparator() if action is None else menu.addAction(action)
+        help_menu = self.menuBar().addMenu("&Help")
+        help_menu.addAction("&About Hearth", self.show_about).setMenuRole(QAction.MenuRole.AboutRole)
 
     def _connect(self) -> None:
         c = self.controller
@@ -170,6 +187,7 @@ class MainWindow(QMainWindow):
         self.chat_view.edit_submitted.connect(c.edit_and_resend)
         self.chat_view.delete_requested.connect(c.delete_message)
         self.chat_view.regenerate_requested.connect(c.regenerate)
+        self.chat_view.alternative_requested.connect(c.show_alternative)
         self.settings_panel.settings_changed.connect(c.update_settings)
         self.settings_panel.reset_settings = c.default_settings
         self.defaults_page.defaults_changed.connect(c.set_default_settings)
@@ -195,15 +213,17 @@ class MainWindow(QMainWindow):
         c.model_changed.connect(self.dashboard.set_model)
         c.reply_finished.connect(lambda *_: self.dashboard.refresh_generations())
         self.status_strip.activated.connect(lambda: self.show_page("dashboard"))
-        QShortcut(QKeySequence.StandardKey.New, self, activated=self._new_chat)
+        self.new_chat_action.triggered.connect(self._new_chat)
         QShortcut(QKeySequence(Qt.Key.Key_Escape), self, activated=c.stop)
-        QShortcut(QKeySequence("Ctrl+,"), self, activated=self.settings_button.toggle)
         QShortcut(QKeySequence.StandardKey.Find, self, activated=self.sidebar.search.setFocus)
 
     def _connect_conversation_menu(self) -> None:
-        menu, actions = self.conversation_menu, self.actions
-        menu.setVisible(actions is not None)
+        menu, actions, c = self.conversation_menu, self.actions, self.controller
+        menu.rename_requested.connect(lambda: self.sidebar.start_rename(c.current_id))
+        menu.delete_requested.connect(lambda: c.delete_conversation(c.current_id) if c.current_id else None)
         if actions is None:
+            for name, action in menu.actions_by_name.items():
+                action.setVisible(name in ("rename", "delete"))
             return
         exports = {"json": actions.export_json, "markdown": actions.export_markdown, "all": actions.export_all}
         imports = {"json": actions.import_file, "all": actions.import_archive}
@@ -264,11 +284,26 @@ class MainWindow(QMainWindow):
         self.models_page.show_message(kind, text)
         self.statusBar().showMessage(text, 15000)
 
+    def _toggle_settings(self) -> None:
+        self.show_page("chat")
+        self.settings_button.toggle()
+
     def _show_settings(self, visible: bool) -> None:
         self.settings_panel.setVisible(visible)
+        self._fit_side_panels()
         self._refresh_draft_models()
-        if visible and self.width() < self.minimumSizeHint().width():
-            self.resize(self.minimumSizeHint().width(), self.height())  # grow rather than squeeze the chat
+
+    def _fit_side_panels(self) -> None:
+        """In a narrow window the settings panel takes the sidebar's place, so the chat keeps its room."""
+        settings = not self.settings_panel.isHidden()  # (also while another page is shown)
+        room = self.width() - self.rail.sizeHint().width() - CHAT_MIN_WIDTH - 2 * self.splitter.handleWidth()
+        panel = max(self.settings_panel.minimumWidth(), self.settings_panel.minimumSizeHint().width())
+        needed = max(self.sidebar.minimumWidth(), self.sidebar.minimumSizeHint().width()) + panel
+        self.sidebar.setVisible(not settings or room >= needed)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().resizeEvent(event)
+        self._fit_side_panels()
 
     # -- pages ---------------------------------------------------------------------------------------
     def show_about(self) -> AboutDialog:
@@ -336,7 +371,7 @@ class MainWindow(QMainWindow):
         self.sidebar.set_conversations(c.store.conversations(self.sidebar.search.text()), c.current_id, c.answering())
         if c.current_id is not None:
             title = c.store.conversation(c.current_id).title
-            self.title.setText(title)
+            self.title.set_full_text(title)
             self.conversation_menu.set_title(title)
             self.setWindowTitle(f"{title} — Hearth")
 

@@ -1,17 +1,21 @@
-"""Renders Markdown as a column of prose blocks (QTextBrowser) and code blocks with a copy button."""
+"""Renders Markdown as a column of prose blocks (QTextBrowser) and code blocks with syntax colours and a copy
+button."""
 
 from __future__ import annotations
 
+import bisect
 import math
 
-from PySide6.QtCore import Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QFontDatabase, QGuiApplication
+from PySide6.QtCore import QEvent, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import (QColor, QDesktopServices, QFont, QFontDatabase, QGuiApplication, QSyntaxHighlighter,
+                           QTextCharFormat, QTextDocument)
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QSizePolicy, QTextBrowser, QToolButton,
                                QVBoxLayout, QWidget)
 
+from ..code_highlight import CodeSpan, code_spans
 from ..markdown_blocks import Block, split_blocks
 from ..qt_compat import emit
-from .theme import icon
+from .theme import icon, is_dark
 
 WEB_LINK_SCHEMES = ("http", "https", "mailto")  # what a link in an answer may open; the text is the model's
 
@@ -74,6 +78,43 @@ class ProseBlock(QTextBrowser):
             self.setFixedHeight(height)
 
 
+class CodeHighlighter(QSyntaxHighlighter):
+    """Colours a code document from spans computed over its whole text (so strings and comments that run over
+    several lines keep their colour); ``set_spans`` before the text changes.
+
+    Signals:
+        none of its own.
+    """
+
+    def __init__(self, document: QTextDocument):
+        super().__init__(document)
+        self._spans: list[CodeSpan] = []
+        self._starts: list[int] = []
+
+    def set_spans(self, spans: list[CodeSpan]) -> None:
+        self._spans, self._starts = spans, [s.start for s in spans]
+
+    def highlightBlock(self, text: str) -> None:  # noqa: N802 - Qt override
+        begin = self.currentBlock().position()
+        end = begin + len(text)
+        index = max(0, bisect.bisect_right(self._starts, begin) - 1)
+        for span in self._spans[index:]:
+            if span.start >= end:
+                break
+            start, stop = max(span.start, begin), min(span.start + span.length, end)
+            if stop > start:
+                self.setFormat(start - begin, stop - start, _char_format(span))
+
+
+def _char_format(span: CodeSpan) -> QTextCharFormat:
+    look = QTextCharFormat()
+    look.setForeground(QColor(span.color))
+    if span.bold:
+        look.setFontWeight(QFont.Weight.Bold)
+    look.setFontItalic(span.italic)
+    return look
+
+
 class CodeBlock(QFrame):
     """A code block: a header with the language and a Copy button, then the code in a monospace, unwrapped view.
 
@@ -110,6 +151,8 @@ class CodeBlock(QFrame):
         self.code.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
         self.code.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.code.horizontalScrollBar().rangeChanged.connect(self._fit)
+        self.highlighter = CodeHighlighter(self.code.document())
+        self._block = Block("code", "")
         layout = QVBoxLayout(self)
         layout.setContentsMargins(1, 1, 1, 1)
         layout.setSpacing(0)
@@ -118,9 +161,20 @@ class CodeBlock(QFrame):
 
     def set_block(self, block: Block) -> None:
         self._language.setText(block.language or "code")
+        self._block = block
         if self.code.toPlainText() != block.text:
+            self.highlighter.set_spans(self._spans())
             self.code.setPlainText(block.text)
             self._fit()
+
+    def changeEvent(self, event) -> None:  # noqa: N802 - the colours follow a light/dark switch
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange:
+            self.highlighter.set_spans(self._spans())
+            self.highlighter.rehighlight()
+
+    def _spans(self) -> list[CodeSpan]:
+        return code_spans(self._block.text, self._block.language, is_dark(QGuiApplication.palette()))
 
     def text(self) -> str:
         return self.code.toPlainText()

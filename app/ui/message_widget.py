@@ -133,12 +133,14 @@ class MessageWidget(QFrame):
         edit_submitted(int, str): message id and the new text (user messages; resend from there).
         delete_requested(int): message id.
         regenerate_requested(): answer the last question again (shown on the last answer only).
+        alternative_requested(int, int): message id and step (-1 previous, +1 next): show another answer of its turn.
         copied(int): message id whose text went to the clipboard.
     """
 
     edit_submitted = Signal(int, str)
     delete_requested = Signal(int)
     regenerate_requested = Signal()
+    alternative_requested = Signal(int, int)
     copied = Signal(int)
 
     def __init__(self, message: Message, assistant_name: str = "Assistant", parent: QWidget | None = None):
@@ -172,6 +174,7 @@ class MessageWidget(QFrame):
         header.setSpacing(2)
         header.addWidget(self._author)
         header.addStretch(1)
+        self.previous_button, self.alternatives_label, self.next_button = self._alternatives_control(header)
         for button in (self.copy_button, self.edit_button, self.regenerate_button, self.delete_button):
             header.addWidget(button)
         self._layout = QVBoxLayout(self)
@@ -185,6 +188,28 @@ class MessageWidget(QFrame):
         self.edit_button.setVisible(message.role == "user")
         self.regenerate_button.setVisible(False)
         self.set_message(message)
+
+    def _alternatives_control(self, header: QHBoxLayout) -> tuple[QToolButton, QLabel, QToolButton]:
+        """‹ 2/3 ›: flip between the answers a turn got from Regenerate."""
+        previous = QToolButton(text="‹", autoRaise=True, toolTip="Previous answer", accessibleName="Previous answer")
+        label = QLabel()
+        label.setObjectName("alternatives")
+        following = QToolButton(text="›", autoRaise=True, toolTip="Next answer", accessibleName="Next answer")
+        previous.clicked.connect(lambda: emit(self.alternative_requested, self.message.id, -1))
+        following.clicked.connect(lambda: emit(self.alternative_requested, self.message.id, 1))
+        for widget in (previous, label, following):
+            widget.hide()
+            header.addWidget(widget)
+        return previous, label, following
+
+    def _show_alternatives(self, message: Message, streaming: bool) -> None:
+        many = message.alternatives > 1
+        self.alternatives_label.setText(f"{message.alternative + 1}/{message.alternatives}")
+        self.alternatives_label.setToolTip(f"Answer {message.alternative + 1} of {message.alternatives}")
+        for widget in (self.previous_button, self.alternatives_label, self.next_button):
+            widget.setVisible(many)
+        self.previous_button.setEnabled(not streaming and message.alternative > 0)
+        self.next_button.setEnabled(not streaming and message.alternative < message.alternatives - 1)
 
     def _tool(self, name: str, tip: str, slot) -> QToolButton:
         button = QToolButton()
@@ -215,6 +240,7 @@ class MessageWidget(QFrame):
         self.set_author(self._assistant_name)
         for button in (self.copy_button, self.edit_button, self.delete_button):
             button.setEnabled(not streaming)
+        self._show_alternatives(message, streaming)
 
     def set_author(self, assistant_name: str) -> None:
         """Name the model that wrote this reply: the one its stats record, else ``assistant_name`` (the

@@ -14,6 +14,16 @@ from .theme import icon
 ID_ROLE = Qt.ItemDataRole.UserRole
 
 
+class ConversationList(QListWidget):
+    """The list of conversations; a right-click opens the menu without moving the highlight off the open one."""
+
+    def mousePressEvent(self, event) -> None:  # noqa: N802 - Qt override
+        if event.button() == Qt.MouseButton.RightButton:
+            event.accept()  # selection follows what is open, not where the menu was asked for
+            return
+        super().mousePressEvent(event)
+
+
 class Sidebar(QFrame):
     """Lists conversations and emits what the user does with them.
 
@@ -45,7 +55,7 @@ class Sidebar(QFrame):
         self._search_timer.timeout.connect(lambda: emit(self.search_changed, self.search.text()))
         self.search.textChanged.connect(self._search_timer.start)
         self.search.addAction(icon("search", "muted"), QLineEdit.ActionPosition.LeadingPosition)
-        self.list = QListWidget()
+        self.list = ConversationList()
         self.list.setObjectName("conversationList")
         self.list.setFrameShape(QFrame.Shape.NoFrame)
         self.list.setUniformItemSizes(True)
@@ -67,11 +77,13 @@ class Sidebar(QFrame):
         layout.addWidget(self.search)
         layout.addWidget(self.list, 1)
         self._filling = False
+        self._current_id: int | None = None
 
     def set_conversations(self, conversations: list[Conversation], current_id: int | None,
                           answering: frozenset[int] = frozenset()) -> None:
         """List ``conversations``, select ``current_id``, and mark those whose reply is being generated."""
         self._filling = True
+        self._current_id = current_id
         self.list.clear()
         for conv in conversations:
             item = QListWidgetItem(conv.title)
@@ -97,6 +109,13 @@ class Sidebar(QFrame):
                 return item
         return None
 
+    def start_rename(self, conversation_id: int) -> None:
+        """Edit the title of ``conversation_id`` in place (Enter saves, Esc cancels)."""
+        item = self.item_for(conversation_id)
+        if item is not None:
+            self.list.scrollToItem(item)
+            self.list.editItem(item)
+
     def _renamed(self, item: QListWidgetItem) -> None:
         if not self._filling and item.data(ID_ROLE) is not None:
             emit(self.rename_requested, item.data(ID_ROLE), item.text())
@@ -114,5 +133,12 @@ class Sidebar(QFrame):
         menu.addAction("Rename", lambda: self.list.editItem(item))
         menu.addAction("Delete", lambda: emit(self.delete_requested, item.data(ID_ROLE)))
         menu.exec(self.list.viewport().mapToGlobal(pos))
+        self._highlight_current()
+
+    def _highlight_current(self) -> None:
+        """Put the highlight back on the open conversation (a closed menu must not leave it elsewhere)."""
+        item = self.item_for(self._current_id) if self._current_id is not None else None
+        if item is not None and item is not self.list.currentItem():
+            self.list.setCurrentItem(item)
 
 

@@ -143,6 +143,11 @@ def style_sheet(palette: QPalette) -> str:
         #thinkingToggle, #thinkingBlock QTextBrowser#prose {{ color: {n['muted']}; }}
         #codeBlock {{ background: {n['code']}; border: 1px solid {n['code_line']}; border-radius: 6px; }}
         #codeBlock QPlainTextEdit {{ background: transparent; }}
+        #codeBlock QScrollBar:horizontal {{ background: {n['code']}; height: 8px; margin: 0 4px 2px 4px; border: none; }}
+        #codeBlock QScrollBar::handle:horizontal {{ background: {n['code_line']}; border-radius: 3px; min-width: 24px; }}
+        #codeBlock QScrollBar::handle:horizontal:hover {{ background: {n['muted']}; }}
+        #codeBlock QScrollBar::add-line, #codeBlock QScrollBar::sub-line {{ width: 0; border: none; }}
+        #codeBlock QScrollBar::add-page, #codeBlock QScrollBar::sub-page {{ background: none; }}
         #composerBox {{ background: {n['base']}; border: 1px solid {n['box_line']}; border-radius: 12px; }}
         #composerBox QPlainTextEdit {{ background: transparent; }}
         #sendButton {{ background: {n['accent']}; border: none; border-radius: 18px; }}

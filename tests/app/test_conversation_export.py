@@ -60,7 +60,7 @@ def test_json_round_trip_keeps_everything(store, tmp_path):
     path = tmp_path / "tea.json"
     ce.export_json(store, conv.id, path, MODEL)
     doc = json.loads(path.read_text(encoding="utf-8"))
-    assert doc["format"] == "hearth-conversation" and doc["version"] == 2
+    assert doc["format"] == "hearth-conversation" and doc["version"] == 3
     assert doc["messages"][1]["thinking"] == "The user asks about tea.\n\nKeep it short."
     assert "thinking" not in doc["messages"][0] and doc["settings"]["enable_thinking"] is True
     assert doc["model"] == {"name": "SmolLM2 135M Instruct", "sha256": SHA, "file": "SmolLM2.gguf"}
@@ -147,7 +147,7 @@ def with_change(doc, change):
 
 BAD_DOCUMENTS = [
     (lambda d: d.update(format="chatgpt-export"), "format is 'chatgpt-export'"),
-    (lambda d: d.update(version=3), "written by a newer Hearth (format version 3"),
+    (lambda d: d.update(version=4), "written by a newer Hearth (format version 4"),
     (lambda d: d["messages"][1].update(thinking=["a"]), "messages[1].thinking: expected text, not list"),
     (lambda d: d["settings"].update(enable_thinking="no"), "settings.enable_thinking: expected a bool, not 'no'"),
     (lambda d: d["settings"].update(enable_thinking=1), "settings.enable_thinking: expected a bool, not 1"),

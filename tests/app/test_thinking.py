@@ -194,6 +194,6 @@ def test_an_old_database_opens_and_gains_the_thinking_column(tmp_path):
     store = ConversationStore(path)
     (message,) = store.messages(1)
     assert (message.content, message.thinking) == ("An old answer", "")
-    assert store.db.execute("PRAGMA user_version").fetchone()[0] == store_module.SCHEMA_VERSION == 3
+    assert store.db.execute("PRAGMA user_version").fetchone()[0] == store_module.SCHEMA_VERSION == len(store_module.MIGRATIONS)
     assert store.conversation(1).settings.enable_thinking is True
     store.close()

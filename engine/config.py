@@ -12,9 +12,14 @@ import math
 from .gguf_file import GGUFFile, ModelFormatError
 from .packed_strings import PackedStrings
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "gemma3")
+ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")  # rope.scaling.type values llama.cpp knows (alpha: no)
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "mistral3", "smollm3", "granite", "olmo2")
 MAX_LAYERS = 1024
 MAX_HEADS = 4096
+NEOX_ROPE_ARCHS = ("qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2")  # llama.cpp's LLAMA_ROPE_TYPE_NEOX
+# where llama.cpp's graph asserts rope.dimension_count == head_dim (only phi3 and gemma rotate part of a head)
+FULL_ROTARY_ARCHS = ("llama", "qwen3", "mistral3", "smollm3", "granite", "olmo2")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,10 +38,10 @@ class ModelConfig:
     rope_base: float
     rope_dim: int
     rope_neox: bool  # True: rotate halves (x[i], x[i+d/2]); False: adjacent pairs (x[2i], x[2i+1])
-    rope_scale: float = 1.0  # linear position scaling (positions are divided by it)
+    rope_scale: float = 1.0  # rope.scaling.factor: positions divided by it (linear), or YaRN's factor
     rope_base_local: float | None = None  # RoPE base of sliding-window layers where it differs
     qkv_bias: bool = False
-    qk_norm: bool = False
+    qk_norm: bool = False  # per-head q/k RMS norms (head_dim,) before RoPE (gemma3, qwen3)
     post_norms: bool = False  # norm on the attention and FFN outputs before the residual add
     activation: str = "silu"  # "silu" or "gelu_tanh", applied to the gate
     embed_scale: float = 1.0
@@ -45,10 +50,33 @@ class ModelConfig:
     swa_pattern: int = 0  # layers with il % swa_pattern < swa_pattern - 1 use the sliding window
     tied_embeddings: bool = True
     has_rope_freqs: bool = False  # a rope_freqs tensor divides the frequencies (Llama 3.1 scaling)
+    # -- architecture blocks every backend's decoder implements ------------------------------------------
+    pre_norms: bool = True  # False (olmo2): no attn_norm / ffn_norm before the blocks
+    qk_norm_whole: bool = False  # olmo2: q_norm (n_q_embd,) / k_norm (n_kv_embd,) over the whole projection
+    attn_softcap: float = 0.0  # gemma2: scores (after the q·k scale) -> c * tanh(scores / c); 0 = off
+    final_softcap: float = 0.0  # gemma2: logits -> c * tanh(logits / c); 0 = off
+    residual_scale: float = 1.0  # granite: attention and FFN outputs multiplied by it before the residual add
+    logit_scale: float = 1.0  # granite: logits multiplied by it (the reciprocal of the GGUF's logit_scale)
+    rope_mscale: float = 1.0  # cos and sin multiplied by it (YaRN / LongRoPE attention factor, ggml's mscale)
+    attn_temp_scale: float = 0.0  # mistral3 temperature tuning: q *= log(floor(pos / floor) + 1) * scale + 1
+    attn_temp_floor: int = 0
+    no_rope_every: int = 0  # smollm3: layers with (il + 1) % no_rope_every == 0 have no RoPE
+    use_rope: bool = True  # granite with rope.scaling.finetuned false: no layer has RoPE
+    # -- RoPE scaling inputs of rope.rope_tables (backends use its tables, not these) ---------------------
+    rope_scaling: str = "none"  # "none", "linear", "yarn" or "longrope"
+    rope_scale_local: float | None = None  # the sliding layers' factor where it differs (None: rope_scale)
+    rope_factors: bool = False  # LongRoPE: rope_factors_long / rope_factors_short tensors, chosen by n_ctx
+    yarn_orig_ctx: int = 0  # rope.scaling.original_context_length (llama.cpp's n_ctx_orig_yarn)
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    yarn_log_mul: float = 0.0
+    rope_attn_factor: float = 1.0  # rope.scaling.attn_factor
 
     def __post_init__(self):
         if self.attn_scale == 0.0:
             object.__setattr__(self, "attn_scale", 1.0 / math.sqrt(self.head_dim))
+        if self.yarn_orig_ctx == 0:
+            object.__setattr__(self, "yarn_orig_ctx", self.n_ctx_train)
 
     @property
     def n_q_embd(self) -> int:
@@ -58,9 +86,17 @@ class ModelConfig:
     def n_kv_embd(self) -> int:
         return self.n_kv_heads * self.head_dim
 
+    @property
+    def local_rope_scale(self) -> float:
+        return self.rope_scale if self.rope_scale_local is None else self.rope_scale_local
+
     def is_sliding(self, layer: int) -> bool:
         """Whether ``layer`` attends only to the last ``sliding_window`` positions."""
         return self.sliding_window > 0 and self.swa_pattern > 0 and layer % self.swa_pattern < self.swa_pattern - 1
+
+    def is_rope_layer(self, layer: int) -> bool:
+        """Whether ``layer`` rotates its queries and keys (llama.cpp smollm3: ``(il + 1) % 4 != 0``)."""
+        return self.use_rope and not (self.no_rope_every > 0 and (layer + 1) % self.no_rope_every == 0)
 
     def layer_rope_base(self, layer: int) -> float:
         if self.rope_base_local is not None and self.is_sliding(layer):
@@ -69,7 +105,11 @@ class ModelConfig:
 
     @classmethod
     def from_gguf(cls, gguf: GGUFFile) -> ModelConfig:
-        """Build the config from a GGUF file's metadata and tensor list; unknown keys are ignored."""
+        """Build the config from a GGUF file's metadata and tensor list; unknown keys are ignored.
+
+        Every field is filled from the keys llama.cpp reads for the architecture (src/llama-model.cpp and
+        src/models/<arch>.cpp), with llama.cpp's defaults.
+        """
         arch = gguf.get("general.architecture", str)
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ModelFormatError(f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
@@ -84,6 +124,7 @@ class ModelConfig:
             raise ModelFormatError(f"head_count {n_heads} is not a multiple of head_count_kv {n_kv_heads}")
         head_dim = _positive(num("attention.key_length", n_embd // n_heads), "attention.key_length", 1 << 14)
         embd = gguf.tensor("token_embd.weight")
+        n_ctx_train = _positive(num("context_length", 2048), "context_length", 1 << 24)
         fields = dict(
             arch=arch,
             n_layers=_positive(num("block_count"), "block_count", MAX_LAYERS),
@@ -94,14 +135,17 @@ class ModelConfig:
             head_dim=head_dim,
             v_head_dim=_positive(num("attention.value_length", head_dim), "attention.value_length", 1 << 14),
             n_vocab=embd.shape[1] if len(embd.shape) == 2 else 0,
-            n_ctx_train=_positive(num("context_length", 2048), "context_length", 1 << 24),
+            n_ctx_train=n_ctx_train,
             rms_eps=num("attention.layer_norm_rms_epsilon", 1e-5, float),
             rope_base=num("rope.freq_base", 10000.0, float),
             rope_dim=_positive(num("rope.dimension_count", head_dim), "rope.dimension_count", head_dim),
-            rope_neox=arch != "llama",
-            qkv_bias="blk.0.attn_q.bias" in gguf.tensors,
+            rope_neox=arch in NEOX_ROPE_ARCHS,
+            qkv_bias="blk.0.attn_q.bias" in gguf.tensors or "blk.0.attn_qkv.bias" in gguf.tensors,
             tied_embeddings="output.weight" not in gguf.tensors,
             has_rope_freqs="rope_freqs.weight" in gguf.tensors,
+            yarn_orig_ctx=_positive(num("rope.scaling.original_context_length", n_ctx_train),
+                                    "rope.scaling.original_context_length", 1 << 24),
+            rope_attn_factor=num("rope.scaling.attn_factor", 1.0, float),
         )
         if embd.shape[0] != n_embd or fields["n_vocab"] <= 0:
             raise ModelFormatError(f"token_embd.weight has shape {embd.shape}, expected ({n_embd}, n_vocab)")
@@ -109,21 +153,156 @@ class ModelConfig:
         if isinstance(tokens, PackedStrings) and len(tokens) > fields["n_vocab"]:  # fewer is fine: padded embeddings
             raise ModelFormatError(f"the tokenizer has {len(tokens)} tokens but token_embd.weight has only "
                                    f"{fields['n_vocab']} rows: token ids from {fields['n_vocab']} on have no embedding")
-        if gguf.get(f"{arch}.rope.scaling.type", str, "none") == "linear":
-            fields["rope_scale"] = num("rope.scaling.factor", 1.0, float)
-        if arch == "gemma3":
-            fields.update(
-                qk_norm=True,
-                post_norms=True,
-                activation="gelu_tanh",
-                embed_scale=math.sqrt(n_embd),
-                rope_base_local=10000.0,
-                sliding_window=num("attention.sliding_window", 0),
-                swa_pattern=6,
-                # llama.cpp: 1/sqrt(n_embd/n_head) for the 27B model, 1/sqrt(head_dim) for the others
-                attn_scale=1.0 / math.sqrt(n_embd // n_heads if n_embd == 5376 else head_dim),
-            )
-        return cls(**fields)
+        if arch in FULL_ROTARY_ARCHS and fields["rope_dim"] != head_dim:
+            raise ModelFormatError(f"metadata {arch}.rope.dimension_count = {fields['rope_dim']}, but {arch} "
+                                   f"rotates whole heads of {head_dim}")
+        fields.update(_rope_scaling_fields(gguf, arch))
+        fields.update(_ARCH_FIELDS.get(arch, _no_fields)(gguf, arch, fields))
+        config = cls(**fields)
+        _check_rope_mscale(config)
+        return config
+
+
+def _no_fields(gguf: GGUFFile, arch: str, fields: dict) -> dict:
+    return {}
+
+
+def _rope_scaling_fields(gguf: GGUFFile, arch: str) -> dict:
+    """rope.scaling.type (llama.cpp's default is "linear") and factor (the old key rope.scale_linear too)."""
+    kind = gguf.get(f"{arch}.rope.scaling.type", str, "linear")
+    if kind not in ROPE_SCALING_TYPES:
+        raise ModelFormatError(f"metadata {arch}.rope.scaling.type = {kind!r} is not supported "
+                               f"(supported: {', '.join(ROPE_SCALING_TYPES)})")
+    factor = gguf.get(f"{arch}.rope.scaling.factor", float, 0.0) or gguf.get(f"{arch}.rope.scale_linear", float, 0.0)
+    if not (factor == 0.0 or 0.0 < factor <= 1e6) or not math.isfinite(factor):
+        raise ModelFormatError(f"metadata {arch}.rope.scaling.factor = {factor} is out of range")
+    scale = 1.0 if kind == "none" or factor == 0.0 else factor  # llama.cpp: freq_scale 1 for "none"
+    fields = dict(rope_scaling=kind, rope_scale=scale)
+    if kind == "yarn" and scale < 1.0:
+        raise ModelFormatError(f"metadata {arch}.rope.scaling.factor = {factor}: YaRN needs a factor of at least 1")
+    if kind == "longrope" or arch == "phi3":  # phi3 loads long/short factors whatever the type says
+        fields["rope_factors"] = "rope_factors_long.weight" in gguf.tensors or "rope_factors_short.weight" in gguf.tensors
+    return fields
+
+
+def _gemma_common(gguf: GGUFFile, arch: str, fields: dict, default_window: int, default_pattern: int) -> dict:
+    n_embd, n_heads = fields["n_embd"], fields["n_heads"]
+    window = gguf.get(f"{arch}.attention.sliding_window", int, default_window)
+    big = fields["n_layers"] == (46 if arch == "gemma2" else 62)  # llama.cpp: LLM_TYPE_27B
+    return dict(
+        post_norms=True,
+        activation="gelu_tanh",
+        embed_scale=math.sqrt(n_embd),
+        rope_base_local=gguf.get(f"{arch}.rope.freq_base_swa", float, 10000.0),
+        sliding_window=_non_negative(window, f"{arch}.attention.sliding_window"),
+        swa_pattern=_swa_pattern(gguf, arch, fields["n_layers"], default_pattern) if window > 0 else 0,
+        # gemma_pytorch: 1/sqrt(n_embd/n_head) for the 27B models, 1/sqrt(head_dim) for the others
+        attn_scale=1.0 / math.sqrt(n_embd // n_heads if big else fields["head_dim"]),
+        final_softcap=gguf.get(f"{arch}.final_logit_softcapping", float, 30.0 if arch == "gemma2" else 0.0),
+    )
+
+
+def _gemma2(gguf: GGUFFile, arch: str, fields: dict) -> dict:
+    out = _gemma_common(gguf, arch, fields, default_window=4096, default_pattern=2)
+    out.update(attn_softcap=gguf.get(f"{arch}.attn_logit_softcapping", float, 50.0),
+               rope_base_local=gguf.get(f"{arch}.rope.freq_base_swa", float, fields["rope_base"]))
+    return out
+
+
+def _gemma3(gguf: GGUFFile, arch: str, fields: dict) -> dict:
+    out = _gemma_common(gguf, arch, fields, default_window=0, default_pattern=6)
+    out.update(qk_norm=True, rope_scale_local=1.0)  # llama.cpp: the sliding layers are never scaled
+    return out
+
+
+def _qwen3(gguf: GGUFFile, arch: str, fields: dict) -> dict:
+    return dict(qk_norm=True)
+
+
+def _phi3(gguf: GGUFFile, arch: str, fields: dict) -> dict:
+    # llama.cpp reads phi3's attention.sliding_window but disables it ("Phi SWA is currently disabled"):
+    # every layer attends to the whole context, and so do we, to give the same output.
+    return {}
+
+
+def _mistral3(gguf: GGUFFile, arch: str, fields: dict) -> dict:
+    out = dict(
+        yarn_beta_fast=gguf.get(f"{arch}.rope.scaling.yarn_beta_fast", float, 32.0),
+        yarn_beta_slow=gguf.get(f"{arch}.rope.scaling.yarn_beta_slow", float, 1.0),
+        yarn_log_mul=gguf.get(f"{arch}.rope.scaling.yarn_log_multiplier", float, 0.0),
+        attn_temp_scale=gguf.get(f"{arch}.attention.temperature_scale", float, 0.0),
+    )
+    if out["attn_temp_scale"] != 0.0:
+        out["attn_temp_floor"] = fields["yarn_orig_ctx"]  # llama.cpp: n_attn_temp_floor_scale = n_ctx_orig_yarn
+    return out
+
+
+def _smollm3(gguf: GGUFFile, arch: str, fields: dict) -> dict:
+    return dict(no_rope_every=4)  # llama.cpp: n_no_rope_layer_step = 4
+
+
+def _granite(gguf: GGUFFile, arch: str, fields: dict) -> dict:
+    logit_scale = gguf.get(f"{arch}.logit_scale", float)  # required by llama.cpp
+    residual = gguf.get(f"{arch}.residual_scale", float, 0.0)
+    embedding = gguf.get(f"{arch}.embedding_scale", float, 0.0)
+    attention = gguf.get(f"{arch}.attention.scale", float, 0.0)
+    for key, value in (("logit_scale", logit_scale), ("residual_scale", residual),
+                       ("embedding_scale", embedding), ("attention.scale", attention)):
+        if not math.isfinite(value) or value < 0 or (key == "logit_scale" and value == 0):
+            raise ModelFormatError(f"metadata {arch}.{key} = {value} is out of range")
+    return dict(
+        logit_scale=1.0 / logit_scale,
+        residual_scale=residual or 1.0,  # llama.cpp: 0 means no scaling
+        embed_scale=embedding or 1.0,
+        attn_scale=attention,  # 0: 1/sqrt(head_dim), filled in __post_init__
+        use_rope=gguf.get(f"{arch}.rope.scaling.finetuned", bool, True),
+    )
+
+
+def _olmo2(gguf: GGUFFile, arch: str, fields: dict) -> dict:
+    out = dict(pre_norms=False, post_norms=True, qk_norm_whole=True)
+    window = gguf.get(f"{arch}.attention.sliding_window", int, 0)
+    if window > 0:
+        out.update(sliding_window=window, swa_pattern=_swa_pattern(gguf, arch, fields["n_layers"], 4),
+                   rope_base_local=gguf.get(f"{arch}.rope.freq_base_swa", float, fields["rope_base"]),
+                   rope_scale_local=1.0)
+        if fields["rope_scaling"] == "yarn":  # llama.cpp turns YaRN off on the sliding layers only
+            raise ModelFormatError("olmo2 with sliding-window layers and YaRN scaling is not supported")
+    return out
+
+
+_ARCH_FIELDS = {"gemma2": _gemma2, "gemma3": _gemma3, "qwen3": _qwen3, "phi3": _phi3, "mistral3": _mistral3,
+                "smollm3": _smollm3, "granite": _granite, "olmo2": _olmo2}
+
+
+def _swa_pattern(gguf: GGUFFile, arch: str, n_layers: int, default: int) -> int:
+    """attention.sliding_window_pattern: an int n (layers il % n < n - 1 slide), or a per-layer bool array
+    that must follow such a pattern (llama.cpp's set_swa_pattern, dense last)."""
+    key = f"{arch}.attention.sliding_window_pattern"
+    value = gguf.metadata.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        flags = [bool(v) for v in value] if hasattr(value, "__len__") else None
+        for n in range(1, n_layers + 2):
+            if flags == [il % n < n - 1 for il in range(n_layers)]:
+                return n
+        raise ModelFormatError(f"metadata {key} is not a pattern of sliding layers this engine supports")
+    return _positive(value, key, MAX_LAYERS + 1)
+
+
+def _check_rope_mscale(config: ModelConfig) -> None:
+    """Fill ``rope_mscale``; one factor must serve every RoPE set (YaRN on layers of different scales is not)."""
+    from .rope import yarn_mscale
+
+    mscale = yarn_mscale(config)
+    if any(config.is_sliding(il) for il in range(config.n_layers)) and yarn_mscale(config, config.local_rope_scale) != mscale:
+        raise ModelFormatError(f"{config.arch} with YaRN and differently scaled sliding-window layers is not supported")
+    object.__setattr__(config, "rope_mscale", mscale)
+
+
+def _non_negative(value: int, key: str) -> int:
+    if not 0 <= value <= 1 << 24:
+        raise ModelFormatError(f"metadata {key} = {value} is out of range")
+    return value
 
 
 def _positive(value: int, key: str, limit: int) -> int:

@@ -1,6 +1,15 @@
-"""Where each decoder weight lives in a GGUF file, per layer, for every supported architecture."""
+"""Where each decoder weight lives in a GGUF file, per layer, for every supported architecture.
+
+A field maps to a ``TensorRef``: a tensor and a range of its rows (of its elements, for a vector). Plain
+tensors are referenced whole; fused ones are row ranges of one tensor: phi3's ``attn_qkv`` holds q, k and
+v (in that order, llama.cpp ``build_qkv``) and its ``ffn_up`` the gate then the up projection (ggml's
+``swiglu`` takes the first half as the gate). Each backend's matrix loader takes the row range (row slices
+of a packed matrix are views, no copy).
+"""
 
 from __future__ import annotations
+
+import dataclasses
 
 from .config import ModelConfig
 from .gguf_file import GGUFFile, ModelFormatError
@@ -24,45 +33,153 @@ LAYER_TENSORS = {
     "w_down": ("ffn_down.weight", True),
     "post_ffn_norm": ("post_ffw_norm.weight", False),
 }
+MATRIX_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+# tensors outside the layers that a model may hold, besides token_embd / output_norm / output
+GLOBAL_TENSORS = ("token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight",
+                  "rope_factors_long.weight", "rope_factors_short.weight")
 
 
-def layer_tensor_names(gguf: GGUFFile, config: ModelConfig, layer: int) -> dict[str, str | None]:
-    """Tensor names of one layer by field; optional tensors the model lacks map to None.
+@dataclasses.dataclass(frozen=True)
+class TensorRef:
+    """Rows ``row_start:row_stop`` of tensor ``name`` (elements, for a vector); ``row_stop`` None = all."""
+
+    name: str
+    row_start: int = 0
+    row_stop: int | None = None
+
+    @property
+    def is_whole(self) -> bool:
+        return self.row_start == 0 and self.row_stop is None
+
+    def rows(self, n_rows: int) -> slice:
+        """The row slice within a tensor of ``n_rows`` rows."""
+        return slice(self.row_start, n_rows if self.row_stop is None else self.row_stop)
+
+
+def layer_tensor_names(gguf: GGUFFile, config: ModelConfig, layer: int) -> dict[str, TensorRef | None]:
+    """Tensor references of one layer by field; optional tensors the model lacks map to None.
+
+    For layer 0 it also checks the whole file's tensor list: a tensor llama.cpp would accept for this
+    architecture but this engine does not implement (an output bias, FFN biases, MoE experts ...) raises
+    ModelFormatError naming it, rather than being ignored into wrong output.
 
     Raises ModelFormatError when a tensor the architecture needs is missing or has the wrong shape.
     """
-    names: dict[str, str | None] = {}
+    if layer == 0:
+        _check_no_unknown_tensors(gguf, config)
+    c = config
+    prefix = f"blk.{layer}."
+    refs: dict[str, TensorRef | None] = {}
+    fused_qkv = prefix + "attn_qkv.weight" in gguf.tensors
+    fused_up = c.arch == "phi3"  # llama.cpp phi3: ffn_up is (n_embd, 2 * n_ff), gate first
     for field, (suffix, required) in LAYER_TENSORS.items():
-        name = f"blk.{layer}.{suffix}"
-        needed = required or (field in ("bq", "bk", "bv") and config.qkv_bias) \
-            or (field in ("q_norm", "k_norm") and config.qk_norm) \
-            or (field in ("post_attn_norm", "post_ffn_norm") and config.post_norms)
+        name = prefix + suffix
+        if fused_qkv and field in ("wq", "wk", "wv", "bq", "bk", "bv"):
+            refs[field] = _qkv_part(gguf, c, prefix, field)
+            continue
+        if fused_up and field in ("w_gate", "w_up"):
+            name = prefix + "ffn_up.weight"
+            refs[field] = TensorRef(name, 0, c.n_ff) if field == "w_gate" else TensorRef(name, c.n_ff, 2 * c.n_ff)
+            if name not in gguf.tensors:
+                raise ModelFormatError(f"the model has no tensor {name!r}, which {c.arch} needs")
+            continue
+        needed = _needed(c, field, required)
         if name not in gguf.tensors:
             if needed:
-                raise ModelFormatError(f"the model has no tensor {name!r}, which {config.arch} needs")
-            name = None
-        names[field] = name
-    _check_shapes(gguf, config, names)
-    return names
+                raise ModelFormatError(f"the model has no tensor {name!r}, which {c.arch} needs")
+            refs[field] = None
+        elif field in ("attn_norm", "ffn_norm") and not c.pre_norms:
+            raise ModelFormatError(f"tensor {name!r} is not used by {c.arch}, which has no pre-norms")
+        else:
+            refs[field] = TensorRef(name)
+    _check_shapes(gguf, c, refs)
+    return refs
 
 
-def _check_shapes(gguf: GGUFFile, config: ModelConfig, names: dict[str, str | None]) -> None:
+def _needed(c: ModelConfig, field: str, required: bool) -> bool:
+    if field in ("attn_norm", "ffn_norm"):
+        return c.pre_norms
+    return required or (field in ("bq", "bk", "bv") and c.qkv_bias) \
+        or (field in ("q_norm", "k_norm") and (c.qk_norm or c.qk_norm_whole)) \
+        or (field in ("post_attn_norm", "post_ffn_norm") and c.post_norms)
+
+
+def _qkv_part(gguf: GGUFFile, c: ModelConfig, prefix: str, field: str) -> TensorRef | None:
+    """q, k or v rows of the fused ``attn_qkv`` weight (or bias): q first, then k, then v."""
+    n_q, n_k, n_v = c.n_q_embd, c.n_kv_embd, c.n_kv_heads * c.v_head_dim
+    start, stop = {"q": (0, n_q), "k": (n_q, n_q + n_k), "v": (n_q + n_k, n_q + n_k + n_v)}[field[1]]
+    if field.startswith("w"):
+        name = prefix + "attn_qkv.weight"
+        shape = (c.n_embd, n_q + n_k + n_v)
+        separate = prefix + LAYER_TENSORS[field][0]
+        if separate in gguf.tensors:
+            raise ModelFormatError(f"the model has both {name!r} and {separate!r}")
+    else:
+        name = prefix + "attn_qkv.bias"
+        separate = prefix + LAYER_TENSORS[field][0]
+        if name not in gguf.tensors:  # llama.cpp: a fused weight may come with separate biases
+            if separate in gguf.tensors:
+                return TensorRef(separate)
+            if c.qkv_bias:
+                raise ModelFormatError(f"the model has no tensor {name!r}, which {c.arch} needs")
+            return None
+        if separate in gguf.tensors:
+            raise ModelFormatError(f"the model has both {name!r} and {separate!r}")
+        shape = (n_q + n_k + n_v,)
+    if gguf.tensors[name].shape != shape:
+        raise ModelFormatError(f"tensor {name!r} has shape {gguf.tensors[name].shape}, expected {shape}")
+    return TensorRef(name, start, stop)
+
+
+def _check_shapes(gguf: GGUFFile, config: ModelConfig, refs: dict[str, TensorRef | None]) -> None:
     c = config
+    q_norm = (c.n_q_embd,) if c.qk_norm_whole else (c.head_dim,)
+    k_norm = (c.n_kv_embd,) if c.qk_norm_whole else (c.head_dim,)
     expected = {  # GGML order: (row length, rows)
         "wq": (c.n_embd, c.n_q_embd), "wk": (c.n_embd, c.n_kv_embd), "wv": (c.n_embd, c.n_kv_heads * c.v_head_dim),
         "wo": (c.n_heads * c.v_head_dim, c.n_embd), "w_gate": (c.n_embd, c.n_ff), "w_up": (c.n_embd, c.n_ff),
         "w_down": (c.n_ff, c.n_embd), "attn_norm": (c.n_embd,), "ffn_norm": (c.n_embd,),
-        "q_norm": (c.head_dim,), "k_norm": (c.head_dim,), "bq": (c.n_q_embd,), "bk": (c.n_kv_embd,),
+        "q_norm": q_norm, "k_norm": k_norm, "bq": (c.n_q_embd,), "bk": (c.n_kv_embd,),
         "bv": (c.n_kv_heads * c.v_head_dim,), "post_attn_norm": (c.n_embd,), "post_ffn_norm": (c.n_embd,),
     }
     for field, shape in expected.items():
-        name = names.get(field)
-        if name is not None and gguf.tensors[name].shape != shape:
-            raise ModelFormatError(f"tensor {name!r} has shape {gguf.tensors[name].shape}, expected {shape}")
+        ref = refs.get(field)
+        if ref is None:
+            continue
+        actual = gguf.tensors[ref.name].shape
+        if not ref.is_whole:  # a row range of a fused tensor: the range's rows, same row length
+            if ref.name.endswith("ffn_up.weight") and actual != (c.n_embd, 2 * c.n_ff):
+                raise ModelFormatError(f"tensor {ref.name!r} has shape {actual}, expected {(c.n_embd, 2 * c.n_ff)}")
+            rows = ref.row_stop - ref.row_start
+            actual = (actual[0], rows) if len(actual) == 2 else (rows,)
+        if actual != shape:
+            raise ModelFormatError(f"tensor {ref.name!r} has shape {gguf.tensors[ref.name].shape}, expected {shape}")
+
+
+def _check_no_unknown_tensors(gguf: GGUFFile, config: ModelConfig) -> None:
+    """Every tensor in the file must be one this engine reads for the architecture."""
+    known_layer = {suffix for suffix, _ in LAYER_TENSORS.values()} | {"attn_qkv.weight", "attn_qkv.bias"}
+    if config.arch == "phi3":
+        known_layer -= {"ffn_gate.weight"}
+    for name in gguf.tensors:
+        if name == "output.weight" and config.arch == "gemma2":  # llama.cpp: gemma2's output is token_embd
+            raise ModelFormatError("tensor 'output.weight' is not supported for gemma2 (its output is token_embd)")
+        if name in GLOBAL_TENSORS:
+            if name.startswith("rope_factors") and not config.rope_factors:
+                raise ModelFormatError(f"tensor {name!r} is only used with LongRoPE scaling, which this "
+                                       f"{config.arch} model's metadata does not ask for")
+            continue
+        parts = name.split(".", 2)
+        if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and int(parts[1]) < config.n_layers \
+                and parts[2] in known_layer:
+            continue
+        raise ModelFormatError(f"tensor {name!r} is not supported for {config.arch} by this engine")
 
 
 def output_tensor_name(gguf: GGUFFile, config: ModelConfig) -> str:
     """The output projection: ``output.weight``, or the token embedding when the two are tied."""
+    if config.arch == "olmo2" and config.tied_embeddings:
+        raise ModelFormatError("the model has no tensor 'output.weight', which olmo2 needs")
     name = "token_embd.weight" if config.tied_embeddings else "output.weight"
     shape = gguf.tensor(name).shape
     if shape != (config.n_embd, config.n_vocab):

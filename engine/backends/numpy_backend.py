@@ -18,7 +18,8 @@ from gguf.quants import dequantize
 from ..config import ModelConfig
 from ..gguf_file import GGUFFile
 from ..kv_cache import NumpyKVCache
-from ..model_tensors import layer_tensor_names, output_tensor_name
+from ..model_tensors import MATRIX_FIELDS, TensorRef, layer_tensor_names, output_tensor_name
+from ..rope import attn_temperature, rope_tables
 from .base import Backend, KVCache, MemoryStats
 
 PREFILL_CHUNK = 512  # tokens per forward chunk: bounds the (heads, chunk, n_past) score matrix
@@ -43,19 +44,20 @@ def silu(x: np.ndarray) -> np.ndarray:
 ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
 
 
-def rope_inv_freq(config: ModelConfig, base: float, freq_factors: np.ndarray | None) -> np.ndarray:
-    """Inverse frequencies, shape (rope_dim // 2,), divided by per-dimension factors when the model has them."""
-    inv_freq = base ** (-np.arange(0, config.rope_dim, 2, dtype=np.float64) / config.rope_dim)
-    if freq_factors is not None:
-        inv_freq = inv_freq / freq_factors.astype(np.float64)
-    return (inv_freq / config.rope_scale).astype(np.float64)
+def softcap(x: np.ndarray, cap: float) -> np.ndarray:
+    """``cap * tanh(x / cap)`` (gemma2's attention-score and logit soft-capping)."""
+    return np.float32(cap) * np.tanh(x * np.float32(1.0 / cap))
 
 
-def apply_rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, neox: bool) -> np.ndarray:
-    """Rotate the first ``2 * len(inv_freq)`` dims of ``x`` (n, heads, head_dim) by position."""
+def apply_rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, neox: bool,
+               mscale: float = 1.0) -> np.ndarray:
+    """Rotate the first ``2 * len(inv_freq)`` dims of ``x`` (n, heads, head_dim) by position.
+
+    ``inv_freq`` is one row of ``rope.rope_tables``; cos and sin are multiplied by ``mscale`` (ggml's mscale).
+    """
     angles = positions[:, None].astype(np.float64) * inv_freq[None, :]  # (n, rope_dim/2)
-    cos = np.cos(angles).astype(np.float32)[:, None, :]
-    sin = np.sin(angles).astype(np.float32)[:, None, :]
+    cos = (np.cos(angles) * mscale).astype(np.float32)[:, None, :]
+    sin = (np.sin(angles) * mscale).astype(np.float32)[:, None, :]
     rope_dim = 2 * inv_freq.shape[0]
     out = x.copy()
     if neox:
@@ -83,45 +85,57 @@ def attention_mask(q_pos: np.ndarray, k_len: int, window: int) -> np.ndarray:
 class Layer:
     """One decoder block's weights; matrices are whatever the backend's ``matmul`` takes."""
 
-    attn_norm: np.ndarray  # (n_embd,)
+    attn_norm: np.ndarray | None  # (n_embd,); None without pre-norms (olmo2)
     wq: Any  # (n_heads * head_dim, n_embd)
     wk: Any  # (n_kv_heads * head_dim, n_embd)
     wv: Any  # (n_kv_heads * v_head_dim, n_embd)
     wo: Any  # (n_embd, n_heads * v_head_dim)
-    ffn_norm: np.ndarray
+    ffn_norm: np.ndarray | None
     w_gate: Any  # (n_ff, n_embd)
     w_up: Any  # (n_ff, n_embd)
     w_down: Any  # (n_embd, n_ff)
     bq: np.ndarray | None = None
     bk: np.ndarray | None = None
     bv: np.ndarray | None = None
-    q_norm: np.ndarray | None = None  # (head_dim,)
+    q_norm: np.ndarray | None = None  # (head_dim,), or (n_q_embd,) with qk_norm_whole
     k_norm: np.ndarray | None = None
     post_attn_norm: np.ndarray | None = None
     post_ffn_norm: np.ndarray | None = None
 
 
 class NumpyBackend(Backend):
-    """Reference decoder in float32 NumPy. Subclasses override ``load_matrix`` and ``matmul``."""
+    """Reference decoder in float32 NumPy. Subclasses override ``load_matrix``, ``matrix_rows`` and ``matmul``.
+
+    Args:
+        gguf: the open model file.
+        config: the model's hyper-parameters.
+        n_ctx: the context size the model is loaded for; only LongRoPE models depend on it (see
+            ``rope.rope_tables``). None: within the model's original context.
+    """
 
     name = "numpy"
 
-    def __init__(self, gguf: GGUFFile, config: ModelConfig):
+    def __init__(self, gguf: GGUFFile, config: ModelConfig, n_ctx: int | None = None):
         self.gguf, self.config = gguf, config
         self.layers = [self._load_layer(i) for i in range(config.n_layers)]
         self.output_norm = self.load_vector("output_norm.weight")
         self.token_embd = gguf.raw("token_embd.weight")  # packed rows, dequantized on lookup
         self.token_embd_type = gguf.tensor("token_embd.weight").qtype
         self.output = self.load_matrix(output_tensor_name(gguf, config))
-        freq_factors = self.load_vector("rope_freqs.weight") if config.has_rope_freqs else None
-        self.inv_freq = {base: rope_inv_freq(config, base, freq_factors)
-                         for base in {config.layer_rope_base(i) for i in range(config.n_layers)}}
+        self.rope_inv_freq, self.rope_layer_set = rope_tables(gguf, config, n_ctx)  # (n_sets, rope_dim // 2), per layer
+        # by base, for decoders that still key their tables by the layer's base (one set per base)
+        self.inv_freq = {config.layer_rope_base(i): self.rope_inv_freq[s]
+                         for i, s in enumerate(self.rope_layer_set) if s >= 0}
         self.activation = ACTIVATIONS[config.activation]
 
     # -- weights: overridden by backends that keep the packed blocks ----------------------------------
     def load_matrix(self, name: str) -> Any:
         """A weight matrix in the form ``matmul`` takes; here dequantized float32 (rows, cols)."""
         return dequantize(self.gguf.raw(name), self.gguf.tensor(name).qtype).astype(np.float32, copy=False)
+
+    def matrix_rows(self, matrix: Any, rows: slice) -> Any:
+        """Rows of a matrix from ``load_matrix`` (a fused tensor's part), in the same form; here a view."""
+        return matrix[rows]
 
     def matmul(self, x: np.ndarray, w: Any) -> np.ndarray:
         """``x @ w.T`` for x (n, cols) float32 -> (n, rows)."""
@@ -135,16 +149,21 @@ class NumpyBackend(Backend):
         return dequantize(raw, info.qtype).astype(np.float32).reshape(-1)
 
     def _load_layer(self, i: int) -> Layer:
-        names = layer_tensor_names(self.gguf, self.config, i)
-        matrices = {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"}
         fields = {}
-        for field, name in names.items():
-            if name is None:
+        loaded: dict[str, Any] = {}  # a fused tensor is loaded once and cut into its parts
+        for field, ref in layer_tensor_names(self.gguf, self.config, i).items():
+            if ref is None:
                 fields[field] = None
-            elif field in matrices:
-                fields[field] = self.load_matrix(name)
+                continue
+            is_matrix = field in MATRIX_FIELDS
+            if ref.name not in loaded:
+                loaded[ref.name] = self.load_matrix(ref.name) if is_matrix else self.load_vector(ref.name)
+            whole = loaded[ref.name]
+            if ref.is_whole:
+                fields[field] = whole
             else:
-                fields[field] = self.load_vector(name)
+                n_rows = self.gguf.tensor(ref.name).shape[-1]
+                fields[field] = self.matrix_rows(whole, ref.rows(n_rows)) if is_matrix else whole[ref.rows(n_rows)]
         return Layer(**fields)
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
@@ -176,9 +195,16 @@ class NumpyBackend(Backend):
         return self.logits(hidden[-1:])[0]
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:
-        """Final norm and output projection of hidden states (n, n_embd) -> (n, n_vocab)."""
-        x = rms_norm(hidden, self.output_norm, self.config.rms_eps)
-        return self.matmul(np.ascontiguousarray(x, dtype=np.float32), self.output)
+        """Final norm and output projection of hidden states (n, n_embd) -> (n, n_vocab), scaled and
+        soft-capped as the architecture asks."""
+        c = self.config
+        x = rms_norm(hidden, self.output_norm, c.rms_eps)
+        logits = self.matmul(np.ascontiguousarray(x, dtype=np.float32), self.output)
+        if c.logit_scale != 1.0:
+            logits *= np.float32(c.logit_scale)
+        if c.final_softcap:
+            logits = softcap(logits, c.final_softcap)
+        return logits
 
     def _forward_chunk(self, tokens: np.ndarray, cache: NumpyKVCache) -> np.ndarray:
         positions = np.arange(cache.n_past, cache.n_past + tokens.size)
@@ -195,9 +221,16 @@ class NumpyBackend(Backend):
         cache.store(i, k.transpose(1, 0, 2), v.transpose(1, 0, 2))
         window = c.sliding_window if c.is_sliding(i) else 0
         out = self._attend(q, cache.keys[i], cache.values[i], positions, window)
-        out = self.matmul(np.ascontiguousarray(out), layer.wo)
+        return self._attention_output(layer, out)
+
+    def _attention_output(self, layer: Layer, out: np.ndarray) -> np.ndarray:
+        """Output projection of attention rows (n, n_heads * v_head_dim), post-norm and residual scale."""
+        c = self.config
+        out = self.matmul(np.ascontiguousarray(out, dtype=np.float32), layer.wo)
         if layer.post_attn_norm is not None:
             out = rms_norm(out, layer.post_attn_norm, c.rms_eps)
+        if c.residual_scale != 1.0:
+            out = out * np.float32(c.residual_scale)
         return out
 
     def _attend(self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, positions: np.ndarray, window: int) -> np.ndarray:
@@ -210,6 +243,8 @@ class NumpyBackend(Backend):
         group = c.n_heads // c.n_kv_heads
         qg = (q * np.float32(c.attn_scale)).transpose(1, 0, 2).reshape(c.n_kv_heads, group * n, c.head_dim)
         scores = qg @ keys[:, :k_len].transpose(0, 2, 1)  # (n_kv_heads, group * n, k_len)
+        if c.attn_softcap:
+            scores = softcap(scores, c.attn_softcap)
         scores = scores.reshape(c.n_kv_heads, group, n, k_len) + attention_mask(positions, k_len, window)
         scores -= scores.max(axis=-1, keepdims=True)
         np.exp(scores, out=scores)
@@ -219,11 +254,14 @@ class NumpyBackend(Backend):
 
     def _ffn_block(self, layer: Layer, x: np.ndarray) -> np.ndarray:
         c = self.config
-        h = np.ascontiguousarray(rms_norm(x, layer.ffn_norm, c.rms_eps), dtype=np.float32)
+        h = x if layer.ffn_norm is None else rms_norm(x, layer.ffn_norm, c.rms_eps)
+        h = np.ascontiguousarray(h, dtype=np.float32)
         act = self.activation(self.matmul(h, layer.w_gate)) * self.matmul(h, layer.w_up)
         out = self.matmul(np.ascontiguousarray(act, dtype=np.float32), layer.w_down)
         if layer.post_ffn_norm is not None:
             out = rms_norm(out, layer.post_ffn_norm, c.rms_eps)
+        if c.residual_scale != 1.0:
+            out = out * np.float32(c.residual_scale)
         return out
 
     def memory(self) -> MemoryStats:
@@ -271,24 +309,31 @@ class NumpyBackend(Backend):
         for b, cache in enumerate(caches):
             cache.store(i, k[b:b + 1].transpose(1, 0, 2), v[b:b + 1].transpose(1, 0, 2))
             out[b] = self._attend(q[b:b + 1], cache.keys[i], cache.values[i], positions[b:b + 1], window)[0]
-        out = self.matmul(out, layer.wo)
-        if layer.post_attn_norm is not None:
-            out = rms_norm(out, layer.post_attn_norm, c.rms_eps)
-        return out
+        return self._attention_output(layer, out)
 
     def _project_qkv(self, i: int, layer: Layer, x: np.ndarray, positions: np.ndarray):
         """Normed, biased, rotated queries (n, n_heads, head_dim), keys and values (n, n_kv_heads, ...) of rows ``x``."""
         c = self.config
         n = x.shape[0]
-        h = np.ascontiguousarray(rms_norm(x, layer.attn_norm, c.rms_eps), dtype=np.float32)
+        h = x if layer.attn_norm is None else rms_norm(x, layer.attn_norm, c.rms_eps)
+        h = np.ascontiguousarray(h, dtype=np.float32)
         q, k, v = self.matmul(h, layer.wq), self.matmul(h, layer.wk), self.matmul(h, layer.wv)
         if layer.bq is not None:
             q, k, v = q + layer.bq, k + layer.bk, v + layer.bv
+        if c.qk_norm_whole:  # olmo2: one norm over the whole projection, before the split into heads
+            q = rms_norm(q, layer.q_norm, c.rms_eps)
+            k = rms_norm(k, layer.k_norm, c.rms_eps)
         q = q.reshape(n, c.n_heads, c.head_dim)
         k = k.reshape(n, c.n_kv_heads, c.head_dim)
         v = v.reshape(n, c.n_kv_heads, c.v_head_dim)
-        if layer.q_norm is not None:
+        if c.qk_norm:
             q = rms_norm(q, layer.q_norm, c.rms_eps)
             k = rms_norm(k, layer.k_norm, c.rms_eps)
-        inv_freq = self.inv_freq[c.layer_rope_base(i)]
-        return apply_rope(q, positions, inv_freq, c.rope_neox), apply_rope(k, positions, inv_freq, c.rope_neox), v
+        rope_set = self.rope_layer_set[i]
+        if rope_set >= 0:
+            inv_freq = self.rope_inv_freq[rope_set]
+            q = apply_rope(q, positions, inv_freq, c.rope_neox, c.rope_mscale)
+            k = apply_rope(k, positions, inv_freq, c.rope_neox, c.rope_mscale)
+        if c.attn_temp_scale:  # mistral3 temperature tuning, after RoPE
+            q = q * attn_temperature(c, positions)[:, None, None]
+        return q, k, v

@@ -355,7 +355,12 @@ class MlxBackend(Backend):
         offset = mx.array(offset) if isinstance(offset, list) else offset
         x = mx.fast.rope(x, c.rope_dim, traditional=not c.rope_neox, base=None, scale=1.0, offset=offset,
                          freqs=self.rope_periods[which])
-        return x if c.rope_mscale == 1.0 else x * c.rope_mscale  # mscale multiplies cos and sin alike
+        if c.rope_mscale == 1.0:
+            return x
+        if c.rope_dim == x.shape[-1]:
+            return x * c.rope_mscale  # mscale multiplies cos and sin alike
+        # partial rotary (phi3): ggml copies the dims past rope_dim unscaled
+        return mx.concatenate([x[..., :c.rope_dim] * c.rope_mscale, x[..., c.rope_dim:]], axis=-1)
 
     def _temperature(self, offset: int | list[int], n: int) -> mx.array:
         """Query multipliers of attention temperature tuning (``rope.attn_temperature``): (1, 1, n, 1) for

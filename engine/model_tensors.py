@@ -85,6 +85,9 @@ def layer_tensor_names(gguf: GGUFFile, config: ModelConfig, layer: int) -> dict[
             continue
         needed = _needed(c, field, required)
         if name not in gguf.tensors:
+            if needed and field in ("wq", "wk", "wv"):
+                raise ModelFormatError(f"the model has no tensor {name!r} nor a fused {prefix + 'attn_qkv.weight'!r}, "
+                                       f"which {c.arch} needs")
             if needed:
                 raise ModelFormatError(f"the model has no tensor {name!r}, which {c.arch} needs")
             refs[field] = None

@@ -1,0 +1,187 @@
+"""Parity with llama.cpp on synthetic models of every architecture, quantized by llama.cpp's own quantizer.
+
+For each architecture variant x llama.cpp file type x backend, llama.cpp (llama-cpp-python) and our backend
+evaluate the same fixed id sequence teacher-forced, in the same pieces (a first prompt chunk, the rest of the
+prompt, then single-token decode steps, so the cache path is exercised), with every position's logits kept.
+Criterion: the same argmax wherever llama.cpp's top-2 gap is at least 0.5, and llama.cpp's top-10 logits
+matched within max(1.0, 5 % of the logits' standard deviation). The sequence is longer than the sliding
+window (gemma2) and than the original contexts of the YaRN, LongRoPE and temperature-tuning variants.
+
+A test per architecture also checks that a missing tensor or metadata key, or a tensor we do not implement,
+gives a ModelFormatError naming it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.backends.numpy_backend import NumpyBackend
+from engine.config import ModelConfig
+from engine.gguf_file import ModelFormatError, read_gguf
+from tests.engine.synthetic.quantize import quantize, tensor_types
+from tests.engine.synthetic.specs import SPECS, N_LAYERS
+from tests.engine.synthetic.writer import write_synthetic
+
+# The backends under test; the integrator adds "cpu" and "mlx" here once their decoders read the new fields.
+BACKENDS = ("numpy",)
+# llama.cpp file types (LLAMA_FTYPE_MOSTLY_*) and the GGML type each must really put in the file.
+# Left out: IQ2_XXS/IQ2_XS/IQ2_S/IQ2_M, IQ3_XXS/IQ3_XS and IQ1_S/IQ1_M (llama.cpp refuses them without an
+# importance matrix), MXFP4_MOE (it quantizes only expert tensors: a dense model comes out all Q8_0).
+FILE_TYPES = {"F32": "F32", "F16": "F16", "Q8_0": "Q8_0", "Q4_0": "Q4_0", "Q4_K_M": "Q4_K", "Q5_K_M": "Q5_K",
+              "Q6_K": "Q6_K", "Q3_K_M": "Q3_K", "Q2_K": "Q2_K", "IQ4_NL": "IQ4_NL", "IQ4_XS": "IQ4_XS",
+              "IQ3_S": "IQ3_S"}
+# Per backend, file types its kernels do not read yet: those combinations are not generated (they would fail).
+BACKEND_EXCLUDED_TYPES: dict[str, set[str]] = {"numpy": set()}
+
+N_CTX = 256  # llama.cpp rounds a context up to a multiple of 256; the LongRoPE choice depends on it
+SEQUENCE = np.random.default_rng(1234).integers(0, 267, 64).tolist()
+PIECES = (20, 36, 1, 1, 1, 1, 1, 1, 1, 1)  # prompt chunk, rest of the prompt, then decode steps
+assert sum(PIECES) == len(SEQUENCE)
+
+
+def _pieces(ids: list[int]):
+    start = 0
+    for size in PIECES:
+        yield ids[start:start + size]
+        start += size
+
+
+@pytest.fixture(scope="session")
+def synthetic_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("synthetic")
+
+
+_FILES: dict[tuple[str, str], Path] = {}
+_REFERENCE: dict[tuple[str, str], np.ndarray] = {}
+
+
+def model_file(directory: Path, name: str, ftype: str) -> Path:
+    """The synthetic model ``name`` as llama.cpp quantizes it to ``ftype``, written once per session."""
+    key = (name, ftype)
+    if key not in _FILES:
+        src = directory / f"{name}-F32.gguf"
+        if not src.exists():
+            write_synthetic(src, SPECS[name])
+        _FILES[key] = src if ftype == "F32" else quantize(src, directory / f"{name}-{ftype}.gguf", ftype)
+    return _FILES[key]
+
+
+def llama_cpp_logits(path: Path, key: tuple[str, str]) -> np.ndarray:
+    """llama.cpp's logits (len(SEQUENCE), n_vocab) for SEQUENCE fed in PIECES, computed once per file."""
+    if key not in _REFERENCE:
+        import llama_cpp
+
+        llm = llama_cpp.Llama(model_path=str(path), n_ctx=N_CTX, logits_all=True, n_threads=2, verbose=False)
+        try:
+            for piece in _pieces(SEQUENCE):
+                llm.eval(piece)
+            _REFERENCE[key] = np.array(llm.scores[:len(SEQUENCE)], dtype=np.float32)
+        finally:
+            llm.close()
+    return _REFERENCE[key]
+
+
+def our_logits(backend: str, path: Path) -> np.ndarray:
+    gguf = read_gguf(path)
+    config = ModelConfig.from_gguf(gguf)
+    model = _make_backend(backend, gguf, config)
+    cache = model.new_cache(N_CTX)
+    return np.concatenate([model.forward(piece, cache, all_logits=True) for piece in _pieces(SEQUENCE)])
+
+
+def _make_backend(backend: str, gguf, config):
+    if backend == "numpy":
+        return NumpyBackend(gguf, config, n_ctx=N_CTX)
+    raise AssertionError(f"add backend {backend!r} to _make_backend")
+
+
+# Known misses of the criterion, with the numbers measured; strict, so a fix shows up as a failure to update.
+KNOWN_MISSES = {
+    # llama.cpp's IQ3_S products round the activations to 8 bits, the float reference does not: at position 56
+    # llama.cpp's top two (gap 0.58) move by -0.27 and +0.37 and swap; the top-10 logits stay within 0.52.
+    ("numpy", "phi3", "IQ3_S"): "argmax swaps at one position with a top-2 gap of 0.58 (IQ3_S activation rounding)",
+}
+
+
+def _cases():
+    for backend in BACKENDS:
+        for name in SPECS:
+            for ftype in FILE_TYPES:
+                if ftype in BACKEND_EXCLUDED_TYPES[backend]:
+                    continue
+                miss = KNOWN_MISSES.get((backend, name, ftype))
+                marks = [pytest.mark.xfail(strict=True, reason=miss)] if miss else []
+                yield pytest.param(backend, name, ftype, id=f"{backend}-{name}-{ftype}", marks=marks)
+
+
+@pytest.mark.parametrize(("backend", "name", "ftype"), list(_cases()))
+def test_logits_match_llama_cpp(synthetic_dir, backend, name, ftype, record_property):
+    path = model_file(synthetic_dir, name, ftype)
+    held = tensor_types(path)
+    record_property("tensor_types", held)
+    assert FILE_TYPES[ftype] in held, f"llama.cpp's {ftype} file holds {held}, no {FILE_TYPES[ftype]}"
+    ref = llama_cpp_logits(path, (name, ftype))
+    ours = our_logits(backend, path)
+    assert ours.shape == ref.shape
+
+    std = float(ref.std(axis=1).mean())
+    assert std >= 2.0, f"the synthetic model's logits are too flat to test (std {std:.2f})"
+    tolerance = max(1.0, 0.05 * std)
+    top10 = np.argsort(ref, axis=1)[:, -10:]
+    error = np.abs(np.take_along_axis(ours, top10, 1) - np.take_along_axis(ref, top10, 1)).max(axis=1)
+    worst = int(error.argmax())
+    assert error[worst] <= tolerance, (f"position {worst}: top-10 logits differ by {error[worst]:.3f} "
+                                       f"(tolerance {tolerance:.2f}; file types {held})")
+    top2 = np.sort(ref, axis=1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) >= 0.5
+    mismatched = np.flatnonzero(clear & (ours.argmax(axis=1) != ref.argmax(axis=1)))
+    assert mismatched.size == 0, f"argmax differs at positions {mismatched.tolist()} (file types {held})"
+
+
+# -- malformed models ----------------------------------------------------------------------------------------
+def _load(path: Path) -> NumpyBackend:
+    gguf = read_gguf(path)
+    return NumpyBackend(gguf, ModelConfig.from_gguf(gguf), n_ctx=N_CTX)
+
+
+def _required_tensor(name: str) -> str:
+    spec = SPECS[name]
+    return "blk.2.attn_qkv.weight" if spec.fused_qkv else "blk.2.attn_k.weight"
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_missing_tensor_is_named(tmp_path, name):
+    missing = _required_tensor(name)
+    path = write_synthetic(tmp_path / "m.gguf", SPECS[name], drop=(missing,))
+    with pytest.raises(ModelFormatError, match=missing.replace(".", r"\.")):
+        _load(path)
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_unimplemented_tensor_is_named(tmp_path, name):
+    """llama.cpp takes an optional attn_output.bias (llama, mistral3, granite ...); we do not: refuse it."""
+    extra = {f"blk.{N_LAYERS - 1}.attn_output.bias": np.zeros(256)}
+    path = write_synthetic(tmp_path / "u.gguf", SPECS[name], extra_tensors=extra)
+    with pytest.raises(ModelFormatError, match=r"attn_output\.bias"):
+        _load(path)
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_missing_metadata_is_named(tmp_path, name):
+    spec = SPECS[name]
+    key = f"{spec.arch}.logit_scale" if spec.arch == "granite" else f"{spec.arch}.block_count"
+    path = write_synthetic(tmp_path / "k.gguf", spec, drop=(key,))
+    with pytest.raises(ModelFormatError, match=key.replace(".", r"\.")):
+        _load(path)
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_wrong_shape_is_named(tmp_path, name):
+    spec = SPECS[name]
+    target = "blk.1.ffn_down.weight"
+    path = write_synthetic(tmp_path / "s.gguf", spec, extra_tensors={target: np.zeros((256, 256))})
+    with pytest.raises(ModelFormatError, match=target.replace(".", r"\.")):
+        _load(path)

@@ -4,6 +4,13 @@ Weights stay quantized: GGUF blocks are repacked into MLX affine quantization at
 multiplied with ``mx.quantized_matmul``. Norms, RoPE and attention use ``mx.fast`` kernels. The residual
 stream is float32; matrix products, attention and the KV cache run in ``matmul_dtype`` (float16 on the GPU,
 float32 on the CPU: see weights.default_matmul_dtype).
+
+Architecture differences are small optional steps the one decoder takes when ModelConfig asks: pre-norms or
+none, per-head or whole-projection q/k norms, RoPE per layer from ``rope.rope_tables`` (``mx.fast.rope`` with
+the periods of the layer's set, times ``rope_mscale``; none on no-RoPE layers), temperature tuning of the
+queries, residual, logit and soft-cap scaling. Soft-capped attention scores (Gemma 2) take an explicit
+attention path, since MLX's fused kernel has no soft-cap; every other model uses the fused kernel. Fused
+GGUF tensors (phi3's attn_qkv, gate+up) load once and their parts are row slices of the same arrays.
 """
 
 from __future__ import annotations

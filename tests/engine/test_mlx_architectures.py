@@ -1,6 +1,7 @@
-"""The MLX decoder's architecture blocks against the NumPy reference, on tiny random models of every architecture:
-prefill in chunks, decode, batched decode, a decode across a sliding-window boundary, float32 and float16 products,
-and for each block a check that switching it off changes the logits (so the agreement is not vacuous)."""
+"""The MLX decoder's architecture blocks against the NumPy reference: on the synthetic model of every architecture
+variant (tests/engine/synthetic, as llama.cpp loads them) and on tiny random models of this file, which add quantized
+fused tensors, a decode across a sliding-window boundary and, for each block, a check that switching it off changes
+the logits (so the agreement is not vacuous). Prefill in chunks, decode, batched decode; float32 and float16."""
 
 from __future__ import annotations
 
@@ -18,13 +19,16 @@ from engine.backends.mlx.weights import DenseMatrix, QuantizedMatrix, SymmetricM
 from engine.backends.numpy_backend import NumpyBackend
 from engine.config import ModelConfig
 from engine.gguf_file import read_gguf
+from tests.engine.synthetic.specs import SPECS
+from tests.engine.synthetic.writer import write_synthetic
 
 pytestmark = pytest.mark.mlx
 Q = GGMLQuantizationType
 N_EMBD, N_HEADS, N_KV_HEADS, HEAD_DIM, N_FF, N_VOCAB, N_LAYERS = 64, 4, 2, 32, 96, 300, 4
 WINDOW = 8
 FLOAT32_TOLERANCE = 2e-4  # float32 against float32 on the same (exactly repacked) weights
-FLOAT16_TOLERANCE = 0.05  # float16 rounding of activations, products and the KV cache (logits of std ~1)
+FLOAT16_TOLERANCE = 0.05  # float16 rounding of activations, products and the KV cache, per unit of the logits' std
+SYNTHETIC_F32_TOLERANCE = 1e-4  # per unit of the logits' std: float32 sums in another order, 256-wide rows
 
 # architecture -> metadata beyond the shapes (keys without the "<arch>." prefix); each sets the fields it exercises
 ARCH_METADATA = {
@@ -130,12 +134,59 @@ def token_ids(n: int, seed: int = 0) -> list[int]:
 
 
 def run_in_chunks(backend, ids: list[int], cuts: tuple[int, ...], n_decode: int) -> np.ndarray:
-    """All logits of ``ids`` prefilled in pieces split at ``cuts``, then ``n_decode`` single-token steps."""
+    """All logits of ``ids`` prefilled in pieces split at ``cuts``, then ``n_decode`` single-token steps
+    (feeding ``ids`` backwards)."""
     cache = backend.new_cache(len(ids) + n_decode + 1)
     bounds = (0, *cuts, len(ids))
     out = [backend.forward(ids[a:b], cache, all_logits=True) for a, b in zip(bounds, bounds[1:])]
-    out += [backend.forward([t], cache)[None] for t in token_ids(n_decode, seed=99)]
+    out += [backend.forward([t], cache)[None] for t in ids[::-1][:n_decode]]
     return np.concatenate(out)
+
+
+def batched_decode(backend, prompts: list[list[int]], steps: list[list[int]]) -> np.ndarray:
+    """Logits (len(steps), B, n_vocab) of decode steps batched over caches prefilled with ``prompts``."""
+    caches = [backend.new_cache(64) for _ in prompts]
+    for prompt, cache in zip(prompts, caches):
+        backend.forward(prompt, cache)
+    return np.stack([backend.forward_batch(step, caches) for step in steps])
+
+
+# -- the synthetic model of every architecture variant ------------------------------------------------------------
+SYNTHETIC_N_CTX = 256  # as test_arch_parity loads them: past the LongRoPE variant's original context (long factors)
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    """name -> (path, the NumPy reference's chunked and batched logits), each made once for both dtypes."""
+    folder, made = tmp_path_factory.mktemp("synthetic"), {}
+
+    def get(name: str):
+        if name not in made:
+            path = write_synthetic(folder / f"{name}.gguf", SPECS[name])
+            gguf = read_gguf(path)
+            ref = NumpyBackend(gguf, ModelConfig.from_gguf(gguf), n_ctx=SYNTHETIC_N_CTX)
+            made[name] = path, run_in_chunks(ref, SYNTHETIC_IDS, (20,), 4), batched_decode(ref, *SYNTHETIC_BATCH)
+        return made[name]
+    return get
+
+
+SYNTHETIC_N_CTX = 256  # as test_arch_parity loads them: past the LongRoPE variant's original context (long factors)
+SYNTHETIC_IDS = np.random.default_rng(8).integers(0, 256, 56).tolist()
+SYNTHETIC_BATCH = ([SYNTHETIC_IDS[:5], SYNTHETIC_IDS[:30], SYNTHETIC_IDS[10:50]],  # prompts, then two batched steps
+                   [SYNTHETIC_IDS[50:53], SYNTHETIC_IDS[53:56]])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("name", list(SPECS))
+def test_synthetic_model_matches_numpy(name, dtype, synthetic):
+    """Chunked prefill over the sliding window and the YaRN / temperature floors, decode, and batched decode."""
+    path, want, want_batched = synthetic(name)
+    gguf = read_gguf(path)
+    ours = MlxBackend(gguf, ModelConfig.from_gguf(gguf), getattr(mx, dtype), n_ctx=SYNTHETIC_N_CTX)
+    tolerance = (SYNTHETIC_F32_TOLERANCE if dtype == "float32" else FLOAT16_TOLERANCE) * float(want.std())
+    got = run_in_chunks(ours, SYNTHETIC_IDS, (20,), 4)
+    np.testing.assert_allclose(got, want, atol=tolerance, rtol=0)
+    np.testing.assert_allclose(batched_decode(ours, *SYNTHETIC_BATCH), want_batched, atol=tolerance, rtol=0)
 
 
 # -- the config of each model exercises its blocks ---------------------------------------------------------

@@ -1,7 +1,10 @@
 """ModelConfig: the decoder's hyper-parameters and architecture switches, read from GGUF metadata.
 
-Architecture differences (q/k/v bias, q/k norms, extra post-norms, sliding-window layers, activation,
-embedding scale, RoPE layout) are fields here, so every backend implements one decoder that reads them.
+Architecture differences (q/k/v bias, per-head or whole-projection q/k norms, pre- and post-norms,
+sliding-window layers, activation, embedding / residual / logit scales, soft-capping, temperature tuning,
+layers without RoPE, RoPE layout and scaling) are fields here, so every backend implements one decoder that
+reads them. Each architecture's fields come from the metadata keys llama.cpp reads for it, with llama.cpp's
+defaults (src/llama-model.cpp, src/models/<arch>.cpp). RoPE scaling is turned into tables by ``engine.rope``.
 """
 
 from __future__ import annotations

@@ -64,10 +64,10 @@ class Model:
         self.config = ModelConfig.from_gguf(gguf)
         self.tokenizer = Tokenizer.from_gguf(gguf)
         self.notices: list[str] = []
-        self.backend, notice = create_backend(backend, gguf, self.config)
+        self.n_ctx = min(n_ctx or DEFAULT_N_CTX, self.config.n_ctx_train)
+        self.backend, notice = create_backend(backend, gguf, self.config, self.n_ctx)
         if notice:
             self.notices.append(notice)
-        self.n_ctx = min(n_ctx or DEFAULT_N_CTX, self.config.n_ctx_train)
         bos = self.tokenizer.token_text(self.tokenizer.bos_id) if self.tokenizer.bos_id is not None else ""
         eos = self.tokenizer.token_text(self.tokenizer.eos_id) if self.tokenizer.eos_id is not None else ""
         self.template, notice = ChatTemplate.for_model(gguf.metadata, bos_token=bos, eos_token=eos)

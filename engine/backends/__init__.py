@@ -13,10 +13,12 @@ class BackendUnavailableError(RuntimeError):
     """The requested backend cannot run on this machine; the message says why."""
 
 
-def create_backend(name: str, gguf: GGUFFile, config: ModelConfig) -> tuple[Backend, str | None]:
+def create_backend(name: str, gguf: GGUFFile, config: ModelConfig,
+                   n_ctx: int | None = None) -> tuple[Backend, str | None]:
     """Build the named backend. Returns the backend and a notice for the user when it fell back.
 
-    "auto" picks MLX on Apple Silicon with Metal, else the C kernels, else NumPy.
+    "auto" picks MLX on Apple Silicon with Metal, else the C kernels, else NumPy. ``n_ctx`` is the context
+    the model is loaded for: LongRoPE models (phi3) rotate with long or short factors by it (rope.rope_tables).
     """
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r} (choose from {', '.join(BACKENDS)})")
@@ -36,6 +38,6 @@ def create_backend(name: str, gguf: GGUFFile, config: ModelConfig) -> tuple[Back
         notice = ("The fast CPU kernels are not available (the C extension was not built or was disabled); "
                   "using the slower NumPy backend.")
         from .numpy_backend import NumpyBackend
-        return NumpyBackend(gguf, config), notice
+        return NumpyBackend(gguf, config, n_ctx), notice
     from .numpy_backend import NumpyBackend
-    return NumpyBackend(gguf, config), None
+    return NumpyBackend(gguf, config, n_ctx), None

@@ -35,7 +35,11 @@ FILE_TYPES = {"F32": "F32", "F16": "F16", "BF16": "BF16", "Q8_0": "Q8_0", "Q4_0"
               "Q6_K": "Q6_K", "Q3_K_M": "Q3_K", "Q2_K": "Q2_K", "IQ4_NL": "IQ4_NL", "IQ4_XS": "IQ4_XS",
               "IQ3_S": "IQ3_S"}
 # Per backend, file types its kernels do not read yet: those combinations are not generated (they would fail).
-MLX_EXCLUDED_TYPES = {"IQ4_NL", "IQ4_XS", "IQ3_S"}  # no MLX repack for IQ types yet (mlx/repack.py REPACKS)
+# MLX: no repack for IQ types yet (mlx/repack.py REPACKS). Q3_K and Q2_K are repacked by requantizing their
+# sub-blocks of 16 into MLX groups of 32, which misses the criterion on 8 (Q3_K_M) and 10 (Q2_K) of the 11
+# models: top-10 logits off by up to 2.9 (Q3_K_M) and 6.4 (Q2_K), argmax swaps at gaps up to 2.0, where the
+# NumPy reference on the same files stays within 0.7 (measured in float32 and float16 alike).
+MLX_EXCLUDED_TYPES = {"IQ4_NL", "IQ4_XS", "IQ3_S", "Q3_K_M", "Q2_K"}
 BACKEND_EXCLUDED_TYPES: dict[str, set[str]] = {"numpy": set(), "mlx": MLX_EXCLUDED_TYPES,
                                                "mlx-f16": MLX_EXCLUDED_TYPES}
 
@@ -111,6 +115,11 @@ KNOWN_MISSES = {
     # llama.cpp's IQ3_S products round the activations to 8 bits, the float reference does not: at position 56
     # llama.cpp's top two (gap 0.58) move by -0.27 and +0.37 and swap; the top-10 logits stay within 0.52.
     ("numpy", "phi3", "IQ3_S"): "argmax swaps at one position with a top-2 gap of 0.58 (IQ3_S activation rounding)",
+    # MLX requantizes Q6_K (sub-blocks of 16) into groups of 32 (mlx/repack.py); with smollm3's tied Q6_K
+    # embedding and output the top-10 logits stay within 0.77, but the argmax swaps at position 54 (gap 0.64;
+    # in float16 also at 40 and 63, gaps 0.55 and 0.82). NumPy on the same file: no swap, within 0.84.
+    ("mlx", "smollm3", "Q6_K"): "argmax swaps at a top-2 gap of 0.64 (Q6_K requantized to MLX groups of 32)",
+    ("mlx-f16", "smollm3", "Q6_K"): "argmax swaps at top-2 gaps of 0.55-0.82 (Q6_K requantized to MLX groups of 32)",
 }
 
 

@@ -27,7 +27,7 @@ def create_backend(name: str, gguf: GGUFFile, config: ModelConfig,
         reason = platform_mlx.unavailable_reason(require_metal=name == "auto")
         if reason is None:
             from .mlx_backend import MlxBackend
-            return MlxBackend(gguf, config), None
+            return MlxBackend(gguf, config, n_ctx=n_ctx), None
         if name == "mlx":
             raise BackendUnavailableError(f"the MLX backend cannot run here: {reason}")
     if name in ("auto", "cpu"):

@@ -281,6 +281,18 @@ def test_longrope_factors_follow_the_context_size(n_ctx, arch_files):
     assert np.abs(got - other.forward(ids, other.new_cache(30), all_logits=True)).max() > 0.01
 
 
+def test_create_backend_gives_mlx_the_context_size(arch_files):
+    """The engine's loader passes n_ctx on, so a long context rotates with the long factors."""
+    from engine.backends import create_backend
+
+    gguf = read_gguf(arch_files["phi3"])
+    backend, _ = create_backend("mlx", gguf, ModelConfig.from_gguf(gguf), n_ctx=4096)
+    long_ctx, _ = load_pair(arch_files["phi3"], n_ctx=4096)
+    ids = token_ids(30, seed=5)
+    np.testing.assert_array_equal(backend.forward(ids, backend.new_cache(30), all_logits=True),
+                                  long_ctx.forward(ids, long_ctx.new_cache(30), all_logits=True))
+
+
 # -- each block changes the output (so the agreement above tests it) --------------------------------------------
 BLOCK_SWITCHES = [
     ("gemma2", {"attn_softcap": 0.0}),

@@ -49,7 +49,7 @@ def create_backend(name: str, gguf: GGUFFile, config: ModelConfig,
     chosen, notice = resolve_backend(name)
     if chosen == "mlx":
         from .mlx_backend import MlxBackend
-        return MlxBackend(gguf, config), notice
+        return MlxBackend(gguf, config, n_ctx=n_ctx), notice
     if chosen == "cpu":
         from .cpu_backend import CpuBackend
         return CpuBackend(gguf, config, n_ctx=n_ctx), notice

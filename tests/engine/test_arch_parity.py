@@ -26,8 +26,9 @@ from tests.engine.synthetic.quantize import quantize, tensor_types
 from tests.engine.synthetic.specs import SPECS, N_LAYERS
 from tests.engine.synthetic.writer import write_synthetic
 
-# The backends under test; the integrator adds "mlx" here once its decoder reads the new fields.
-BACKENDS = ("numpy", "cpu")
+# The backends under test. "mlx" computes in float32 (its default on the CPU), "mlx-f16" in float16 (its default
+# on a Mac's GPU).
+BACKENDS = ("numpy", "cpu", "mlx", "mlx-f16")
 # llama.cpp file types (LLAMA_FTYPE_MOSTLY_*) and the GGML type each must really put in the file.
 # Left out: IQ2_XXS/IQ2_XS/IQ2_S/IQ2_M, IQ3_XXS/IQ3_XS and IQ1_S/IQ1_M (llama.cpp refuses them without an
 # importance matrix), MXFP4_MOE (it quantizes only expert tensors: a dense model comes out all Q8_0).
@@ -35,10 +36,7 @@ FILE_TYPES = {"F32": "F32", "F16": "F16", "BF16": "BF16", "Q8_0": "Q8_0", "Q4_0"
               "Q6_K": "Q6_K", "Q3_K_M": "Q3_K", "Q2_K": "Q2_K", "IQ4_NL": "IQ4_NL", "IQ4_XS": "IQ4_XS",
               "IQ3_S": "IQ3_S"}
 # Per backend, file types its kernels do not read yet: those combinations are not generated (they would fail).
-BACKEND_EXCLUDED_TYPES: dict[str, set[str]] = {
-    "numpy": set(),
-    "cpu": set(),
-}
+BACKEND_EXCLUDED_TYPES: dict[str, set[str]] = {"numpy": set(), "cpu": set(), "mlx": set(), "mlx-f16": set()}
 
 N_CTX = 256  # llama.cpp rounds a context up to a multiple of 256; the LongRoPE choice depends on it
 SEQUENCE = np.random.default_rng(1234).integers(0, 267, 64).tolist()
@@ -101,6 +99,11 @@ def _make_backend(backend: str, gguf, config):
         return NumpyBackend(gguf, config, n_ctx=N_CTX)
     if backend == "cpu":
         return CpuBackend(gguf, config, n_ctx=N_CTX)
+    if backend in ("mlx", "mlx-f16"):
+        import mlx.core as mx
+        from engine.backends.mlx_backend import MlxBackend
+
+        return MlxBackend(gguf, config, mx.float16 if backend == "mlx-f16" else mx.float32, n_ctx=N_CTX)
     raise AssertionError(f"add backend {backend!r} to _make_backend")
 
 

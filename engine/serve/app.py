@@ -1,7 +1,7 @@
 """The ASGI application: routes, API-key check, body size limit, CORS, ``/health`` and ``/metrics``.
 
-Every error a client can cause comes back as the API's own error object (OpenAI's on ``/v1/chat/completions``,
-``/v1/completions`` and ``/v1/models``); nothing a request carries is executed.
+Every error a client can cause comes back as the API's own error object (Anthropic's on ``/v1/messages``,
+OpenAI's elsewhere); nothing a request carries is executed.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from . import openai_routes
+from . import anthropic_routes, openai_routes
+from .anthropic_schemas import MessagesRequest
 from .errors import APIError, error_response
 from .host import ServedModel
 from .openai_schemas import ChatCompletionRequest, CompletionRequest
@@ -149,6 +150,8 @@ def create_app(served: ServedModel, api_key: str | None = None, allowed_origins:
                                                 "chat"), methods=["POST"]),
         Route("/v1/completions", _endpoint(served, openai_routes.completions, CompletionRequest, "completions"),
               methods=["POST"]),
+        Route("/v1/messages", _endpoint(served, anthropic_routes.messages, MessagesRequest, "messages",
+                                        "anthropic"), methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]

@@ -18,8 +18,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from ..generate import GenerationEvent
 from ..model import Model
-from ..sampling import SamplingParams
-from ..scheduler import RequestEvent, RequestHandle
+from ..sampling import SamplingParams, make_sampler
+from ..scheduler import Request, RequestEvent, RequestHandle
+from ..tokenizer import IncrementalDecoder
 from ..thermal.policy import Limits
 from .errors import APIError
 
@@ -99,11 +100,14 @@ class ServedModel:
         except Exception as e:  # noqa: BLE001 - reported by /health and to every waiting request
             self.error = f"{type(e).__name__}: {e}"
 
-    def submit(self, ids: Sequence[int], params: SamplingParams, max_tokens: int, stop: Sequence[str]) -> RequestHandle:
-        """Queue a request in the scheduler.
+    def submit(self, ids: Sequence[int], params: SamplingParams, max_tokens: int, stop: Sequence[str],
+               grammar: str | None = None) -> RequestHandle:
+        """Queue a request in the scheduler; ``grammar`` (from ``constrained.json_schema_grammar``) constrains
+        what it may generate.
 
         Raises:
-            APIError: 429 when the queue is full, 503 when the scheduler is down, 400 when the prompt does not fit.
+            APIError: 429 when the queue is full, 503 when the scheduler is down, 400 when the prompt does not fit
+                or the grammar does not compile.
         """
         if not self.healthy:
             raise APIError(503, f"the model's scheduler stopped: {self.error}")
@@ -112,11 +116,26 @@ class ServedModel:
             raise APIError(429, f"the server is busy: {self.active} requests are queued or running",
                            code="rate_limit_exceeded", headers={"Retry-After": "1"})
         try:
-            handle = self.model.submit(ids, params, max_tokens, stop, resident=False, skip_special=True)
+            if grammar is None:
+                handle = self.model.submit(ids, params, max_tokens, stop, resident=False, skip_special=True)
+            else:
+                handle = self._submit_constrained(ids, params, max_tokens, stop, grammar)
         except ValueError as e:
-            raise APIError(400, str(e)) from e
+            raise APIError(400, str(e), param="response_format" if grammar else None) from e
         self.active += 1
         return handle
+
+    def _submit_constrained(self, ids: Sequence[int], params: SamplingParams, max_tokens: int, stop: Sequence[str],
+                            grammar: str) -> RequestHandle:
+        """A request whose sampler the grammar masks (``params`` left off the request, so that no backend takes
+        its greedy steps on the device, past the mask)."""
+        from .constrained import ConstrainedSampler  # llguidance loads only when a request needs it
+
+        tokenizer = self.model.tokenizer
+        sample = ConstrainedSampler(make_sampler(params), tokenizer, grammar)
+        request = Request(tuple(ids), sample, max_tokens, eog_ids=frozenset(tokenizer.eog_ids), stop=tuple(stop),
+                          decoder=IncrementalDecoder(tokenizer, True))
+        return self.model.scheduler.submit(request)
 
     async def events(self, handle: RequestHandle,
                      disconnected: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator[GenerationEvent]:

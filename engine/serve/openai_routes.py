@@ -81,6 +81,25 @@ def _messages(body: ChatCompletionRequest) -> list[dict]:
     return out
 
 
+def _response_grammar(response_format: dict | None) -> str | None:
+    """The grammar ``response_format`` asks for: None for text, any JSON object, or a JSON schema."""
+    kind = (response_format or {}).get("type", "text")
+    if kind == "text":
+        return None
+    from .constrained import json_schema_grammar  # llguidance loads only when a request needs it
+
+    if kind == "json_object":
+        return json_schema_grammar(None)
+    spec = response_format.get("json_schema")
+    if kind != "json_schema" or not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+        raise APIError(400, "response_format must be text, json_object or json_schema with a 'schema' object",
+                       param="response_format")
+    try:
+        return json_schema_grammar(spec.get("schema", {}))
+    except ValueError as e:
+        raise APIError(400, str(e), param="response_format", code="invalid_json_schema") from e
+
+
 def _usage(last: GenerationEvent | None, n_prompt: int, n_generated: int) -> Usage:
     cached = last.cached_tokens if last is not None else 0
     return Usage(prompt_tokens=n_prompt, completion_tokens=n_generated, total_tokens=n_prompt + n_generated,
@@ -107,8 +126,9 @@ async def chat_completions(served: ServedModel, request: Request, body: ChatComp
     if body.top_logprobs:
         raise APIError(400, "top_logprobs is not supported yet; logprobs of the chosen tokens are",
                        param="top_logprobs")
-    if body.tools or body.response_format not in (None, {"type": "text"}):
-        raise APIError(400, "tools and response_format are not supported yet", param="tools")
+    if body.tools:
+        raise APIError(400, "tools are not supported yet", param="tools")
+    grammar = _response_grammar(body.response_format)
     params = sampling_params(body)
     try:
         ids = await run_in_threadpool(served.model.chat_ids, _messages(body))
@@ -116,7 +136,7 @@ async def chat_completions(served: ServedModel, request: Request, body: ChatComp
         raise APIError(400, f"the chat template could not render the messages: {e}", param="messages") from e
     limit_name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = token_budget(served, len(ids), body.token_limit(), limit_name)
-    handle = served.submit(ids, params, max_tokens, body.stop_strings())
+    handle = served.submit(ids, params, max_tokens, body.stop_strings(), grammar)
     reply_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     events = served.events(handle, request.is_disconnected)
     if body.stream:

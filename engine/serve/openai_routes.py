@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -17,7 +18,9 @@ from .errors import APIError
 from .host import RequestRecord, ServedModel
 from .openai_schemas import (AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
                              ChoiceDelta, ChoiceLogprobs, ChunkChoice, Completion, CompletionChoice,
-                             CompletionRequest, Model, ModelList, PromptTokensDetails, TokenLogprob, Usage, _Sampling)
+                             CompletionRequest, Model, ModelList, PromptTokensDetails, TokenLogprob, ToolCall,
+                             ToolCallFunction, Usage, _Sampling)
+from .tool_calls import parse_tool_calls, template_messages_with_calls
 
 # the engine's finish reasons in the OpenAI API's words
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
@@ -120,18 +123,19 @@ def _record(served: ServedModel, endpoint: str, last: GenerationEvent | None, n_
 
 
 async def chat_completions(served: ServedModel, request: Request, body: ChatCompletionRequest) -> Response:
-    """``POST /v1/chat/completions``."""
+    """``POST /v1/chat/completions``. With ``tools`` the model's own chat template renders them and tool calls in
+    the reply come back as ``tool_calls`` (a streamed reply with tools is sent when it is complete)."""
     check_model(served, body.model)
     _check_common(body)
     if body.top_logprobs:
         raise APIError(400, "top_logprobs is not supported yet; logprobs of the chosen tokens are",
                        param="top_logprobs")
-    if body.tools:
-        raise APIError(400, "tools are not supported yet", param="tools")
+    tools = _tools(body)
     grammar = _response_grammar(body.response_format)
     params = sampling_params(body)
+    messages = template_messages_with_calls(_messages(body))
     try:
-        ids = await run_in_threadpool(served.model.chat_ids, _messages(body))
+        ids = await run_in_threadpool(served.model.chat_ids, messages, True, {"tools": tools} if tools else None)
     except ValueError as e:  # the template refused the conversation
         raise APIError(400, f"the chat template could not render the messages: {e}", param="messages") from e
     limit_name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
@@ -139,23 +143,74 @@ async def chat_completions(served: ServedModel, request: Request, body: ChatComp
     handle = served.submit(ids, params, max_tokens, body.stop_strings(), grammar)
     reply_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     events = served.events(handle, request.is_disconnected)
-    if body.stream:
+    if body.stream and not tools:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         chunks = _chat_chunks(served, events, reply_id, created, len(ids), body.logprobs, include_usage, handle.id)
         return StreamingResponse(chunks, media_type="text/event-stream")
+    if body.stream:
+        return StreamingResponse(_whole_reply_chunks(served, body, events, reply_id, created, len(ids), handle.id),
+                                 media_type="text/event-stream")
+    reply = await _chat_reply(served, body, events, reply_id, created, len(ids), handle.id, bool(tools))
+    return JSONResponse(reply.model_dump(exclude_none=False))
+
+
+def _tools(body: ChatCompletionRequest) -> list[dict] | None:
+    """The request's function tools for the template, checked; None when there are none or tool_choice is none."""
+    if not body.tools or body.tool_choice == "none":
+        return None
+    for i, tool in enumerate(body.tools):
+        function = tool.get("function")
+        if tool.get("type") != "function" or not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise APIError(400, "each tool must be {'type': 'function', 'function': {'name': ...}}",
+                           param=f"tools.{i}")
+    return body.tools
+
+
+async def _chat_reply(served: ServedModel, body: ChatCompletionRequest, events: AsyncIterator[GenerationEvent],
+                      reply_id: str, created: int, n_prompt: int, request_id: int, tools: bool) -> ChatCompletion:
     text, logprobs, last, n = [], [], None, 0
     async for event in events:
         text.append(event.text)
         n, last = n + 1, event
         if body.logprobs:
             logprobs.append(_token_logprob(served, event))
-    _record(served, "chat", last, len(ids), n, handle.id)
-    choice = ChatChoice(message=AssistantMessage(content="".join(text)),
-                        finish_reason=FINISH[last.finish_reason] if last is not None else "stop",
+    _record(served, "chat", last, n_prompt, n, request_id)
+    content, calls = parse_tool_calls("".join(text)) if tools else ("".join(text), [])
+    finish = FINISH[last.finish_reason] if last is not None else "stop"
+    message = AssistantMessage(content="".join(text))
+    if calls:
+        finish, message = "tool_calls", AssistantMessage(content=content or None, tool_calls=[
+            ToolCall(id=c.id, function=ToolCallFunction(name=c.name, arguments=json.dumps(c.arguments)))
+            for c in calls])
+    choice = ChatChoice(message=message, finish_reason=finish,
                         logprobs=ChoiceLogprobs(content=logprobs) if body.logprobs else None)
-    reply = ChatCompletion(id=reply_id, created=created, model=served.name, choices=[choice],
-                           usage=_usage(last, len(ids), n))
-    return JSONResponse(reply.model_dump(exclude_none=False))
+    return ChatCompletion(id=reply_id, created=created, model=served.name, choices=[choice],
+                          usage=_usage(last, n_prompt, n))
+
+
+async def _whole_reply_chunks(served: ServedModel, body: ChatCompletionRequest, events: AsyncIterator[GenerationEvent],
+                              reply_id: str, created: int, n_prompt: int, request_id: int) -> AsyncIterator[bytes]:
+    """A finished reply sent as stream chunks: the role, content, tool-call deltas, the finish, [DONE]."""
+    try:
+        reply = await _chat_reply(served, body, events, reply_id, created, n_prompt, request_id, True)
+    except APIError as e:
+        yield sse.data_event({"error": {"message": e.message, "type": "server_error", "param": None, "code": e.code}})
+        return
+    choice = reply.choices[0]
+    calls = [{"index": i, "id": c.id, "type": "function", "function": c.function.model_dump()}
+             for i, c in enumerate(choice.message.tool_calls or [])]
+    deltas = [(ChoiceDelta(role="assistant", content=choice.message.content or ""), None)]
+    if calls:
+        deltas.append((ChoiceDelta(tool_calls=calls), None))
+    deltas.append((ChoiceDelta(), choice.finish_reason))
+    for delta, finish in deltas:
+        data = ChatCompletionChunk(id=reply_id, created=created, model=served.name,
+                                   choices=[ChunkChoice(delta=delta, finish_reason=finish)])
+        yield sse.data_event(data.model_dump(exclude_none=True))
+    if body.stream_options is not None and body.stream_options.include_usage:
+        data = ChatCompletionChunk(id=reply_id, created=created, model=served.name, choices=[], usage=reply.usage)
+        yield sse.data_event(data.model_dump(exclude_none=True))
+    yield sse.DONE
 
 
 async def _chat_chunks(served: ServedModel, events: AsyncIterator[GenerationEvent], reply_id: str, created: int,

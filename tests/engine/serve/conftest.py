@@ -1,4 +1,4 @@
-"""A live server on SmolLM2 (CPU backend) for the API tests: uvicorn on a free loopback port, in a thread."""
+"""Live servers on SmolLM2 and Qwen2.5-Coder (CPU backend) for the API tests: uvicorn on a free loopback port, in a thread."""
 
 from __future__ import annotations
 
@@ -30,10 +30,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="package")
-def live_server() -> Iterator[LiveServer]:
-    model = load(model_path("smollm2"), backend="cpu", n_ctx=N_CTX)
-    served = ServedModel(model, MODEL_NAME, parallel=16, max_queue=32, timeout_s=120)
+def _serve(test_model: str, name: str) -> Iterator[LiveServer]:
+    model = load(model_path(test_model), backend="cpu", n_ctx=N_CTX)
+    served = ServedModel(model, name, parallel=16, max_queue=32, timeout_s=120)
     port = _free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(served), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -46,6 +45,17 @@ def live_server() -> Iterator[LiveServer]:
     yield LiveServer(served, f"http://127.0.0.1:{port}")
     server.should_exit = True
     thread.join(timeout=20)
+
+
+@pytest.fixture(scope="package")
+def live_server() -> Iterator[LiveServer]:
+    yield from _serve("smollm2", MODEL_NAME)
+
+
+@pytest.fixture(scope="package")
+def qwen_server() -> Iterator[LiveServer]:
+    """Qwen2.5-Coder-0.5B-Instruct, whose chat template renders tools (SmolLM2's does not)."""
+    yield from _serve("qwen25coder", "qwen2.5-coder")
 
 
 @pytest.fixture(scope="package")

@@ -24,6 +24,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--n-ctx", type=int, default=None, help="context length in tokens")
     p.add_argument("--parallel", type=int, default=16, help="most sequences decoding together (default 16)")
     p.add_argument("--max-queue", type=int, default=64, help="most requests queued or running; more get 429")
+    p.add_argument("--prefix-caches", type=int, default=4,
+                   help="finished requests' KV caches kept for prompts that start the same (default 4)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds a request may run (default 600)")
     return p
 
@@ -61,7 +63,8 @@ def main(argv: list[str]) -> int:
     for notice in model.notices:
         print(f"note: {notice}", file=sys.stderr)
     name = args.name or Path(args.model).name.removesuffix(".gguf")
-    served = ServedModel(model, name, parallel=args.parallel, max_queue=args.max_queue, timeout_s=args.timeout)
+    served = ServedModel(model, name, parallel=args.parallel, max_queue=args.max_queue, timeout_s=args.timeout,
+                         prefix_caches=args.prefix_caches)
     app = create_app(served, api_key=args.api_key, allowed_origins=tuple(args.allow_origin))
     print(f"serving {name} at http://{args.host}:{args.port}/v1", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)

@@ -23,9 +23,11 @@ from ..scheduler import Request, RequestEvent, RequestHandle
 from ..tokenizer import IncrementalDecoder
 from ..thermal.policy import Limits
 from .errors import APIError
+from .prefix_cache import PrefixCache
 
 POLL_MIN_S, POLL_MAX_S = 0.002, 0.02  # how often a waiting handler looks for its request's next events
 REQUEST_LOG_SIZE = 200
+PREFILL_CHUNK = 512  # prompt tokens per step for one request (the policy's cap applies too)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,10 +71,13 @@ class ServedModel:
         parallel: the most sequences decoding together.
         max_queue: the most requests queued or running; more get 429.
         timeout_s: a request running longer is cancelled and answered 504.
+        prefix_caches: how many finished requests' KV caches to keep for prompts that start the same.
     """
 
-    def __init__(self, model: Model, name: str, parallel: int = 16, max_queue: int = 64, timeout_s: float = 600.0):
+    def __init__(self, model: Model, name: str, parallel: int = 16, max_queue: int = 64, timeout_s: float = 600.0,
+                 prefix_caches: int = 4):
         self.model, self.name, self.max_queue, self.timeout_s = model, name, max_queue, timeout_s
+        self.prefix_cache = PrefixCache(prefix_caches)
         limits = model.scheduler.fixed_limits
         model.scheduler.fixed_limits = Limits(prefill_chunk=limits.prefill_chunk, max_batch=parallel,
                                               pause_s=limits.pause_s, max_draft=limits.max_draft)
@@ -116,26 +121,35 @@ class ServedModel:
             raise APIError(429, f"the server is busy: {self.active} requests are queued or running",
                            code="rate_limit_exceeded", headers={"Retry-After": "1"})
         try:
-            if grammar is None:
-                handle = self.model.submit(ids, params, max_tokens, stop, resident=False, skip_special=True)
-            else:
-                handle = self._submit_constrained(ids, params, max_tokens, stop, grammar)
+            handle = self.model.scheduler.submit(self._request(ids, params, max_tokens, stop, grammar))
         except ValueError as e:
             raise APIError(400, str(e), param="response_format" if grammar else None) from e
         self.active += 1
         return handle
 
-    def _submit_constrained(self, ids: Sequence[int], params: SamplingParams, max_tokens: int, stop: Sequence[str],
-                            grammar: str) -> RequestHandle:
-        """A request whose sampler the grammar masks (``params`` left off the request, so that no backend takes
-        its greedy steps on the device, past the mask)."""
-        from .constrained import ConstrainedSampler  # llguidance loads only when a request needs it
-
+    def _request(self, ids: Sequence[int], params: SamplingParams, max_tokens: int, stop: Sequence[str],
+                 grammar: str | None) -> Request:
+        """The scheduler request: a cache from the prefix cache when one shares the prompt's start, which goes
+        back there when the request ends. With a grammar the sampler is masked and ``params`` is left off the
+        request, so that no backend takes greedy steps on the device, past the mask."""
         tokenizer = self.model.tokenizer
-        sample = ConstrainedSampler(make_sampler(params), tokenizer, grammar)
-        request = Request(tuple(ids), sample, max_tokens, eog_ids=frozenset(tokenizer.eog_ids), stop=tuple(stop),
-                          decoder=IncrementalDecoder(tokenizer, True))
-        return self.model.scheduler.submit(request)
+        sample = make_sampler(params)
+        if grammar is not None:
+            from .constrained import ConstrainedSampler  # llguidance loads only when a request needs it
+            sample = ConstrainedSampler(sample, tokenizer, grammar)
+        if len(ids) + max_tokens > self.model.n_ctx:
+            raise ValueError(f"{len(ids)} prompt tokens and {max_tokens} more do not fit the context of "
+                             f"{self.model.n_ctx}")
+        cache = self.prefix_cache.take(ids, len(ids) + max_tokens)
+        if cache is None:  # room for the whole context (it grows in steps), so that a longer prompt can reuse it
+            cache = self.model.backend.new_cache(self.model.n_ctx)
+        return Request(tuple(ids), sample, max_tokens, eog_ids=frozenset(tokenizer.eog_ids), stop=tuple(stop),
+                       decoder=IncrementalDecoder(tokenizer, True), cache=cache, prefill_chunk=PREFILL_CHUNK,
+                       params=params if grammar is None else None, on_finish=self._keep_cache)
+
+    def _keep_cache(self, history: list[int], cache) -> None:
+        if cache is not None:
+            self.prefix_cache.put(history[:cache.n_past], cache)
 
     async def events(self, handle: RequestHandle,
                      disconnected: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator[GenerationEvent]:

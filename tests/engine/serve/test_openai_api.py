@@ -46,7 +46,7 @@ def test_greedy_chat_matches_the_engine(client, reference_model):
     assert reply.usage.completion_tokens == len(events)
     assert reply.usage.prompt_tokens == len(reference_model.chat_ids(MESSAGES))
     assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
-    assert reply.usage.prompt_tokens_details.cached_tokens == 0
+    assert 0 <= reply.usage.prompt_tokens_details.cached_tokens < reply.usage.prompt_tokens
     got = [(t.token, t.logprob) for t in choice.logprobs.content]
     want = [(reference_model.tokenizer.decode([e.id]), e.logprob) for e in events]
     assert [g[0] for g in got] == [w[0] for w in want]
@@ -193,3 +193,14 @@ def test_health_and_metrics(live_server, client):
     assert 'hearth_requests_total{endpoint="chat",status="200"}' in metrics
     completion_line = next(l for l in metrics.splitlines() if l.startswith("hearth_completion_tokens_total "))
     assert int(completion_line.split()[1]) >= 2
+
+
+def test_a_shared_system_prompt_is_computed_once(client, reference_model):
+    system = {"role": "system", "content": "You are a careful assistant for a bakery. " * 12}
+    first_q = [system, {"role": "user", "content": "What is sourdough?"}]
+    second_q = [system, {"role": "user", "content": "How long does bread keep?"}]
+    client.chat.completions.create(model=MODEL_NAME, messages=first_q, temperature=0, max_tokens=4)
+    reply = client.chat.completions.create(model=MODEL_NAME, messages=second_q, temperature=0, max_tokens=16)
+    n_system = len(reference_model.chat_ids([system], add_generation_prompt=False))
+    assert reply.usage.prompt_tokens_details.cached_tokens >= n_system - 2
+    assert reply.choices[0].message.content == engine_reply(reference_model, second_q, 16)[0]

@@ -23,6 +23,7 @@ from ..scheduler import Request, RequestEvent, RequestHandle
 from ..tokenizer import IncrementalDecoder
 from ..thermal.policy import Limits
 from .errors import APIError
+from .logprobs import TopLogprobs
 from .prefix_cache import PrefixCache
 
 POLL_MIN_S, POLL_MAX_S = 0.002, 0.02  # how often a waiting handler looks for its request's next events
@@ -106,9 +107,9 @@ class ServedModel:
             self.error = f"{type(e).__name__}: {e}"
 
     def submit(self, ids: Sequence[int], params: SamplingParams, max_tokens: int, stop: Sequence[str],
-               grammar: str | None = None) -> RequestHandle:
+               grammar: str | None = None, top_logprobs: TopLogprobs | None = None) -> RequestHandle:
         """Queue a request in the scheduler; ``grammar`` (from ``constrained.json_schema_grammar``) constrains
-        what it may generate.
+        what it may generate, ``top_logprobs`` records each step's most likely tokens.
 
         Raises:
             APIError: 429 when the queue is full, 503 when the scheduler is down, 400 when the prompt does not fit
@@ -121,22 +122,24 @@ class ServedModel:
             raise APIError(429, f"the server is busy: {self.active} requests are queued or running",
                            code="rate_limit_exceeded", headers={"Retry-After": "1"})
         try:
-            handle = self.model.scheduler.submit(self._request(ids, params, max_tokens, stop, grammar))
+            handle = self.model.scheduler.submit(self._request(ids, params, max_tokens, stop, grammar, top_logprobs))
         except ValueError as e:
             raise APIError(400, str(e), param="response_format" if grammar else None) from e
         self.active += 1
         return handle
 
     def _request(self, ids: Sequence[int], params: SamplingParams, max_tokens: int, stop: Sequence[str],
-                 grammar: str | None) -> Request:
+                 grammar: str | None, top_logprobs: TopLogprobs | None) -> Request:
         """The scheduler request: a cache from the prefix cache when one shares the prompt's start, which goes
-        back there when the request ends. With a grammar the sampler is masked and ``params`` is left off the
-        request, so that no backend takes greedy steps on the device, past the mask."""
+        back there when the request ends. With a grammar or top_logprobs the sampler is wrapped and ``params`` is
+        left off the request, so that no backend takes greedy steps on the device, past the wrapper."""
         tokenizer = self.model.tokenizer
         sample = make_sampler(params)
         if grammar is not None:
             from .constrained import ConstrainedSampler  # llguidance loads only when a request needs it
             sample = ConstrainedSampler(sample, tokenizer, grammar)
+        if top_logprobs is not None:
+            sample = top_logprobs.wrap(sample)
         if len(ids) + max_tokens > self.model.n_ctx:
             raise ValueError(f"{len(ids)} prompt tokens and {max_tokens} more do not fit the context of "
                              f"{self.model.n_ctx}")
@@ -145,7 +148,8 @@ class ServedModel:
             cache = self.model.backend.new_cache(self.model.n_ctx)
         return Request(tuple(ids), sample, max_tokens, eog_ids=frozenset(tokenizer.eog_ids), stop=tuple(stop),
                        decoder=IncrementalDecoder(tokenizer, True), cache=cache, prefill_chunk=PREFILL_CHUNK,
-                       params=params if grammar is None else None, on_finish=self._keep_cache)
+                       params=params if grammar is None and top_logprobs is None else None,
+                       on_finish=self._keep_cache)
 
     def _keep_cache(self, history: list[int], cache) -> None:
         if cache is not None:

@@ -19,7 +19,8 @@ from .host import RequestRecord, ServedModel
 from .openai_schemas import (AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
                              ChoiceDelta, ChoiceLogprobs, ChunkChoice, Completion, CompletionChoice,
                              CompletionRequest, Model, ModelList, PromptTokensDetails, TokenLogprob, ToolCall,
-                             ToolCallFunction, Usage, _Sampling)
+                             ToolCallFunction, TopLogprob, Usage, _Sampling)
+from .logprobs import TopLogprobs
 from .tool_calls import parse_tool_calls, template_messages_with_calls
 
 # the engine's finish reasons in the OpenAI API's words
@@ -109,9 +110,15 @@ def _usage(last: GenerationEvent | None, n_prompt: int, n_generated: int) -> Usa
                  prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
 
 
-def _token_logprob(served: ServedModel, event: GenerationEvent) -> TokenLogprob:
-    piece = served.model.tokenizer.decode([event.id])
-    return TokenLogprob(token=piece, logprob=event.logprob, bytes=list(piece.encode()), top_logprobs=[])
+def _token_logprob(served: ServedModel, event: GenerationEvent, recorder: TopLogprobs | None = None) -> TokenLogprob:
+    """The chosen token's logprob (the engine's own) and, when asked, the step's most likely tokens."""
+    decode = served.model.tokenizer.decode
+    top = []
+    if recorder is not None and event.index < len(recorder.steps):
+        top = [TopLogprob(token=decode([tid]), logprob=lp, bytes=list(decode([tid]).encode()))
+               for tid, lp in recorder.steps[event.index]]
+    piece = decode([event.id])
+    return TokenLogprob(token=piece, logprob=event.logprob, bytes=list(piece.encode()), top_logprobs=top)
 
 
 def _record(served: ServedModel, endpoint: str, last: GenerationEvent | None, n_prompt: int, n: int,
@@ -127,9 +134,9 @@ async def chat_completions(served: ServedModel, request: Request, body: ChatComp
     the reply come back as ``tool_calls`` (a streamed reply with tools is sent when it is complete)."""
     check_model(served, body.model)
     _check_common(body)
-    if body.top_logprobs:
-        raise APIError(400, "top_logprobs is not supported yet; logprobs of the chosen tokens are",
-                       param="top_logprobs")
+    if body.top_logprobs and not body.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
+    recorder = TopLogprobs(body.top_logprobs) if body.top_logprobs else None
     tools = _tools(body)
     grammar = _response_grammar(body.response_format)
     params = sampling_params(body)
@@ -140,17 +147,19 @@ async def chat_completions(served: ServedModel, request: Request, body: ChatComp
         raise APIError(400, f"the chat template could not render the messages: {e}", param="messages") from e
     limit_name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = token_budget(served, len(ids), body.token_limit(), limit_name)
-    handle = served.submit(ids, params, max_tokens, body.stop_strings(), grammar)
+    handle = served.submit(ids, params, max_tokens, body.stop_strings(), grammar, recorder)
     reply_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     events = served.events(handle, request.is_disconnected)
     if body.stream and not tools:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        chunks = _chat_chunks(served, events, reply_id, created, len(ids), body.logprobs, include_usage, handle.id)
+        chunks = _chat_chunks(served, events, reply_id, created, len(ids), body.logprobs, include_usage, handle.id,
+                              recorder)
         return StreamingResponse(chunks, media_type="text/event-stream")
     if body.stream:
         return StreamingResponse(_whole_reply_chunks(served, body, events, reply_id, created, len(ids), handle.id),
                                  media_type="text/event-stream")
-    reply = await _chat_reply(served, body, events, reply_id, created, len(ids), handle.id, bool(tools))
+    reply = await _chat_reply(served, body, events, reply_id, created, len(ids), handle.id, bool(tools),
+                              recorder)
     return JSONResponse(reply.model_dump(exclude_none=False))
 
 
@@ -167,13 +176,14 @@ def _tools(body: ChatCompletionRequest) -> list[dict] | None:
 
 
 async def _chat_reply(served: ServedModel, body: ChatCompletionRequest, events: AsyncIterator[GenerationEvent],
-                      reply_id: str, created: int, n_prompt: int, request_id: int, tools: bool) -> ChatCompletion:
+                      reply_id: str, created: int, n_prompt: int, request_id: int, tools: bool,
+                      recorder: TopLogprobs | None = None) -> ChatCompletion:
     text, logprobs, last, n = [], [], None, 0
     async for event in events:
         text.append(event.text)
         n, last = n + 1, event
         if body.logprobs:
-            logprobs.append(_token_logprob(served, event))
+            logprobs.append(_token_logprob(served, event, recorder))
     _record(served, "chat", last, n_prompt, n, request_id)
     content, calls = parse_tool_calls("".join(text)) if tools else ("".join(text), [])
     finish = FINISH[last.finish_reason] if last is not None else "stop"
@@ -214,7 +224,8 @@ async def _whole_reply_chunks(served: ServedModel, body: ChatCompletionRequest, 
 
 
 async def _chat_chunks(served: ServedModel, events: AsyncIterator[GenerationEvent], reply_id: str, created: int,
-                       n_prompt: int, logprobs: bool, include_usage: bool, request_id: int) -> AsyncIterator[bytes]:
+                       n_prompt: int, logprobs: bool, include_usage: bool, request_id: int,
+                       recorder: TopLogprobs | None = None) -> AsyncIterator[bytes]:
     def chunk(delta: ChoiceDelta, finish: str | None = None, lp: ChoiceLogprobs | None = None) -> bytes:
         data = ChatCompletionChunk(id=reply_id, created=created, model=served.name,
                                    choices=[ChunkChoice(delta=delta, finish_reason=finish, logprobs=lp)])
@@ -225,7 +236,7 @@ async def _chat_chunks(served: ServedModel, events: AsyncIterator[GenerationEven
     try:
         async for event in events:
             n, last = n + 1, event
-            lp = ChoiceLogprobs(content=[_token_logprob(served, event)]) if logprobs else None
+            lp = ChoiceLogprobs(content=[_token_logprob(served, event, recorder)]) if logprobs else None
             if event.text or lp is not None:
                 yield chunk(ChoiceDelta(content=event.text), lp=lp)
     except APIError as e:  # mid-stream: the status is sent already, so the error goes in the stream

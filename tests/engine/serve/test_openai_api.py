@@ -204,3 +204,18 @@ def test_a_shared_system_prompt_is_computed_once(client, reference_model):
     n_system = len(reference_model.chat_ids([system], add_generation_prompt=False))
     assert reply.usage.prompt_tokens_details.cached_tokens >= n_system - 2
     assert reply.choices[0].message.content == engine_reply(reference_model, second_q, 16)[0]
+
+
+def test_top_logprobs_hold_the_greedy_choice_first(client, reference_model):
+    _, events = engine_reply(reference_model, MESSAGES, 8)
+    reply = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, temperature=0, max_tokens=8,
+                                           logprobs=True, top_logprobs=3)
+    for step, event in zip(reply.choices[0].logprobs.content, events):
+        assert len(step.top_logprobs) == 3
+        assert step.top_logprobs[0].token == step.token  # greedy takes the most likely token
+        assert step.top_logprobs[0].logprob == pytest.approx(event.logprob, abs=1e-4)
+        assert [t.logprob for t in step.top_logprobs] == sorted((t.logprob for t in step.top_logprobs), reverse=True)
+    streamed = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, temperature=0, max_tokens=4,
+                                              logprobs=True, top_logprobs=2, stream=True)
+    steps = [c.choices[0].logprobs.content[0] for c in streamed if c.choices and c.choices[0].logprobs]
+    assert len(steps) == 4 and all(len(s.top_logprobs) == 2 for s in steps)

@@ -3,6 +3,7 @@ usage, greedy identity with the engine alone and under load, and the API's error
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -219,3 +220,17 @@ def test_top_logprobs_hold_the_greedy_choice_first(client, reference_model):
                                               logprobs=True, top_logprobs=2, stream=True)
     steps = [c.choices[0].logprobs.content[0] for c in streamed if c.choices and c.choices[0].logprobs]
     assert len(steps) == 4 and all(len(s.top_logprobs) == 2 for s in steps)
+
+
+def test_a_slow_reader_gets_the_whole_stream(live_server, reference_model):
+    text, _ = engine_reply(reference_model, MESSAGES, 20)
+    body = {"model": MODEL_NAME, "messages": MESSAGES, "temperature": 0, "max_tokens": 20, "stream": True}
+    pieces, lines = [], []
+    with httpx.stream("POST", live_server.base_url + "/v1/chat/completions", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+            time.sleep(0.05)  # the server generates on; the stream waits for the reader
+            lines.append(line)
+            if line.startswith("data: {"):
+                pieces.extend(c["delta"].get("content", "") for c in json.loads(line[6:])["choices"])
+    assert [x for x in lines if x][-1] == "data: [DONE]"
+    assert "".join(pieces) == text

@@ -109,6 +109,10 @@ def metrics_text(served: ServedModel) -> str:
              stats.rejected_busy),
             ("hearth_requests_active", "Requests queued or running now.", "gauge", served.active)):
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value}"]
+    lines += ["# HELP hearth_time_to_first_token_seconds Time to first token of finished requests.",
+              "# TYPE hearth_time_to_first_token_seconds summary",
+              f"hearth_time_to_first_token_seconds_sum {stats.ttft_sum_s:.6f}",
+              f"hearth_time_to_first_token_seconds_count {stats.finished}"]
     return "\n".join(lines) + "\n"
 
 

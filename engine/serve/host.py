@@ -55,11 +55,15 @@ class ServerStats:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     rejected_busy: int = 0
+    ttft_sum_s: float = 0.0  # over finished requests, for the mean time to first token
+    finished: int = 0
     log: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=REQUEST_LOG_SIZE))
 
     def record(self, record: RequestRecord) -> None:
         self.prompt_tokens += record.prompt_tokens
         self.completion_tokens += record.completion_tokens
+        self.ttft_sum_s += record.ttft_s
+        self.finished += 1
         self.log.append(record)
 
 

@@ -194,6 +194,10 @@ def test_health_and_metrics(live_server, client):
     assert 'hearth_requests_total{endpoint="chat",status="200"}' in metrics
     completion_line = next(l for l in metrics.splitlines() if l.startswith("hearth_completion_tokens_total "))
     assert int(completion_line.split()[1]) >= 2
+    values = dict(line.split() for line in metrics.splitlines() if line and not line.startswith("#")
+                  and "{" not in line)
+    assert float(values["hearth_time_to_first_token_seconds_sum"]) > 0
+    assert int(values["hearth_time_to_first_token_seconds_count"]) >= 1
 
 
 def test_a_shared_system_prompt_is_computed_once(client, reference_model):

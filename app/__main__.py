@@ -1,7 +1,9 @@
-"""Hearth's entry point: ``python -m app`` or ``hearth``; ``hearth models ...`` manages the model library.
+"""Hearth's entry point: ``python -m app`` or ``hearth``; ``hearth models ...`` manages the model library and
+``hearth serve ...`` serves a model over the OpenAI- and Anthropic-compatible API without a window.
 
 Start-up order:
-1. Parse the command line; ``models`` goes to the model library CLI and ``--version`` prints and exits.
+1. Parse the command line; ``models`` goes to the model library CLI, ``serve`` to the headless API server
+   (engine.serve, no Qt) and ``--version`` prints and exits.
 2. On Linux with X11, check that the system libraries Qt's xcb plugin needs load (platform_check.py); if any
    are missing, print which and how to install them, and exit 1. Create the QApplication. If another Hearth holds this data dir, ask it to show its window and exit 0
    (single_instance.py); else start the rotating log file and the crash handler in the log dir. The palette
@@ -28,7 +30,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         epilog="commands:\n"
                "  hearth                 open the app (the options above apply)\n"
                "  hearth models ...      list, search, download, import and remove models "
-               "(hearth models --help)\n")
+               "(hearth models --help)\n"
+               "  hearth serve ...       serve a model over OpenAI- and Anthropic-compatible APIs, headless "
+               "(hearth serve --help)\n")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     parser.add_argument("--data-dir", metavar="DIR", help="keep conversations and settings in DIR")
     parser.add_argument("--smoke-test", metavar="OUTDIR",
@@ -44,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["models"]:
         from .models.cli import main as models_main
         return models_main(argv[1:])
+    if argv[:1] == ["serve"]:
+        from engine.serve.cli import main as serve_main
+        return serve_main(argv[1:])
     args = _parse(argv)
     if args.version:
         import engine

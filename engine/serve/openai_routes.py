@@ -1,0 +1,309 @@
+"""The OpenAI endpoints: ``/v1/models``, ``/v1/chat/completions`` and ``/v1/completions``, streaming and not."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from ..generate import GenerationEvent
+from ..sampling import SamplingParams
+from . import sse
+from .errors import APIError
+from .host import RequestRecord, ServedModel
+from .openai_schemas import (AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
+                             ChoiceDelta, ChoiceLogprobs, ChunkChoice, Completion, CompletionChoice,
+                             CompletionRequest, Model, ModelList, PromptTokensDetails, TokenLogprob, ToolCall,
+                             ToolCallFunction, TopLogprob, Usage, _Sampling)
+from .logprobs import TopLogprobs
+from .tool_calls import parse_tool_calls, template_messages_with_calls
+
+# the engine's finish reasons in the OpenAI API's words
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
+
+
+def list_models(served: ServedModel) -> JSONResponse:
+    """``GET /v1/models``."""
+    return JSONResponse(ModelList(data=[Model(id=served.name, created=served.created)]).model_dump())
+
+
+def sampling_params(body: _Sampling) -> SamplingParams:
+    """The engine's sampling parameters for an API request (temperature 0 is greedy)."""
+    try:
+        return SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
+                              repeat_penalty=body.repeat_penalty, presence_penalty=body.presence_penalty,
+                              frequency_penalty=body.frequency_penalty, seed=body.seed)
+    except ValueError as e:
+        raise APIError(400, str(e)) from e
+
+
+def check_model(served: ServedModel, name: str) -> None:
+    if name != served.name:
+        raise APIError(404, f"The model '{name}' does not exist; this server serves '{served.name}'",
+                       param="model", code="model_not_found")
+
+
+def token_budget(served: ServedModel, n_prompt: int, requested: int | None, param: str = "max_tokens") -> int:
+    """The request's token limit: what it asked for, or the rest of the context; 400 when it cannot fit."""
+    n_ctx = served.model.n_ctx
+    if n_prompt >= n_ctx:
+        raise APIError(400, f"the prompt has {n_prompt} tokens; the context holds {n_ctx}", param="messages",
+                       code="context_length_exceeded")
+    if requested is None:
+        return n_ctx - n_prompt
+    if n_prompt + requested > n_ctx:
+        raise APIError(400, f"{param} {requested} plus the prompt's {n_prompt} tokens exceed the context of "
+                            f"{n_ctx} tokens", param=param, code="context_length_exceeded")
+    return requested
+
+
+def _check_common(body: _Sampling) -> None:
+    if body.n != 1:
+        raise APIError(400, "only n=1 is supported", param="n")
+    if len(body.stop_strings()) > 4:
+        raise APIError(400, "at most 4 stop sequences are allowed", param="stop")
+
+
+def _messages(body: ChatCompletionRequest) -> list[dict]:
+    """The request's messages as the chat template reads them."""
+    out = []
+    for message in body.messages:
+        role = "system" if message.role == "developer" else message.role
+        item = {"role": role, "content": message.text()}
+        if message.tool_calls:
+            item["tool_calls"] = [call.model_dump() for call in message.tool_calls]
+        if message.tool_call_id is not None:
+            item["tool_call_id"] = message.tool_call_id
+        if message.name is not None:
+            item["name"] = message.name
+        out.append(item)
+    return out
+
+
+def _response_grammar(response_format: dict | None) -> str | None:
+    """The grammar ``response_format`` asks for: None for text, any JSON object, or a JSON schema."""
+    kind = (response_format or {}).get("type", "text")
+    if kind == "text":
+        return None
+    from .constrained import json_schema_grammar  # llguidance loads only when a request needs it
+
+    if kind == "json_object":
+        return json_schema_grammar(None)
+    spec = response_format.get("json_schema")
+    if kind != "json_schema" or not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+        raise APIError(400, "response_format must be text, json_object or json_schema with a 'schema' object",
+                       param="response_format")
+    try:
+        return json_schema_grammar(spec.get("schema", {}))
+    except ValueError as e:
+        raise APIError(400, str(e), param="response_format", code="invalid_json_schema") from e
+
+
+def _usage(last: GenerationEvent | None, n_prompt: int, n_generated: int) -> Usage:
+    cached = last.cached_tokens if last is not None else 0
+    return Usage(prompt_tokens=n_prompt, completion_tokens=n_generated, total_tokens=n_prompt + n_generated,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+
+
+def _token_logprob(served: ServedModel, event: GenerationEvent, recorder: TopLogprobs | None = None) -> TokenLogprob:
+    """The chosen token's logprob (the engine's own) and, when asked, the step's most likely tokens."""
+    decode = served.model.tokenizer.decode
+    top = []
+    if recorder is not None and event.index < len(recorder.steps):
+        top = [TopLogprob(token=decode([tid]), logprob=lp, bytes=list(decode([tid]).encode()))
+               for tid, lp in recorder.steps[event.index]]
+    piece = decode([event.id])
+    return TokenLogprob(token=piece, logprob=event.logprob, bytes=list(piece.encode()), top_logprobs=top)
+
+
+def _record(served: ServedModel, endpoint: str, last: GenerationEvent | None, n_prompt: int, n: int,
+            request_id: int) -> None:
+    if last is None:
+        return
+    served.stats.record(RequestRecord(request_id, endpoint, served.name, n_prompt, last.cached_tokens, n,
+                                      last.prefill_s, last.decode_tps, last.finish_reason or "cancelled", time.time()))
+
+
+async def chat_completions(served: ServedModel, request: Request, body: ChatCompletionRequest) -> Response:
+    """``POST /v1/chat/completions``. With ``tools`` the model's own chat template renders them and tool calls in
+    the reply come back as ``tool_calls`` (a streamed reply with tools is sent when it is complete)."""
+    check_model(served, body.model)
+    _check_common(body)
+    if body.top_logprobs and not body.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
+    recorder = TopLogprobs(body.top_logprobs) if body.top_logprobs else None
+    tools = _tools(body)
+    grammar = _response_grammar(body.response_format)
+    params = sampling_params(body)
+    messages = template_messages_with_calls(_messages(body))
+    try:
+        ids = await run_in_threadpool(served.model.chat_ids, messages, True, {"tools": tools} if tools else None)
+    except ValueError as e:  # the template refused the conversation
+        raise APIError(400, f"the chat template could not render the messages: {e}", param="messages") from e
+    limit_name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    max_tokens = token_budget(served, len(ids), body.token_limit(), limit_name)
+    handle = served.submit(ids, params, max_tokens, body.stop_strings(), grammar, recorder)
+    reply_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    events = served.events(handle, request.is_disconnected)
+    if body.stream and not tools:
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        chunks = _chat_chunks(served, events, reply_id, created, len(ids), body.logprobs, include_usage, handle.id,
+                              recorder)
+        return StreamingResponse(chunks, media_type="text/event-stream")
+    if body.stream:
+        return StreamingResponse(_whole_reply_chunks(served, body, events, reply_id, created, len(ids), handle.id),
+                                 media_type="text/event-stream")
+    reply = await _chat_reply(served, body, events, reply_id, created, len(ids), handle.id, bool(tools),
+                              recorder)
+    return JSONResponse(reply.model_dump(exclude_none=False))
+
+
+def _tools(body: ChatCompletionRequest) -> list[dict] | None:
+    """The request's function tools for the template, checked; None when there are none or tool_choice is none."""
+    if not body.tools or body.tool_choice == "none":
+        return None
+    for i, tool in enumerate(body.tools):
+        function = tool.get("function")
+        if tool.get("type") != "function" or not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise APIError(400, "each tool must be {'type': 'function', 'function': {'name': ...}}",
+                           param=f"tools.{i}")
+    return body.tools
+
+
+async def _chat_reply(served: ServedModel, body: ChatCompletionRequest, events: AsyncIterator[GenerationEvent],
+                      reply_id: str, created: int, n_prompt: int, request_id: int, tools: bool,
+                      recorder: TopLogprobs | None = None) -> ChatCompletion:
+    text, logprobs, last, n = [], [], None, 0
+    async for event in events:
+        text.append(event.text)
+        n, last = n + 1, event
+        if body.logprobs:
+            logprobs.append(_token_logprob(served, event, recorder))
+    _record(served, "chat", last, n_prompt, n, request_id)
+    content, calls = parse_tool_calls("".join(text)) if tools else ("".join(text), [])
+    finish = FINISH[last.finish_reason] if last is not None else "stop"
+    message = AssistantMessage(content="".join(text))
+    if calls:
+        finish, message = "tool_calls", AssistantMessage(content=content or None, tool_calls=[
+            ToolCall(id=c.id, function=ToolCallFunction(name=c.name, arguments=json.dumps(c.arguments)))
+            for c in calls])
+    choice = ChatChoice(message=message, finish_reason=finish,
+                        logprobs=ChoiceLogprobs(content=logprobs) if body.logprobs else None)
+    return ChatCompletion(id=reply_id, created=created, model=served.name, choices=[choice],
+                          usage=_usage(last, n_prompt, n))
+
+
+async def _whole_reply_chunks(served: ServedModel, body: ChatCompletionRequest, events: AsyncIterator[GenerationEvent],
+                              reply_id: str, created: int, n_prompt: int, request_id: int) -> AsyncIterator[bytes]:
+    """A finished reply sent as stream chunks: the role, content, tool-call deltas, the finish, [DONE]."""
+    try:
+        reply = await _chat_reply(served, body, events, reply_id, created, n_prompt, request_id, True)
+    except APIError as e:
+        yield sse.data_event({"error": {"message": e.message, "type": "server_error", "param": None, "code": e.code}})
+        return
+    choice = reply.choices[0]
+    calls = [{"index": i, "id": c.id, "type": "function", "function": c.function.model_dump()}
+             for i, c in enumerate(choice.message.tool_calls or [])]
+    deltas = [(ChoiceDelta(role="assistant", content=choice.message.content or ""), None)]
+    if calls:
+        deltas.append((ChoiceDelta(tool_calls=calls), None))
+    deltas.append((ChoiceDelta(), choice.finish_reason))
+    for delta, finish in deltas:
+        data = ChatCompletionChunk(id=reply_id, created=created, model=served.name,
+                                   choices=[ChunkChoice(delta=delta, finish_reason=finish)])
+        yield sse.data_event(data.model_dump(exclude_none=True))
+    if body.stream_options is not None and body.stream_options.include_usage:
+        data = ChatCompletionChunk(id=reply_id, created=created, model=served.name, choices=[], usage=reply.usage)
+        yield sse.data_event(data.model_dump(exclude_none=True))
+    yield sse.DONE
+
+
+async def _chat_chunks(served: ServedModel, events: AsyncIterator[GenerationEvent], reply_id: str, created: int,
+                       n_prompt: int, logprobs: bool, include_usage: bool, request_id: int,
+                       recorder: TopLogprobs | None = None) -> AsyncIterator[bytes]:
+    def chunk(delta: ChoiceDelta, finish: str | None = None, lp: ChoiceLogprobs | None = None) -> bytes:
+        data = ChatCompletionChunk(id=reply_id, created=created, model=served.name,
+                                   choices=[ChunkChoice(delta=delta, finish_reason=finish, logprobs=lp)])
+        return sse.data_event(data.model_dump(exclude_none=True))
+
+    yield chunk(ChoiceDelta(role="assistant", content=""))
+    last, n = None, 0
+    try:
+        async for event in events:
+            n, last = n + 1, event
+            lp = ChoiceLogprobs(content=[_token_logprob(served, event, recorder)]) if logprobs else None
+            if event.text or lp is not None:
+                yield chunk(ChoiceDelta(content=event.text), lp=lp)
+    except APIError as e:  # mid-stream: the status is sent already, so the error goes in the stream
+        yield sse.data_event({"error": {"message": e.message, "type": "server_error", "param": None, "code": e.code}})
+        return
+    yield chunk(ChoiceDelta(), FINISH[last.finish_reason] if last is not None else "stop")
+    if include_usage:
+        data = ChatCompletionChunk(id=reply_id, created=created, model=served.name, choices=[],
+                                   usage=_usage(last, n_prompt, n))
+        yield sse.data_event(data.model_dump(exclude_none=True))
+    _record(served, "chat", last, n_prompt, n, request_id)
+    yield sse.DONE
+
+
+async def completions(served: ServedModel, request: Request, body: CompletionRequest) -> Response:
+    """``POST /v1/completions``: a plain text prompt (or token ids) continued."""
+    check_model(served, body.model)
+    _check_common(body)
+    if body.logprobs:
+        raise APIError(400, "logprobs on /v1/completions is not supported yet", param="logprobs")
+    params = sampling_params(body)
+    if isinstance(body.prompt, str):
+        ids = await run_in_threadpool(served.model.tokenize, body.prompt, True, True)
+    else:
+        n_vocab = served.model.tokenizer.n_vocab
+        if any(not 0 <= t < n_vocab for t in body.prompt):
+            raise APIError(400, f"prompt token ids must be in [0, {n_vocab})", param="prompt")
+        ids = list(body.prompt)
+    if not ids:
+        raise APIError(400, "the prompt is empty", param="prompt")
+    max_tokens = token_budget(served, len(ids), body.max_tokens)
+    handle = served.submit(ids, params, max_tokens, body.stop_strings())
+    reply_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    events = served.events(handle, request.is_disconnected)
+    echo = (body.prompt if isinstance(body.prompt, str) else served.model.detokenize(ids)) if body.echo else ""
+    if body.stream:
+        return StreamingResponse(_completion_chunks(served, events, reply_id, created, echo, len(ids), handle.id),
+                                 media_type="text/event-stream")
+    text, last, n = [echo], None, 0
+    async for event in events:
+        text.append(event.text)
+        n, last = n + 1, event
+    _record(served, "completions", last, len(ids), n, handle.id)
+    choice = CompletionChoice(text="".join(text), finish_reason=FINISH[last.finish_reason] if last else "stop")
+    reply = Completion(id=reply_id, created=created, model=served.name, choices=[choice],
+                       usage=_usage(last, len(ids), n))
+    return JSONResponse(reply.model_dump())
+
+
+async def _completion_chunks(served: ServedModel, events: AsyncIterator[GenerationEvent], reply_id: str, created: int,
+                             echo: str, n_prompt: int, request_id: int) -> AsyncIterator[bytes]:
+    def chunk(text: str, finish: str | None = None) -> bytes:
+        data = Completion(id=reply_id, created=created, model=served.name,
+                          choices=[CompletionChoice(text=text, finish_reason=finish)])
+        return sse.data_event(data.model_dump(exclude_none=True))
+
+    if echo:
+        yield chunk(echo)
+    last, n = None, 0
+    try:
+        async for event in events:
+            n, last = n + 1, event
+            if event.text:
+                yield chunk(event.text)
+    except APIError as e:
+        yield sse.data_event({"error": {"message": e.message, "type": "server_error", "param": None, "code": e.code}})
+        return
+    yield chunk("", FINISH[last.finish_reason] if last is not None else "stop")
+    _record(served, "completions", last, n_prompt, n, request_id)
+    yield sse.DONE

@@ -109,6 +109,11 @@ KNOWN_MISSES = {
     # llama.cpp's IQ3_S products round the activations to 8 bits, the float reference does not: at position 56
     # llama.cpp's top two (gap 0.58) move by -0.27 and +0.37 and swap; the top-10 logits stay within 0.52.
     ("numpy", "phi3", "IQ3_S"): "argmax swaps at one position with a top-2 gap of 0.58 (IQ3_S activation rounding)",
+    # A router near-tie: at position 12 of layer 0 the second and third experts' probabilities differ by < 5e-5,
+    # so rounding differences choose another expert there (and later positions attend to it): top-10 logits
+    # differ by up to 1.39 (numpy) and 1.09 at position 29 (cpu) against a tolerance of 1.0.
+    ("numpy", "qwen3moe", "Q5_K_M"): "router near-tie at position 12 picks another expert (top-10 error 1.39)",
+    ("cpu", "qwen3moe", "Q5_K_M"): "router near-tie at position 12 picks another expert (top-10 error 1.09)",
 }
 
 

@@ -4,6 +4,13 @@ Weights stay quantized: GGUF blocks are repacked into MLX affine quantization at
 multiplied with ``mx.quantized_matmul``. Norms, RoPE and attention use ``mx.fast`` kernels. The residual
 stream is float32; matrix products, attention and the KV cache run in ``matmul_dtype`` (float16 on the GPU,
 float32 on the CPU: see weights.default_matmul_dtype).
+
+Architecture differences are small optional steps the one decoder takes when ModelConfig asks: pre-norms or
+none, per-head or whole-projection q/k norms, RoPE per layer from ``rope.rope_tables`` (``mx.fast.rope`` with
+the periods of the layer's set, times ``rope_mscale``; none on no-RoPE layers), temperature tuning of the
+queries, residual, logit and soft-cap scaling. Soft-capped attention scores (Gemma 2) take an explicit
+attention path, since MLX's fused kernel has no soft-cap; every other model uses the fused kernel. Fused
+GGUF tensors (phi3's attn_qkv, gate+up) load once and their parts are row slices of the same arrays.
 """
 
 from __future__ import annotations
@@ -19,8 +26,9 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..generate import prefill
-from ..gguf_file import GGUFFile, ModelFormatError
-from ..model_tensors import layer_tensor_names, output_tensor_name
+from ..gguf_file import GGUFFile
+from ..model_tensors import TensorRef, layer_tensor_names, output_tensor_name
+from ..rope import attn_temperature, rope_tables
 from . import platform_mlx
 from .base import Backend, KVCache, MemoryStats
 from .mlx.kv_cache import MAX_CHUNK, MlxKVCache
@@ -34,20 +42,20 @@ GELU_COEF = 0.7978845608028654  # sqrt(2 / pi)
 class LayerWeights:
     """One decoder block; matrices are (out, in) like GGUF rows."""
 
-    attn_norm: mx.array  # (n_embd,)
+    attn_norm: mx.array | None  # (n_embd,); None without pre-norms (OLMo 2)
     wq: Matrix  # (n_heads * head_dim, n_embd)
     wk: Matrix  # (n_kv_heads * head_dim, n_embd)
     wv: Matrix  # (n_kv_heads * v_head_dim, n_embd)
     wo: Matrix  # (n_embd, n_heads * v_head_dim)
-    ffn_norm: mx.array  # (n_embd,)
+    ffn_norm: mx.array | None  # (n_embd,)
     w_gate: Matrix  # (n_ff, n_embd)
     w_up: Matrix  # (n_ff, n_embd)
     w_down: Matrix  # (n_embd, n_ff)
     bq: mx.array | None = None  # (n_heads * head_dim,)
     bk: mx.array | None = None
     bv: mx.array | None = None
-    q_norm: mx.array | None = None  # (head_dim,)
-    k_norm: mx.array | None = None
+    q_norm: mx.array | None = None  # (head_dim,) per head, or (n_heads * head_dim,) with qk_norm_whole
+    k_norm: mx.array | None = None  # (head_dim,) or (n_kv_heads * head_dim,)
     post_attn_norm: mx.array | None = None  # (n_embd,)
     post_ffn_norm: mx.array | None = None
 
@@ -85,12 +93,15 @@ class MlxBackend(Backend):
     kv_sliding_rings = True
     pipelined_greedy = True
 
-    def __init__(self, gguf: GGUFFile, config: ModelConfig, matmul_dtype: mx.Dtype | None = None):
+    def __init__(self, gguf: GGUFFile, config: ModelConfig, matmul_dtype: mx.Dtype | None = None,
+                 n_ctx: int | None = None):
         """Load and repack the weights.
 
         Args:
             matmul_dtype: the dtype of matrix-product inputs, attention and the KV cache; by default float16
                 on the GPU and float32 on the CPU.
+            n_ctx: the context size the model is loaded for; only LongRoPE models depend on it (see
+                ``rope.rope_tables``). None: within the model's original context.
 
         Raises:
             ModelDoesNotFitError: the weights would not fit in what the device can keep resident.
@@ -108,9 +119,9 @@ class MlxBackend(Backend):
             tied = output == "token_embd.weight"
             self.token_embd = load_matrix(reader, "token_embd.weight")  # (n_vocab, n_embd)
             self.output = self.token_embd if tied else load_matrix(reader, output)
-            self.rope_freqs = self._rope_freqs(reader)
         finally:
             reader.close()
+        self._rope_tables(gguf, n_ctx)
         self.gated_activation = GATED_ACTIVATIONS[config.activation]
         self._caches: weakref.WeakSet[MlxKVCache] = weakref.WeakSet()
         mx.clear_cache()  # the load's chunk buffers
@@ -118,28 +129,33 @@ class MlxBackend(Backend):
         self._previous_wired_limit = platform_mlx.wire_memory(weight_bytes)
 
     def _load_layer(self, reader: TensorReader, i: int) -> LayerWeights:
-        fields = {}
+        fields, fused = {}, {}  # fused: tensor name -> the whole matrix, loaded once for its row ranges
         for field, ref in layer_tensor_names(reader.gguf, self.config, i).items():
-            if ref is not None and not ref.is_whole:
-                raise ModelFormatError(f"the MLX backend does not read fused tensors yet ({ref.name!r})")
-            name = None if ref is None else ref.name
-            if name is None:
+            if ref is None:
                 fields[field] = None
             elif field in MATRIX_FIELDS:
-                fields[field] = load_matrix(reader, name)
+                fields[field] = self._load_matrix(reader, ref, fused)
             else:
                 dtype = self.dtype if field in MATMUL_SIDE_VECTORS else RESIDUAL_DTYPE
-                fields[field] = load_vector(reader, name, dtype)
+                vector = load_vector(reader, ref.name, dtype)
+                fields[field] = vector if ref.is_whole else vector[ref.rows(vector.shape[0])]
         return LayerWeights(**fields)
 
-    def _rope_freqs(self, reader: TensorReader) -> mx.array | None:
-        """Per-dimension periods (rope_dim // 2,) when the model scales them (Llama 3.1), else None."""
-        if not self.config.has_rope_freqs:
-            return None
-        c = self.config
-        base = np.float64(c.rope_base) ** (np.arange(0, c.rope_dim, 2) / c.rope_dim)
-        factors = np.array(load_vector(reader, "rope_freqs.weight"), dtype=np.float64)
-        return mx.array((base * factors).astype(np.float32))
+    @staticmethod
+    def _load_matrix(reader: TensorReader, ref: TensorRef, fused: dict[str, Matrix]) -> Matrix:
+        """The matrix ``ref`` names, or its row range of a fused tensor (slices of the arrays: views)."""
+        if ref.is_whole:
+            return load_matrix(reader, ref.name)
+        if ref.name not in fused:
+            fused[ref.name] = load_matrix(reader, ref.name)
+        return row_range(fused[ref.name], ref)
+
+    def _rope_tables(self, gguf: GGUFFile, n_ctx: int | None) -> None:
+        """``rope_periods``: per frequency set of ``rope.rope_tables``, the periods 1 / inv_freq
+        (rope_dim // 2,) float32 that ``mx.fast.rope`` takes as ``freqs``; ``rope_layer_set``: each layer's
+        set, -1 for a layer without RoPE."""
+        inv_freq, self.rope_layer_set = rope_tables(gguf, self.config, n_ctx)  # (n_sets, rope_dim // 2)
+        self.rope_periods = [mx.array((1.0 / row).astype(np.float32)) for row in inv_freq]
 
     # -- the contract ------------------------------------------------------------------------------------
     def new_cache(self, n_ctx: int) -> MlxKVCache:
@@ -165,8 +181,8 @@ class MlxBackend(Backend):
         x = self.embed(mx.array(ids))[:, None, :]  # (B, 1, n_embd)
         starts = [cache.n_past for cache in caches]
         for i, layer in enumerate(self.layers):
-            x = x + self._attention_batch(i, layer, x, caches, starts)
-            x = x + self._ffn(layer, x)
+            x = x + self._residual(self._attention_batch(i, layer, x, caches, starts))
+            x = x + self._residual(self._ffn(layer, x))
         for cache, token in zip(caches, ids):
             cache.advance(1)
             cache.record([token])
@@ -231,7 +247,6 @@ class MlxBackend(Backend):
         total = sum(getattr(layer, f).nbytes for layer in self.layers for f in MATRIX_FIELDS)
         total += sum(v.nbytes for layer in self.layers for v in vars(layer).values() if isinstance(v, mx.array))
         total += self.token_embd.nbytes + self.output_norm.nbytes
-        total += self.rope_freqs.nbytes if self.rope_freqs is not None else 0
         return total + (self.output.nbytes if self.output is not self.token_embd else 0)
 
     def close(self) -> None:
@@ -276,11 +291,18 @@ class MlxBackend(Backend):
         return rows * self.config.embed_scale if self.config.embed_scale != 1.0 else rows
 
     def logits(self, hidden: mx.array) -> mx.array:
-        """Final norm and output projection: (n, n_embd) -> (n, n_vocab) float32."""
-        return self.output.matmul(self._norm(hidden, self.output_norm)).astype(RESIDUAL_DTYPE)
+        """Final norm and output projection, scaled and soft-capped as the architecture asks:
+        (n, n_embd) -> (n, n_vocab) float32."""
+        c = self.config
+        logits = self.output.matmul(self._norm(hidden, self.output_norm)).astype(RESIDUAL_DTYPE)
+        if c.logit_scale != 1.0:
+            logits = logits * c.logit_scale
+        return softcap(logits, c.final_softcap) if c.final_softcap else logits
 
-    def _norm(self, x: mx.array, weight: mx.array) -> mx.array:
-        """RMS norm of the residual stream, as a matrix-product input."""
+    def _norm(self, x: mx.array, weight: mx.array | None) -> mx.array:
+        """RMS norm of the residual stream (none when ``weight`` is None), as a matrix-product input."""
+        if weight is None:
+            return x.astype(self.dtype)
         return mx.fast.rms_norm(x, weight, self.config.rms_eps).astype(self.dtype)
 
     def _forward_chunk(self, ids: mx.array, cache: MlxKVCache, last_only: bool = False) -> mx.array:
@@ -294,18 +316,24 @@ class MlxBackend(Backend):
         x = self.embed(ids)[None]  # (1, L, n_embd)
         for i, layer in enumerate(self.layers):
             if last_only and i == last and ids.size > 1:
-                x = x[:, -1:] + self._attention(i, layer, x, cache, start, last_query=True)
+                x = x[:, -1:] + self._residual(self._attention(i, layer, x, cache, start, last_query=True))
             else:
-                x = x + self._attention(i, layer, x, cache, start)
-            x = x + self._ffn(layer, x)
+                x = x + self._residual(self._attention(i, layer, x, cache, start))
+            x = x + self._residual(self._ffn(layer, x))
         cache.advance(ids.size)
         return x
 
-    def _qkv(self, i: int, layer: LayerWeights, x: mx.array, offset,
+    def _residual(self, out: mx.array) -> mx.array:
+        """A block's output as it joins the residual stream: scaled by ``residual_scale`` (Granite)."""
+        scale = self.config.residual_scale
+        return out if scale == 1.0 else out.astype(RESIDUAL_DTYPE) * scale
+
+    def _qkv(self, i: int, layer: LayerWeights, x: mx.array, offset: int | list[int],
              last_query: bool = False) -> tuple[mx.array, mx.array, mx.array]:
         """Normed, biased, rotated queries (B, n_heads, L, head_dim), keys and values (B, n_kv_heads, L, dim).
 
-        With ``last_query``, the query of the last position only (B, n_heads, 1, head_dim).
+        ``offset`` is the position of the first row of ``x``: one int, or one per batch row (L = 1). With
+        ``last_query``, the query of the last position only (B, n_heads, 1, head_dim).
         """
         c = self.config
         b, n, _ = x.shape
@@ -314,19 +342,52 @@ class MlxBackend(Backend):
         k, v = layer.wk.matmul(h), layer.wv.matmul(h)
         if layer.bq is not None:
             q, k, v = q + layer.bq, k + layer.bk, v + layer.bv
+        if c.qk_norm_whole:  # OLMo 2: over the whole projection, before the split into heads
+            q, k = mx.fast.rms_norm(q, layer.q_norm, c.rms_eps), mx.fast.rms_norm(k, layer.k_norm, c.rms_eps)
         q = q.reshape(b, q.shape[1], c.n_heads, c.head_dim).transpose(0, 2, 1, 3)
         k = k.reshape(b, n, c.n_kv_heads, c.head_dim).transpose(0, 2, 1, 3)
         v = v.reshape(b, n, c.n_kv_heads, c.v_head_dim).transpose(0, 2, 1, 3)
-        if layer.q_norm is not None:
+        if layer.q_norm is not None and not c.qk_norm_whole:
             q = mx.fast.rms_norm(q, layer.q_norm, c.rms_eps)
             k = mx.fast.rms_norm(k, layer.k_norm, c.rms_eps)
-        return self._rope(i, q, offset + n - 1 if last_query else offset), self._rope(i, k, offset), v
+        q_offset = offset + n - 1 if last_query else offset
+        q, k = self._rope(i, q, q_offset), self._rope(i, k, offset)
+        if c.attn_temp_scale:
+            q = q * self._temperature(q_offset, q.shape[2])
+        return q, k, v
 
-    def _rope(self, i: int, x: mx.array, offset) -> mx.array:
+    def _rope(self, i: int, x: mx.array, offset: int | list[int]) -> mx.array:
+        """Rotate the first ``rope_dim`` dims of ``x`` (B, heads, L, dim) with layer ``i``'s frequency set,
+        scaled by ``rope_mscale``; layers without RoPE (SmolLM3) pass ``x`` through."""
         c = self.config
-        base = None if self.rope_freqs is not None else c.layer_rope_base(i)
-        return mx.fast.rope(x, c.rope_dim, traditional=not c.rope_neox, base=base, scale=1.0 / c.rope_scale,
-                            offset=offset, freqs=self.rope_freqs)
+        which = self.rope_layer_set[i]
+        if which < 0:
+            return x
+        offset = mx.array(offset) if isinstance(offset, list) else offset
+        x = mx.fast.rope(x, c.rope_dim, traditional=not c.rope_neox, base=None, scale=1.0, offset=offset,
+                         freqs=self.rope_periods[which])
+        if c.rope_mscale == 1.0:
+            return x
+        if c.rope_dim == x.shape[-1]:
+            return x * c.rope_mscale  # mscale multiplies cos and sin alike
+        # partial rotary (phi3): ggml copies the dims past rope_dim unscaled
+        return mx.concatenate([x[..., :c.rope_dim] * c.rope_mscale, x[..., c.rope_dim:]], axis=-1)
+
+    def _temperature(self, offset: int | list[int], n: int) -> mx.array:
+        """Query multipliers of attention temperature tuning (``rope.attn_temperature``): (1, 1, n, 1) for
+        positions ``offset ..``, or (B, 1, 1, 1) for one position per batch row."""
+        if isinstance(offset, list):
+            return mx.array(attn_temperature(self.config, np.array(offset))).reshape(-1, 1, 1, 1).astype(self.dtype)
+        factors = attn_temperature(self.config, np.arange(offset, offset + n))
+        return mx.array(factors).reshape(1, 1, n, 1).astype(self.dtype)
+
+    def _attend(self, q: mx.array, keys: mx.array, values: mx.array, mask) -> mx.array:
+        """Attention of queries (1, n_heads, L, head_dim) over a cache view; the explicit path only with
+        soft-capped scores, which MLX's fused kernel does not do."""
+        c = self.config
+        if c.attn_softcap:
+            return softcapped_attention(q, keys, values, c.attn_scale, c.attn_softcap, mask)
+        return mx.fast.scaled_dot_product_attention(q, keys, values, scale=c.attn_scale, mask=mask)
 
     def _attention(self, i: int, layer: LayerWeights, x: mx.array, cache: MlxKVCache, start: int,
                    last_query: bool = False) -> mx.array:
@@ -336,20 +397,17 @@ class MlxBackend(Backend):
         kv.store(k, v, start)
         keys, values = kv.view(end)
         first = end - q.shape[2]  # the position of the first query
-        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.config.attn_scale,
-                                                   mask=kv.mask(first, end - first))
-        return self._attention_output(layer, out)
+        return self._attention_output(layer, self._attend(q, keys, values, kv.mask(first, end - first)))
 
     def _attention_batch(self, i: int, layer: LayerWeights, x: mx.array, caches: Sequence[MlxKVCache],
                          starts: list[int]) -> mx.array:
-        q, k, v = self._qkv(i, layer, x, mx.array(starts))
+        q, k, v = self._qkv(i, layer, x, starts)
         outs = []
         for b, (cache, start) in enumerate(zip(caches, starts)):
             kv = cache.layers[i]
             kv.store(k[b:b + 1], v[b:b + 1], start)
             keys, values = kv.view(start + 1)
-            outs.append(mx.fast.scaled_dot_product_attention(q[b:b + 1], keys, values, scale=self.config.attn_scale,
-                                                             mask=kv.mask(start, 1)))
+            outs.append(self._attend(q[b:b + 1], keys, values, kv.mask(start, 1)))
         return self._attention_output(layer, mx.concatenate(outs))
 
     def _attention_output(self, layer: LayerWeights, out: mx.array) -> mx.array:
@@ -366,3 +424,41 @@ class MlxBackend(Backend):
         if layer.post_ffn_norm is not None:
             out = mx.fast.rms_norm(out, layer.post_ffn_norm, self.config.rms_eps)
         return out
+
+
+def row_range(matrix: Matrix, ref: TensorRef) -> Matrix:
+    """Rows ``ref.row_start:ref.row_stop`` of ``matrix``: each of its arrays (rows first) sliced, a view."""
+    arrays = {f.name: getattr(matrix, f.name) for f in dataclasses.fields(matrix)
+              if isinstance(getattr(matrix, f.name), mx.array)}
+    rows = ref.rows(next(iter(arrays.values())).shape[0])
+    return dataclasses.replace(matrix, **{name: array[rows] for name, array in arrays.items()})
+
+
+def softcap(x: mx.array, cap: float) -> mx.array:
+    """``cap * tanh(x / cap)``: values squashed smoothly into (-cap, cap) (Gemma 2's scores and logits)."""
+    return cap * mx.tanh(x / cap)
+
+
+def softcapped_attention(q: mx.array, keys: mx.array, values: mx.array, scale: float, cap: float,
+                         mask: mx.array | str | None) -> mx.array:
+    """Grouped-query attention with soft-capped scores, in float32.
+
+    Args:
+        q: queries (1, n_heads, L, head_dim); the last L of the S key positions.
+        keys: (1, n_kv_heads, S, head_dim); values (1, n_kv_heads, S, v_head_dim).
+        mask: as ``LayerKV.mask`` gives it: None (all), "causal", or bool (L, S), True where allowed.
+
+    Returns:
+        (1, n_heads, L, v_head_dim) in the dtype of ``q``.
+    """
+    b, n_heads, n, head_dim = q.shape
+    n_kv, s = keys.shape[1], keys.shape[2]
+    group = n_heads // n_kv
+    qg = q.astype(mx.float32).reshape(b, n_kv, group * n, head_dim) * scale  # heads of one kv head together
+    scores = softcap(qg @ keys.astype(mx.float32).swapaxes(-1, -2), cap).reshape(b, n_kv, group, n, s)
+    if isinstance(mask, str):
+        mask = mx.arange(s)[None, :] <= mx.arange(s - n, s)[:, None]  # (L, S)
+    if mask is not None:
+        scores = mx.where(mask, scores, float("-inf"))
+    probs = mx.softmax(scores, axis=-1).reshape(b, n_kv, group * n, s)
+    return (probs @ values.astype(mx.float32)).reshape(b, n_heads, n, -1).astype(q.dtype)

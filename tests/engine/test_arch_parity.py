@@ -124,9 +124,11 @@ KNOWN_MISSES = {
     ("numpy", "phi3", "IQ3_S"): "argmax swaps at one position with a top-2 gap of 0.58 (IQ3_S activation rounding)",
     # A router near-tie: at position 12 of layer 0 the second and third experts' probabilities differ by < 5e-5,
     # so rounding differences choose another expert there (and later positions attend to it): top-10 logits
-    # differ by up to 1.39 (numpy) and 1.09 at position 29 (cpu) against a tolerance of 1.0.
+    # differ by up to 1.39 (numpy), 1.09 at position 29 (cpu) and 1.40 (mlx, mlx-f16) against a tolerance of 1.0.
     ("numpy", "qwen3moe", "Q5_K_M"): "router near-tie at position 12 picks another expert (top-10 error 1.39)",
     ("cpu", "qwen3moe", "Q5_K_M"): "router near-tie at position 12 picks another expert (top-10 error 1.09)",
+    ("mlx", "qwen3moe", "Q5_K_M"): "router near-tie at position 12 picks another expert (top-10 error 1.40)",
+    ("mlx-f16", "qwen3moe", "Q5_K_M"): "router near-tie at position 12 picks another expert (top-10 error 1.40)",
     # MLX requantizes Q6_K (sub-blocks of 16) into groups of 32 (mlx/repack.py); with smollm3's tied Q6_K
     # embedding and output the top-10 logits stay within 0.77, but the argmax swaps at position 54 (gap 0.64;
     # in float16 also at 40 and 63, gaps 0.55 and 0.82). NumPy on the same file: no swap, within 0.84.

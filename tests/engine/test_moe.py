@@ -109,9 +109,16 @@ def test_a_prefill_chunk_runs_each_chosen_expert_once_for_all_its_tokens(qwen3mo
     assert sum(products[5:5 + 3 * int(per_layer_experts)]) == 3 * 40 * N_EXPERT_USED  # every routed row once
 
 
-def test_batched_moe_decode_matches_each_sequence_alone(qwen3moe_path):
+def _mlx_backend(gguf, config):
+    from engine.backends.mlx_backend import MlxBackend
+
+    return MlxBackend(gguf, config)
+
+
+@pytest.mark.parametrize("backend", [CpuBackend, _mlx_backend], ids=["cpu", "mlx"])
+def test_batched_moe_decode_matches_each_sequence_alone(qwen3moe_path, backend):
     gguf = read_gguf(qwen3moe_path)
-    model = CpuBackend(gguf, ModelConfig.from_gguf(gguf))
+    model = backend(gguf, ModelConfig.from_gguf(gguf))
     prompts = ([3, 4, 5, 6], [40, 41])
     caches, alone = [], []
     for prompt in prompts:

@@ -49,9 +49,9 @@ class LayerWeights:
     wv: Matrix  # (n_kv_heads * v_head_dim, n_embd)
     wo: Matrix  # (n_embd, n_heads * v_head_dim)
     ffn_norm: mx.array | None  # (n_embd,)
-    w_gate: Matrix  # (n_ff, n_embd)
-    w_up: Matrix  # (n_ff, n_embd)
-    w_down: Matrix  # (n_embd, n_ff)
+    w_gate: Matrix | None  # (n_ff, n_embd); None in a mixture-of-experts model
+    w_up: Matrix | None  # (n_ff, n_embd)
+    w_down: Matrix | None  # (n_embd, n_ff)
     bq: mx.array | None = None  # (n_heads * head_dim,)
     bk: mx.array | None = None
     bv: mx.array | None = None

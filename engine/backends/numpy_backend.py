@@ -92,7 +92,7 @@ class Layer:
     wv: Any  # (n_kv_heads * v_head_dim, n_embd)
     wo: Any  # (n_embd, n_heads * v_head_dim)
     ffn_norm: np.ndarray | None
-    w_gate: Any  # (n_ff, n_embd)
+    w_gate: Any  # (n_ff, n_embd); None in a mixture-of-experts model
     w_up: Any  # (n_ff, n_embd)
     w_down: Any  # (n_embd, n_ff)
     bq: np.ndarray | None = None

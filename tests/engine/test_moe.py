@@ -129,3 +129,24 @@ def test_batched_moe_decode_matches_each_sequence_alone(qwen3moe_path, backend):
         model.forward(prompt, single)
         alone.append(model.forward([7], single))
     np.testing.assert_allclose(model.forward_batch([7, 7], caches), np.stack(alone), atol=2e-3, rtol=1e-4)
+
+
+def test_memory_estimate_counts_every_expert_resident_and_the_chosen_ones_read(qwen3moe_path, tmp_path):
+    from engine.memory_estimate import estimate_memory
+
+    gguf = read_gguf(qwen3moe_path)
+    estimate = estimate_memory(gguf, 256, "cpu")
+    stored = sum(t.nbytes for t in gguf.tensors.values())
+    experts = sum(t.nbytes for name, t in gguf.tensors.items() if "_exps." in name)
+    assert estimate.weights_bytes == stored  # all experts resident (memory-mapped)
+    assert estimate.active_weights_bytes == round(stored - experts * (1 - N_EXPERT_USED / N_EXPERT))
+    dense = read_gguf(write_synthetic(tmp_path / "dense.gguf", SPECS["qwen3"]))
+    dense_estimate = estimate_memory(dense, 256, "cpu")
+    assert dense_estimate.active_weights_bytes == dense_estimate.weights_bytes
+
+
+def test_inspect_shows_the_bytes_read_per_token(qwen3moe_path, capsys):
+    from engine.cli import main
+
+    main(["inspect", str(qwen3moe_path), "--backend", "cpu"])
+    assert "weights read per token" in capsys.readouterr().out

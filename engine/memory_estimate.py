@@ -10,7 +10,8 @@ The estimate has three parts:
   backend's figure comes from its own loader (``engine/backends/mlx/weights.py``). All three read the
   tensor table only, so a header without tensor data (``GGUFHeader``) is enough.
 * **KV cache** — keys and values for ``n_ctx`` positions in every layer, as the backend stores them
-  (``KV_LAYOUTS``): the CPU backend keeps float16 and gives a sliding-window layer (Gemma 3) the full
+  (``KV_LAYOUTS``): the CPU backend keeps float16 (float32 for a mixture-of-experts model, which it runs on
+  the reference path) and gives a sliding-window layer (Gemma 3) the full
   ``n_ctx`` like any other; a backend with rings (MLX) keeps only a ring there, as long as its cache module
   says (``engine/backends/mlx/kv_cache.py``: the window plus one prefill chunk).
 * **overhead** — a runtime baseline plus scratch:
@@ -126,6 +127,8 @@ def estimate_memory(gguf: GGUFFile, n_ctx: int, backend: str = "cpu") -> MemoryE
     if n_ctx <= 0:
         raise ValueError(f"n_ctx must be positive, got {n_ctx}")
     config = ModelConfig.from_gguf(gguf)
+    if backend == "cpu" and config.is_moe:  # the CPU backend runs MoE models on the reference path's float32 cache
+        layout = KV_LAYOUTS["numpy"]
     weights = weights_bytes(gguf, backend)
     return MemoryEstimate(
         weights_bytes=weights,

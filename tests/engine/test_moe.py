@@ -139,6 +139,10 @@ def test_memory_estimate_counts_every_expert_resident_and_the_chosen_ones_read(q
     stored = sum(t.nbytes for t in gguf.tensors.values())
     experts = sum(t.nbytes for name, t in gguf.tensors.items() if "_exps." in name)
     assert estimate.weights_bytes == stored  # all experts resident (memory-mapped)
+    model = CpuBackend(gguf, ModelConfig.from_gguf(gguf))
+    cache = model.new_cache(256)
+    cache.reserve(256)
+    assert estimate.kv_cache_bytes == cache.nbytes  # the float32 cache of the reference path
     assert estimate.active_weights_bytes == round(stored - experts * (1 - N_EXPERT_USED / N_EXPERT))
     dense = read_gguf(write_synthetic(tmp_path / "dense.gguf", SPECS["qwen3"]))
     dense_estimate = estimate_memory(dense, 256, "cpu")

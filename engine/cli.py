@@ -130,7 +130,8 @@ def cmd_inspect(args) -> int:
 
 def _estimate_dict(e, n_ctx: int) -> dict:
     return {"n_ctx": n_ctx, "weights_bytes": e.weights_bytes, "kv_cache_bytes": e.kv_cache_bytes,
-            "overhead_bytes": e.overhead_bytes, "total_bytes": e.total_bytes}
+            "overhead_bytes": e.overhead_bytes, "total_bytes": e.total_bytes,
+            "active_weights_bytes": e.active_weights_bytes}
 
 
 def _inspect_lines(data: dict, n_ctx: int) -> list[str]:
@@ -149,7 +150,9 @@ def _inspect_lines(data: dict, n_ctx: int) -> list[str]:
     for name, e in data["memory_estimates"].items():
         lines.append(f"estimated memory on {name} at n_ctx {n_ctx}: {e['total_bytes'] / mib:,.0f} MiB "
                      f"(weights {e['weights_bytes'] / mib:,.0f}, KV {e['kv_cache_bytes'] / mib:,.0f}, "
-                     f"overhead {e['overhead_bytes'] / mib:,.0f})")
+                     f"overhead {e['overhead_bytes'] / mib:,.0f})"
+                     + (f"; weights read per token {e['active_weights_bytes'] / mib:,.1f} MiB (chosen experts only)"
+                        if e["active_weights_bytes"] < e["weights_bytes"] else ""))
     return lines + [""] + [f"{k} = {v}" for k, v in data["metadata"].items()]
 
 

@@ -15,14 +15,16 @@ import math
 from .gguf_file import GGUFFile, ModelFormatError
 from .packed_strings import PackedStrings
 
+EXPERT_GATING = ("softmax", "sigmoid")  # llama.cpp's expert_gating_func 1 and 2: how router logits become weights
 ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")  # rope.scaling.type values llama.cpp knows (alpha: no)
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "mistral3", "smollm3", "granite", "olmo2")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "mistral3", "smollm3",
+                           "granite", "olmo2")
 MAX_LAYERS = 1024
 MAX_HEADS = 4096
-NEOX_ROPE_ARCHS = ("qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2")  # llama.cpp's LLAMA_ROPE_TYPE_NEOX
+NEOX_ROPE_ARCHS = ("qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2")  # llama.cpp's LLAMA_ROPE_TYPE_NEOX
 # where llama.cpp's graph asserts rope.dimension_count == head_dim (only phi3 and gemma rotate part of a head)
-FULL_ROTARY_ARCHS = ("llama", "qwen3", "mistral3", "smollm3", "granite", "olmo2")
+FULL_ROTARY_ARCHS = ("llama", "qwen3", "qwen3moe", "mistral3", "smollm3", "granite", "olmo2")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +76,13 @@ class ModelConfig:
     yarn_beta_slow: float = 1.0
     yarn_log_mul: float = 0.0
     rope_attn_factor: float = 1.0  # rope.scaling.attn_factor
+    # -- mixture of experts (llama.cpp build_moe_ffn): n_expert 0 = a dense FFN ----------------------------
+    n_expert: int = 0  # experts per MoE layer (expert_count)
+    n_expert_used: int = 0  # experts each token is routed to (expert_used_count, the top-k)
+    n_ff_exp: int = 0  # hidden width of one expert (expert_feed_forward_length)
+    expert_gating: str = "softmax"  # router logits -> probabilities: "softmax" or "sigmoid"
+    expert_norm_weights: bool = False  # the chosen experts' weights renormalised to sum to 1
+    expert_weights_scale: float = 1.0  # the chosen experts' weights multiplied by it
 
     def __post_init__(self):
         if self.attn_scale == 0.0:
@@ -88,6 +97,10 @@ class ModelConfig:
     @property
     def n_kv_embd(self) -> int:
         return self.n_kv_heads * self.head_dim
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_expert > 0
 
     @property
     def local_rope_scale(self) -> float:
@@ -224,6 +237,16 @@ def _qwen3(gguf: GGUFFile, arch: str, fields: dict) -> dict:
     return dict(qk_norm=True)
 
 
+def _qwen3moe(gguf: GGUFFile, arch: str, fields: dict) -> dict:
+    """qwen3moe: every layer's FFN is a softmax-routed mixture with renormalised top-k weights."""
+    n_expert = _positive(gguf.get(f"{arch}.expert_count", int, 0), f"{arch}.expert_count", 1 << 12)
+    used = _positive(gguf.get(f"{arch}.expert_used_count", int, 0), f"{arch}.expert_used_count", n_expert)
+    n_ff_exp = gguf.get(f"{arch}.expert_feed_forward_length", int, 0) or fields["n_ff"] // used  # llama.cpp's default
+    return dict(qk_norm=True, n_expert=n_expert, n_expert_used=used,
+                n_ff_exp=_positive(n_ff_exp, f"{arch}.expert_feed_forward_length", 1 << 20),
+                expert_gating="softmax", expert_norm_weights=True)
+
+
 def _phi3(gguf: GGUFFile, arch: str, fields: dict) -> dict:
     # llama.cpp reads phi3's attention.sliding_window but disables it ("Phi SWA is currently disabled"):
     # every layer attends to the whole context, and so do we, to give the same output.
@@ -277,7 +300,7 @@ def _olmo2(gguf: GGUFFile, arch: str, fields: dict) -> dict:
     return out
 
 
-_ARCH_FIELDS = {"gemma2": _gemma2, "gemma3": _gemma3, "qwen3": _qwen3, "phi3": _phi3, "mistral3": _mistral3,
+_ARCH_FIELDS = {"gemma2": _gemma2, "gemma3": _gemma3, "qwen3": _qwen3, "qwen3moe": _qwen3moe, "phi3": _phi3, "mistral3": _mistral3,
                 "smollm3": _smollm3, "granite": _granite, "olmo2": _olmo2}
 
 

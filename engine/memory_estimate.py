@@ -2,14 +2,16 @@
 
 The estimate has three parts:
 
-* **weights** — per backend (``weights_bytes``): the CPU backend memory-maps the GGUF and computes on the
+* **weights** — all resident, also a sparse model's every expert; ``active_weights_bytes`` is what one decode
+  step reads (``active_weight_fraction``). Per backend (``weights_bytes``): the CPU backend memory-maps the GGUF and computes on the
   quantized blocks, so once every page has been touched the resident weights are exactly the tensor bytes
   (the alignment padding between tensors is a few KiB in total); the NumPy backend dequantizes every matrix
   to float32 (the token embedding stays packed, plus a float32 copy when it is also the output); the MLX
   backend's figure comes from its own loader (``engine/backends/mlx/weights.py``). All three read the
   tensor table only, so a header without tensor data (``GGUFHeader``) is enough.
 * **KV cache** — keys and values for ``n_ctx`` positions in every layer, as the backend stores them
-  (``KV_LAYOUTS``): the CPU backend keeps float16 and gives a sliding-window layer (Gemma 3) the full
+  (``KV_LAYOUTS``): the CPU backend keeps float16 (float32 for a mixture-of-experts model, which it runs on
+  the reference path) and gives a sliding-window layer (Gemma 3) the full
   ``n_ctx`` like any other; a backend with rings (MLX) keeps only a ring there, as long as its cache module
   says (``engine/backends/mlx/kv_cache.py``: the window plus one prefill chunk).
 * **overhead** — a runtime baseline plus scratch:
@@ -88,6 +90,7 @@ class MemoryEstimate:
     weights_bytes: int
     kv_cache_bytes: int
     overhead_bytes: int
+    active_weights_bytes: int = 0  # weight bytes one decode step reads (a sparse model: its chosen experts only)
 
     @property
     def total_bytes(self) -> int:
@@ -124,8 +127,12 @@ def estimate_memory(gguf: GGUFFile, n_ctx: int, backend: str = "cpu") -> MemoryE
     if n_ctx <= 0:
         raise ValueError(f"n_ctx must be positive, got {n_ctx}")
     config = ModelConfig.from_gguf(gguf)
+    if backend == "cpu" and config.is_moe:  # the CPU backend runs MoE models on the reference path's float32 cache
+        layout = KV_LAYOUTS["numpy"]
+    weights = weights_bytes(gguf, backend)
     return MemoryEstimate(
-        weights_bytes=weights_bytes(gguf, backend),
+        weights_bytes=weights,
+        active_weights_bytes=round(weights * active_weight_fraction(gguf, config)),
         kv_cache_bytes=kv_cache_bytes(config, n_ctx, layout.element_bytes, layout.sliding_rings,
                                       layout.ring_slots(config, n_ctx) if layout.ring_slots else None),
         overhead_bytes=metadata_bytes(gguf) + scratch_bytes(config, n_ctx),
@@ -142,6 +149,22 @@ def weights_bytes(gguf: GGUFFile, backend: str = "cpu") -> int:
 
         return mlx_weight_bytes(gguf)
     return sum(t.nbytes for t in gguf.tensors.values())
+
+
+EXPERT_TENSOR_SUFFIXES = (".ffn_gate_exps.weight", ".ffn_up_exps.weight", ".ffn_down_exps.weight")
+
+
+def active_weight_fraction(gguf: GGUFFile, config: ModelConfig) -> float:
+    """The share of the stored weight bytes one decode step reads: 1 for a dense model; for a mixture of experts,
+    every tensor but the expert tensors, of which only ``n_expert_used`` of ``n_expert`` experts' rows. All
+    experts stay resident (mapped); this is the memory traffic per token that bounds decode speed. Backends that
+    hold other forms (float32, MLX repacks) scale every tensor alike, so the stored share is theirs too."""
+    total = sum(t.nbytes for t in gguf.tensors.values())
+    if not config.is_moe or total == 0:
+        return 1.0
+    experts = sum(t.nbytes for t in gguf.tensors.values() if t.name.endswith(EXPERT_TENSOR_SUFFIXES))
+    unread = experts * (1.0 - config.n_expert_used / config.n_expert)
+    return (total - unread) / total
 
 
 def numpy_weight_bytes(gguf: GGUFFile) -> int:

@@ -32,8 +32,16 @@ LAYER_TENSORS = {
     "w_up": ("ffn_up.weight", True),
     "w_down": ("ffn_down.weight", True),
     "post_ffn_norm": ("post_ffw_norm.weight", False),
+    # mixture of experts: the router, and every expert's matrices stacked in one 3-D tensor each
+    "w_router": ("ffn_gate_inp.weight", False),
+    "w_gate_exps": ("ffn_gate_exps.weight", False),
+    "w_up_exps": ("ffn_up_exps.weight", False),
+    "w_down_exps": ("ffn_down_exps.weight", False),
 }
-MATRIX_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+MATRIX_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "w_router", "w_gate_exps", "w_up_exps",
+                 "w_down_exps")
+DENSE_FFN_FIELDS = ("w_gate", "w_up", "w_down")
+EXPERT_FIELDS = ("w_router", "w_gate_exps", "w_up_exps", "w_down_exps")
 # tensors outside the layers that a model may hold, besides token_embd / output_norm / output
 GLOBAL_TENSORS = ("token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight",
                   "rope_factors_long.weight", "rope_factors_short.weight")
@@ -102,6 +110,10 @@ def layer_tensor_names(gguf: GGUFFile, config: ModelConfig, layer: int) -> dict[
 def _needed(c: ModelConfig, field: str, required: bool) -> bool:
     if field in ("attn_norm", "ffn_norm"):
         return c.pre_norms
+    if field in DENSE_FFN_FIELDS:
+        return not c.is_moe
+    if field in EXPERT_FIELDS:
+        return c.is_moe
     return required or (field in ("bq", "bk", "bv") and c.qkv_bias) \
         or (field in ("q_norm", "k_norm") and (c.qk_norm or c.qk_norm_whole)) \
         or (field in ("post_attn_norm", "post_ffn_norm") and c.post_norms)
@@ -143,6 +155,8 @@ def _check_shapes(gguf: GGUFFile, config: ModelConfig, refs: dict[str, TensorRef
         "wo": (c.n_heads * c.v_head_dim, c.n_embd), "w_gate": (c.n_embd, c.n_ff), "w_up": (c.n_embd, c.n_ff),
         "w_down": (c.n_ff, c.n_embd), "attn_norm": (c.n_embd,), "ffn_norm": (c.n_embd,),
         "q_norm": q_norm, "k_norm": k_norm, "bq": (c.n_q_embd,), "bk": (c.n_kv_embd,),
+        "w_router": (c.n_embd, c.n_expert), "w_gate_exps": (c.n_embd, c.n_ff_exp, c.n_expert),
+        "w_up_exps": (c.n_embd, c.n_ff_exp, c.n_expert), "w_down_exps": (c.n_ff_exp, c.n_embd, c.n_expert),
         "bv": (c.n_kv_heads * c.v_head_dim,), "post_attn_norm": (c.n_embd,), "post_ffn_norm": (c.n_embd,),
     }
     for field, shape in expected.items():
@@ -164,6 +178,8 @@ def _check_no_unknown_tensors(gguf: GGUFFile, config: ModelConfig) -> None:
     known_layer = {suffix for suffix, _ in LAYER_TENSORS.values()} | {"attn_qkv.weight", "attn_qkv.bias"}
     if config.arch == "phi3":
         known_layer -= {"ffn_gate.weight"}
+    skipped = DENSE_FFN_FIELDS if config.is_moe else EXPERT_FIELDS  # one FFN kind per model
+    known_layer -= {LAYER_TENSORS[field][0] for field in skipped}
     for name in gguf.tensors:
         if name == "output.weight" and config.arch == "gemma2":  # llama.cpp: gemma2's output is token_embd
             raise ModelFormatError("tensor 'output.weight' is not supported for gemma2 (its output is token_embd)")

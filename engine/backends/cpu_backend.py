@@ -4,6 +4,10 @@ Weights are never dequantized or copied: each matrix is a view into the memory-m
 near zero and resident memory is about the file size. Every forward call runs all layers in C with the GIL
 released; the NumPy reference decoder this class inherits stays available as ``reference_forward`` (the
 same math with the same C matrix products, in NumPy), which the tests hold the C decoder to.
+
+Mixture-of-experts models do not run in the fused C decoder yet: they take that reference path (the C
+products on the packed, memory-mapped expert rows; only the chosen experts' rows are read) with a NumPy
+float32 KV cache.
 """
 
 from __future__ import annotations
@@ -53,9 +57,11 @@ class CpuBackend(NumpyBackend):
     def __init__(self, gguf: GGUFFile, config: ModelConfig, kv_dtype=DEFAULT_KV_DTYPE, n_ctx: int | None = None):
         super().__init__(gguf, config, n_ctx)
         self.kv_dtype = np.dtype(kv_dtype)
-        self.decoder = CpuDecoder(config, self.layers, (self.token_embd, int(self.token_embd_type)), self.output,
-                                  self.output_norm, self.rope_inv_freq, self.rope_layer_set)
-        self._caches: weakref.WeakSet[CpuKVCache] = weakref.WeakSet()
+        self.decoder: CpuDecoder | None = None  # None: the reference path (mixture-of-experts models)
+        if not config.is_moe:
+            self.decoder = CpuDecoder(config, self.layers, (self.token_embd, int(self.token_embd_type)), self.output,
+                                      self.output_norm, self.rope_inv_freq, self.rope_layer_set)
+        self._caches: weakref.WeakSet[CpuKVCache | NumpyKVCache] = weakref.WeakSet()
 
     # -- weights: packed views, and the products the reference path uses ------------------------------
     def load_matrix(self, name: str) -> PackedMatrix:
@@ -80,12 +86,17 @@ class CpuBackend(NumpyBackend):
         return rows
 
     # -- the decoder ---------------------------------------------------------------------------------
-    def new_cache(self, n_ctx: int) -> CpuKVCache:
-        cache = CpuKVCache(self.config, n_ctx, self.kv_dtype)
+    def new_cache(self, n_ctx: int) -> CpuKVCache | NumpyKVCache:
+        if self.decoder is None:
+            cache = NumpyKVCache(self.config, n_ctx)
+        else:
+            cache = CpuKVCache(self.config, n_ctx, self.kv_dtype)
         self._caches.add(cache)
         return cache
 
     def forward(self, tokens: Sequence[int], cache: KVCache, all_logits: bool = False) -> np.ndarray:
+        if self.decoder is None:
+            return NumpyBackend.forward(self, tokens, cache, all_logits)
         ids = self._token_ids(tokens)
         if ids.size == 0:
             raise ValueError("forward needs at least one token")
@@ -95,6 +106,8 @@ class CpuBackend(NumpyBackend):
 
     def forward_batch(self, tokens: Sequence[int], caches: Sequence[KVCache]) -> np.ndarray:
         """One decode step for B sequences in one C call: the weights are read once for all B rows."""
+        if self.decoder is None:
+            return NumpyBackend.forward_batch(self, tokens, caches)
         ids = self._token_ids(tokens)
         if ids.size == 0 or ids.size != len(caches):
             raise ValueError(f"forward_batch needs one token per cache, got {ids.size} tokens for {len(caches)} caches")
@@ -124,8 +137,9 @@ class CpuBackend(NumpyBackend):
 
     def memory(self) -> MemoryStats:
         return MemoryStats(weights_bytes=self.gguf.file_size, kv_cache_bytes=sum(c.nbytes for c in self._caches),
-                           scratch_bytes=self.decoder.scratch_bytes)
+                           scratch_bytes=0 if self.decoder is None else self.decoder.scratch_bytes)
 
     def close(self) -> None:
         super().close()
-        self.decoder.close()
+        if self.decoder is not None:
+            self.decoder.close()

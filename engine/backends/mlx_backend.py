@@ -27,6 +27,7 @@ import numpy as np
 from ..config import ModelConfig
 from ..generate import prefill
 from ..gguf_file import GGUFFile
+from ..moe import expert_groups, route
 from ..model_tensors import TensorRef, layer_tensor_names, output_tensor_name
 from ..rope import attn_temperature, rope_tables
 from . import platform_mlx
@@ -48,9 +49,9 @@ class LayerWeights:
     wv: Matrix  # (n_kv_heads * v_head_dim, n_embd)
     wo: Matrix  # (n_embd, n_heads * v_head_dim)
     ffn_norm: mx.array | None  # (n_embd,)
-    w_gate: Matrix  # (n_ff, n_embd)
-    w_up: Matrix  # (n_ff, n_embd)
-    w_down: Matrix  # (n_embd, n_ff)
+    w_gate: Matrix | None  # (n_ff, n_embd); None in a mixture-of-experts model
+    w_up: Matrix | None  # (n_ff, n_embd)
+    w_down: Matrix | None  # (n_embd, n_ff)
     bq: mx.array | None = None  # (n_heads * head_dim,)
     bk: mx.array | None = None
     bv: mx.array | None = None
@@ -58,9 +59,15 @@ class LayerWeights:
     k_norm: mx.array | None = None  # (head_dim,) or (n_kv_heads * head_dim,)
     post_attn_norm: mx.array | None = None  # (n_embd,)
     post_ffn_norm: mx.array | None = None
+    # mixture of experts (ModelConfig.n_expert > 0) in place of w_gate / w_up / w_down:
+    w_router: Matrix | None = None  # (n_expert, n_embd)
+    w_gate_exps: Matrix | None = None  # (n_expert * n_ff_exp, n_embd): expert e is rows e * n_ff_exp ...
+    w_up_exps: Matrix | None = None  # (n_expert * n_ff_exp, n_embd)
+    w_down_exps: Matrix | None = None  # (n_expert * n_embd, n_ff_exp)
 
 
-MATRIX_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+MATRIX_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "w_router", "w_gate_exps", "w_up_exps",
+                 "w_down_exps")
 # vectors applied to matrix-product outputs, so held in the matmul dtype; the others act on the residual stream
 MATMUL_SIDE_VECTORS = ("bq", "bk", "bv", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")
 
@@ -244,7 +251,8 @@ class MlxBackend(Backend):
         )
 
     def weights_nbytes(self) -> int:
-        total = sum(getattr(layer, f).nbytes for layer in self.layers for f in MATRIX_FIELDS)
+        total = sum(getattr(layer, f).nbytes for layer in self.layers for f in MATRIX_FIELDS
+                    if getattr(layer, f) is not None)  # a model has either the dense FFN or the experts
         total += sum(v.nbytes for layer in self.layers for v in vars(layer).values() if isinstance(v, mx.array))
         total += self.token_embd.nbytes + self.output_norm.nbytes
         return total + (self.output.nbytes if self.output is not self.token_embd else 0)
@@ -420,18 +428,44 @@ class MlxBackend(Backend):
 
     def _ffn(self, layer: LayerWeights, x: mx.array) -> mx.array:
         h = self._norm(x, layer.ffn_norm)
-        out = layer.w_down.matmul(self.gated_activation(layer.w_gate.matmul(h), layer.w_up.matmul(h)))
+        if self.config.is_moe:
+            out = self._moe(layer, h)
+        else:
+            out = layer.w_down.matmul(self.gated_activation(layer.w_gate.matmul(h), layer.w_up.matmul(h)))
         if layer.post_ffn_norm is not None:
             out = mx.fast.rms_norm(out, layer.post_ffn_norm, self.config.rms_eps)
         return out
 
+    def _moe(self, layer: LayerWeights, h: mx.array) -> mx.array:
+        """The mixture-of-experts FFN of normed rows h (..., n_embd): routed on the host (engine/moe.py), then
+        each chosen expert runs once on the rows that chose it; outputs summed with the router's weights."""
+        c = self.config
+        shape = h.shape
+        rows_in = h.reshape(-1, c.n_embd)  # (n, n_embd)
+        logits = np.array(layer.w_router.matmul(rows_in).astype(mx.float32))  # (n, n_expert), a host sync
+        experts, weights = route(logits, c)  # (n, n_expert_used) each
+        out = mx.zeros((rows_in.shape[0], c.n_embd), dtype=mx.float32)  # (n, n_embd)
+        for expert, rows, slots in expert_groups(experts):
+            ff = TensorRef("", expert * c.n_ff_exp, (expert + 1) * c.n_ff_exp)
+            down = TensorRef("", expert * c.n_embd, (expert + 1) * c.n_embd)
+            x = rows_in[mx.array(rows)]
+            act = self.gated_activation(row_range(layer.w_gate_exps, ff).matmul(x),
+                                        row_range(layer.w_up_exps, ff).matmul(x)).astype(self.dtype)
+            y = row_range(layer.w_down_exps, down).matmul(act).astype(mx.float32)
+            out = out.at[mx.array(rows)].add(y * mx.array(weights[rows, slots])[:, None])
+        return out.reshape(*shape[:-1], c.n_embd)
+
 
 def row_range(matrix: Matrix, ref: TensorRef) -> Matrix:
-    """Rows ``ref.row_start:ref.row_stop`` of ``matrix``: each of its arrays (rows first) sliced, a view."""
+    """Rows ``ref.row_start:ref.row_stop`` of ``matrix``: each of its arrays (rows first) sliced, a view (a
+    PairMatrix's term arrays, two rows per row, at twice the range)."""
     arrays = {f.name: getattr(matrix, f.name) for f in dataclasses.fields(matrix)
               if isinstance(getattr(matrix, f.name), mx.array)}
-    rows = ref.rows(next(iter(arrays.values())).shape[0])
-    return dataclasses.replace(matrix, **{name: array[rows] for name, array in arrays.items()})
+    n_rows = min(array.shape[0] for array in arrays.values())  # a PairMatrix's terms have two rows per row
+    rows = ref.rows(n_rows)
+    terms = slice(2 * rows.start, 2 * rows.stop)
+    return dataclasses.replace(matrix, **{name: array[terms if array.shape[0] == 2 * n_rows else rows]
+                                          for name, array in arrays.items()})
 
 
 def softcap(x: mx.array, cap: float) -> mx.array:

@@ -18,6 +18,7 @@ from gguf.quants import dequantize
 from ..config import ModelConfig
 from ..gguf_file import GGUFFile
 from ..kv_cache import NumpyKVCache
+from ..moe import expert_groups, route
 from ..model_tensors import MATRIX_FIELDS, layer_tensor_names, output_tensor_name
 from ..rope import attn_temperature, rope_tables
 from .base import Backend, KVCache, MemoryStats
@@ -91,7 +92,7 @@ class Layer:
     wv: Any  # (n_kv_heads * v_head_dim, n_embd)
     wo: Any  # (n_embd, n_heads * v_head_dim)
     ffn_norm: np.ndarray | None
-    w_gate: Any  # (n_ff, n_embd)
+    w_gate: Any  # (n_ff, n_embd); None in a mixture-of-experts model
     w_up: Any  # (n_ff, n_embd)
     w_down: Any  # (n_embd, n_ff)
     bq: np.ndarray | None = None
@@ -101,6 +102,11 @@ class Layer:
     k_norm: np.ndarray | None = None
     post_attn_norm: np.ndarray | None = None
     post_ffn_norm: np.ndarray | None = None
+    # mixture of experts (ModelConfig.n_expert > 0) in place of w_gate / w_up / w_down:
+    w_router: Any = None  # (n_expert, n_embd)
+    w_gate_exps: Any = None  # (n_expert * n_ff_exp, n_embd): expert e is rows e * n_ff_exp .. (e + 1) * n_ff_exp
+    w_up_exps: Any = None  # (n_expert * n_ff_exp, n_embd)
+    w_down_exps: Any = None  # (n_expert * n_embd, n_ff_exp)
 
 
 class NumpyBackend(Backend):
@@ -256,12 +262,31 @@ class NumpyBackend(Backend):
         c = self.config
         h = x if layer.ffn_norm is None else rms_norm(x, layer.ffn_norm, c.rms_eps)
         h = np.ascontiguousarray(h, dtype=np.float32)
-        act = self.activation(self.matmul(h, layer.w_gate)) * self.matmul(h, layer.w_up)
-        out = self.matmul(np.ascontiguousarray(act, dtype=np.float32), layer.w_down)
+        if c.is_moe:
+            out = self._moe(layer, h)
+        else:
+            act = self.activation(self.matmul(h, layer.w_gate)) * self.matmul(h, layer.w_up)
+            out = self.matmul(np.ascontiguousarray(act, dtype=np.float32), layer.w_down)
         if layer.post_ffn_norm is not None:
             out = rms_norm(out, layer.post_ffn_norm, c.rms_eps)
         if c.residual_scale != 1.0:
             out = out * np.float32(c.residual_scale)
+        return out
+
+    def _moe(self, layer: Layer, h: np.ndarray) -> np.ndarray:
+        """The mixture-of-experts FFN of normed rows h (n, n_embd): only the chosen experts run, each once
+        for all the rows that chose it; their outputs are summed with the router's weights."""
+        c = self.config
+        experts, weights = route(self.matmul(h, layer.w_router), c)  # (n, n_expert_used) each
+        out = np.zeros((h.shape[0], c.n_embd), dtype=np.float32)  # (n, n_embd)
+        for expert, rows, slots in expert_groups(experts):
+            ff = slice(expert * c.n_ff_exp, (expert + 1) * c.n_ff_exp)
+            x = np.ascontiguousarray(h[rows])
+            act = self.activation(self.matmul(x, self.matrix_rows(layer.w_gate_exps, ff))) \
+                * self.matmul(x, self.matrix_rows(layer.w_up_exps, ff))
+            down = slice(expert * c.n_embd, (expert + 1) * c.n_embd)
+            y = self.matmul(np.ascontiguousarray(act, dtype=np.float32), self.matrix_rows(layer.w_down_exps, down))
+            np.add.at(out, rows, y * weights[rows, slots][:, None])
         return out
 
     def memory(self) -> MemoryStats:

@@ -35,6 +35,11 @@ _QK_NORM = {"attn_q_norm.weight": lambda E, H, K, D, F: (D,), "attn_k_norm.weigh
 _QKV_BIAS = {"attn_q.bias": lambda E, H, K, D, F: (H * D,), "attn_k.bias": lambda E, H, K, D, F: (K * D,),
              "attn_v.bias": lambda E, H, K, D, F: (K * D,)}
 _LLAMA = {**_PRE_NORMS, **_ATTN, **_FFN}
+_N_EXPERT = 4  # with 2 used, each of F / 2 hidden rows (a multiple of 256 for F = 512)
+_EXPERTS = {"ffn_gate_inp.weight": lambda E, H, K, D, F: (E, _N_EXPERT),
+            "ffn_gate_exps.weight": lambda E, H, K, D, F: (E, F // 2, _N_EXPERT),
+            "ffn_up_exps.weight": lambda E, H, K, D, F: (E, F // 2, _N_EXPERT),
+            "ffn_down_exps.weight": lambda E, H, K, D, F: (F // 2, E, _N_EXPERT)}
 
 LAYER_TENSORS: dict[str, dict] = {
     "llama": _LLAMA,
@@ -43,6 +48,7 @@ LAYER_TENSORS: dict[str, dict] = {
     "granite": _LLAMA,
     "qwen2": {**_LLAMA, **_QKV_BIAS},
     "qwen3": {**_LLAMA, **_QK_NORM},
+    "qwen3moe": {**_PRE_NORMS, **_ATTN, **_QK_NORM, **_EXPERTS},
     "gemma2": {**_LLAMA, **_POST_NORMS},
     "gemma3": {**_LLAMA, **_POST_NORMS, **_QK_NORM},
     # OLMo 2 normalises after attention and FFN only, and its q/k norms span all heads
@@ -57,6 +63,7 @@ TIED = {"gemma2", "gemma3"}  # files of these have no output.weight
 EXTRA_METADATA: dict[str, dict[str, Any]] = {
     "gemma2": {"attention.sliding_window": 4096, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
     "gemma3": {"attention.sliding_window": 512},
+    "qwen3moe": {"expert_count": _N_EXPERT, "expert_used_count": 2},  # expert_feed_forward_length: n_ff / used
     "granite": {"attention.scale": 0.0078125, "embedding_scale": 12.0, "residual_scale": 0.22, "logit_scale": 8.0},
 }
 

@@ -115,6 +115,13 @@ KNOWN_MISSES = {
     # The C backend at position 43: llama.cpp's top two are 11.594 and 11.049 (gap 0.545); ours 11.442 and 11.514
     # (the second +0.47, the first -0.15), so they swap; the NumPy reference (float weights) keeps the order.
     ("cpu", "smollm3", "IQ3_S"): "argmax swaps at one position with a top-2 gap of 0.545 (C IQ3_S products)",
+    # A router near-tie: at position 12 of layer 0 the second and third experts' probabilities differ by < 5e-5,
+    # so rounding differences choose another expert there (and later positions attend to it): top-10 logits
+    # differ by up to 1.39 (numpy), 1.09 at position 29 (cpu) and 1.40 (mlx, mlx-f16) against a tolerance of 1.0.
+    ("numpy", "qwen3moe", "Q5_K_M"): "router near-tie at position 12 picks another expert (top-10 error 1.39)",
+    ("cpu", "qwen3moe", "Q5_K_M"): "router near-tie at position 12 picks another expert (top-10 error 1.09)",
+    ("mlx", "qwen3moe", "Q5_K_M"): "router near-tie at position 12 picks another expert (top-10 error 1.40)",
+    ("mlx-f16", "qwen3moe", "Q5_K_M"): "router near-tie at position 12 picks another expert (top-10 error 1.40)",
 }
 
 

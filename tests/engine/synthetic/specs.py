@@ -35,6 +35,7 @@ class ArchSpec:
         tied: no output.weight (the output is token_embd).
         rope_freqs: a Llama-3 rope_freqs tensor; longrope: rope_factors_long / rope_factors_short tensors.
         embed_std: standard deviation of the embedding (gemma multiplies it by sqrt(n_embd)).
+        n_expert / n_expert_used: a mixture-of-experts FFN (router + 3-D expert tensors) in every layer; 0 = dense.
     """
 
     name: str
@@ -50,6 +51,8 @@ class ArchSpec:
     longrope: bool = False
     embed_std: float = 1.0
     rope_dim: int = HEAD_DIM
+    n_expert: int = 0
+    n_expert_used: int = 0
 
 
 def llama3_factors(base: float, orig_ctx: int, factor: float = 8.0, low: float = 1.0, high: float = 4.0) -> list[float]:
@@ -79,6 +82,10 @@ def phi3_attn_factor() -> float:
     return math.sqrt(1 + math.log(scale) / math.log(LONGROPE_ORIG_CTX))
 
 
+N_EXPERT = 8
+N_EXPERT_USED = 2
+N_FF_EXP = 256  # a multiple of 256: the expert down projection's rows take every K-quant
+
 SPECS = {spec.name: spec for spec in [
     ArchSpec("llama", "llama", rope_freqs=False),
     ArchSpec("llama3-rope-freqs", "llama", rope_freqs=True),
@@ -86,6 +93,9 @@ SPECS = {spec.name: spec for spec in [
                                      "rope.scaling.original_context_length": 32}),
     ArchSpec("llama-linear", "llama", {"rope.scaling.type": "linear", "rope.scaling.factor": 2.0}),
     ArchSpec("qwen3", "qwen3", {"rope.freq_base": 1000000.0}, qk_norm="head", tied=True, embed_std=TIED_EMBED_STD),
+    ArchSpec("qwen3moe", "qwen3moe", {"rope.freq_base": 1000000.0, "expert_count": N_EXPERT,
+                                      "expert_used_count": N_EXPERT_USED, "expert_feed_forward_length": N_FF_EXP},
+             qk_norm="head", n_expert=N_EXPERT, n_expert_used=N_EXPERT_USED),
     ArchSpec("gemma2", "gemma2", {"attention.sliding_window": SLIDING_WINDOW, "attn_logit_softcapping": 5.0,
                                   "final_logit_softcapping": 8.0}, post_norms=True, tied=True,
              embed_std=3.0 / math.sqrt(N_EMBD)),

@@ -16,7 +16,7 @@ from gguf import GGUFValueType, GGUFWriter
 
 from tests.engine.gguf_builders import CHATML_TEMPLATE, tiny_vocab
 from tests.engine.synthetic.specs import (HEAD_DIM, N_CTX_TRAIN, N_EMBD, N_FF, N_HEADS, N_KV_HEADS, N_LAYERS,
-                                          ArchSpec, llama3_factors)
+                                          N_FF_EXP, ArchSpec, llama3_factors)
 
 N_Q = N_HEADS * HEAD_DIM
 N_KV = N_KV_HEADS * HEAD_DIM
@@ -125,12 +125,10 @@ def _tensors(spec: ArchSpec, rng: np.random.Generator) -> dict[str, np.ndarray]:
             out[p + "post_attention_norm.weight"] = norm(N_EMBD)
         if spec.pre_norms:
             out[p + "ffn_norm.weight"] = norm(N_EMBD)
-        gate, up = matrix(N_FF, N_EMBD, 1.0), matrix(N_FF, N_EMBD, 1.0)
-        if spec.fused_up:
-            out[p + "ffn_up.weight"] = np.concatenate([gate, up])
+        if spec.n_expert:
+            out.update(_expert_tensors(p, spec, matrix))
         else:
-            out[p + "ffn_gate.weight"], out[p + "ffn_up.weight"] = gate, up
-        out[p + "ffn_down.weight"] = matrix(N_EMBD, N_FF, 0.7)
+            out.update(_dense_ffn_tensors(p, spec, matrix))
         if spec.post_norms:
             out[p + "post_ffw_norm.weight"] = norm(N_EMBD)
     out["output_norm.weight"] = norm(N_EMBD)
@@ -143,3 +141,26 @@ def _tensors(spec: ArchSpec, rng: np.random.Generator) -> dict[str, np.ndarray]:
         out["rope_factors_short.weight"] = 1.0 + 0.5 * np.linspace(0, 1, n)
         out["rope_factors_long.weight"] = 1.0 + 20.0 * np.linspace(0, 1, n) ** 2
     return out
+
+
+def _dense_ffn_tensors(p: str, spec: ArchSpec, matrix) -> dict[str, np.ndarray]:
+    out = {}
+    gate, up = matrix(N_FF, N_EMBD, 1.0), matrix(N_FF, N_EMBD, 1.0)
+    if spec.fused_up:
+        out[p + "ffn_up.weight"] = np.concatenate([gate, up])
+    else:
+        out[p + "ffn_gate.weight"], out[p + "ffn_up.weight"] = gate, up
+    out[p + "ffn_down.weight"] = matrix(N_EMBD, N_FF, 0.7)
+    return out
+
+
+def _expert_tensors(p: str, spec: ArchSpec, matrix) -> dict[str, np.ndarray]:
+    """The router (n_expert, n_embd) and the experts stacked in 3-D tensors (n_expert, rows, row length), numpy
+    order; the router's gain spreads the routing so that different tokens choose different experts."""
+    n = spec.n_expert
+    return {
+        p + "ffn_gate_inp.weight": matrix(n, N_EMBD, 4.0),
+        p + "ffn_gate_exps.weight": np.stack([matrix(N_FF_EXP, N_EMBD, 1.0) for _ in range(n)]),
+        p + "ffn_up_exps.weight": np.stack([matrix(N_FF_EXP, N_EMBD, 1.0) for _ in range(n)]),
+        p + "ffn_down_exps.weight": np.stack([matrix(N_EMBD, N_FF_EXP, 0.5) for _ in range(n)]),
+    }

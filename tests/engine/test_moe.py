@@ -1,0 +1,156 @@
+"""Mixture-of-experts routing (engine/moe.py) on hand-made router logits, and the MoE FFN block's expert reads."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from engine.backends.cpu_backend import CpuBackend
+from engine.backends.numpy_backend import NumpyBackend
+from engine.config import ModelConfig
+from engine.gguf_file import ModelFormatError, read_gguf
+from engine.moe import expert_groups, expert_probabilities, route
+from tests.engine.synthetic.specs import N_EXPERT, N_EXPERT_USED, N_FF_EXP, N_LAYERS, SPECS
+from tests.engine.synthetic.writer import write_synthetic
+
+
+def _config(**fields) -> ModelConfig:
+    base = dict(arch="qwen3moe", n_layers=1, n_embd=8, n_ff=8, n_heads=1, n_kv_heads=1, head_dim=8, v_head_dim=8,
+                n_vocab=4, n_ctx_train=64, rms_eps=1e-6, rope_base=1e4, rope_dim=8, rope_neox=True,
+                n_expert=4, n_expert_used=2, n_ff_exp=8)
+    return ModelConfig(**{**base, **fields})
+
+
+LOGITS = np.array([[0.0, 2.0, 1.0, -1.0],
+                   [3.0, 0.0, 0.0, 2.5]], dtype=np.float32)
+
+
+def test_softmax_route_takes_the_top_k_and_renormalises():
+    experts, weights = route(LOGITS, _config(expert_norm_weights=True))
+    assert experts.tolist() == [[1, 2], [0, 3]]
+    e = np.exp([2.0, 1.0])
+    np.testing.assert_allclose(weights[0], e / e.sum(), rtol=1e-6)
+    np.testing.assert_allclose(weights.sum(axis=1), 1.0, rtol=1e-6)
+
+
+def test_softmax_route_without_renormalisation_keeps_the_probabilities():
+    experts, weights = route(LOGITS, _config(expert_norm_weights=False, expert_weights_scale=2.0))
+    probs = expert_probabilities(LOGITS, "softmax")
+    np.testing.assert_allclose(weights, 2.0 * np.take_along_axis(probs, experts, 1), rtol=1e-6)
+    assert weights[0].sum() < 2.0
+
+
+def test_sigmoid_gating_and_a_selection_bias_that_moves_the_choice_only():
+    bias = np.array([0.0, 0.0, 0.0, 5.0], dtype=np.float32)
+    experts, weights = route(LOGITS, _config(expert_gating="sigmoid"), selection_bias=bias)
+    assert experts.tolist() == [[3, 1], [3, 0]]
+    np.testing.assert_allclose(weights[0], 1.0 / (1.0 + np.exp(-np.array([-1.0, 2.0]))), rtol=1e-6)
+
+
+def test_expert_groups_give_each_chosen_expert_its_rows_and_slots():
+    experts = np.array([[1, 2], [2, 0], [1, 0]])
+    groups = {e: (rows.tolist(), slots.tolist()) for e, rows, slots in expert_groups(experts)}
+    assert groups == {0: ([1, 2], [1, 1]), 1: ([0, 2], [0, 0]), 2: ([0, 1], [1, 0])}
+
+
+@pytest.fixture(scope="module")
+def qwen3moe_path(tmp_path_factory):
+    return write_synthetic(tmp_path_factory.mktemp("moe") / "qwen3moe.gguf", SPECS["qwen3moe"])
+
+
+def test_config_reads_the_expert_metadata(qwen3moe_path):
+    c = ModelConfig.from_gguf(read_gguf(qwen3moe_path))
+    assert (c.n_expert, c.n_expert_used, c.n_ff_exp, c.expert_gating, c.expert_norm_weights) == \
+        (N_EXPERT, N_EXPERT_USED, N_FF_EXP, "softmax", True)
+
+
+def test_missing_expert_count_is_named(tmp_path):
+    path = write_synthetic(tmp_path / "m.gguf", SPECS["qwen3moe"], drop=("qwen3moe.expert_count",))
+    with pytest.raises(ModelFormatError, match=r"qwen3moe\.expert_count"):
+        ModelConfig.from_gguf(read_gguf(path))
+
+
+def test_a_dense_ffn_tensor_in_a_moe_model_is_refused(tmp_path):
+    extra = {"blk.0.ffn_gate.weight": np.zeros((512, 256))}
+    path = write_synthetic(tmp_path / "d.gguf", SPECS["qwen3moe"], extra_tensors=extra)
+    gguf = read_gguf(path)
+    with pytest.raises(ModelFormatError, match=r"blk\.0\.ffn_gate\.weight"):
+        NumpyBackend(gguf, ModelConfig.from_gguf(gguf))
+
+
+@pytest.mark.parametrize("backend", [NumpyBackend, CpuBackend])
+def test_a_decode_step_reads_only_the_chosen_experts_rows(qwen3moe_path, backend):
+    gguf = read_gguf(qwen3moe_path)
+    model = backend(gguf, ModelConfig.from_gguf(gguf))
+    cache = model.new_cache(64)
+    model.forward([5, 9, 17, 30, 2], cache)
+    read: list[tuple[int, int]] = []
+    rows_of = model.matrix_rows
+    model.matrix_rows = lambda matrix, rows: read.append((rows.start, rows.stop)) or rows_of(matrix, rows)
+    model.forward([11], cache)
+    # per layer: gate and up of each chosen expert (n_ff_exp rows), and its down (n_embd rows)
+    assert len(read) == N_LAYERS * N_EXPERT_USED * 3
+    experts = {start // N_FF_EXP for start, stop in read if stop - start == N_FF_EXP}
+    assert len(experts) >= N_EXPERT_USED
+
+
+def test_a_prefill_chunk_runs_each_chosen_expert_once_for_all_its_tokens(qwen3moe_path):
+    gguf = read_gguf(qwen3moe_path)
+    model = NumpyBackend(gguf, ModelConfig.from_gguf(gguf))
+    products: list[int] = []
+    matmul = model.matmul
+    model.matmul = lambda x, w: products.append(x.shape[0]) or matmul(x, w)
+    model.forward(list(range(40)), model.new_cache(64))
+    # per layer: q, k, v, o, the router, then three products per expert used by some token; output: one
+    per_layer_experts = (len(products) - 1 - N_LAYERS * 5) / (3 * N_LAYERS)
+    assert N_EXPERT_USED < per_layer_experts <= N_EXPERT  # tokens spread over experts, each expert run once
+    assert sum(products[5:5 + 3 * int(per_layer_experts)]) == 3 * 40 * N_EXPERT_USED  # every routed row once
+
+
+def _mlx_backend(gguf, config):
+    from engine.backends.mlx_backend import MlxBackend
+
+    return MlxBackend(gguf, config)
+
+
+@pytest.mark.parametrize("backend", [CpuBackend, _mlx_backend], ids=["cpu", "mlx"])
+def test_batched_moe_decode_matches_each_sequence_alone(qwen3moe_path, backend):
+    gguf = read_gguf(qwen3moe_path)
+    model = backend(gguf, ModelConfig.from_gguf(gguf))
+    prompts = ([3, 4, 5, 6], [40, 41])
+    caches, alone = [], []
+    for prompt in prompts:
+        cache = model.new_cache(64)
+        model.forward(prompt, cache)
+        caches.append(cache)
+        single = model.new_cache(64)
+        model.forward(prompt, single)
+        alone.append(model.forward([7], single))
+    np.testing.assert_allclose(model.forward_batch([7, 7], caches), np.stack(alone), atol=2e-3, rtol=1e-4)
+
+
+def test_memory_estimate_counts_every_expert_resident_and_the_chosen_ones_read(qwen3moe_path, tmp_path):
+    from engine.memory_estimate import estimate_memory
+
+    gguf = read_gguf(qwen3moe_path)
+    estimate = estimate_memory(gguf, 256, "cpu")
+    stored = sum(t.nbytes for t in gguf.tensors.values())
+    experts = sum(t.nbytes for name, t in gguf.tensors.items() if "_exps." in name)
+    assert estimate.weights_bytes == stored  # all experts resident (memory-mapped)
+    model = CpuBackend(gguf, ModelConfig.from_gguf(gguf))
+    cache = model.new_cache(256)
+    cache.reserve(256)
+    assert estimate.kv_cache_bytes == cache.nbytes  # the float32 cache of the reference path
+    assert estimate.active_weights_bytes == round(stored - experts * (1 - N_EXPERT_USED / N_EXPERT))
+    dense = read_gguf(write_synthetic(tmp_path / "dense.gguf", SPECS["qwen3"]))
+    dense_estimate = estimate_memory(dense, 256, "cpu")
+    assert dense_estimate.active_weights_bytes == dense_estimate.weights_bytes
+
+
+def test_inspect_shows_the_bytes_read_per_token(qwen3moe_path, capsys):
+    from engine.cli import main
+
+    main(["inspect", str(qwen3moe_path), "--backend", "cpu"])
+    assert "weights read per token" in capsys.readouterr().out

@@ -133,7 +133,7 @@ def test_switching_model_or_context_reloads(qtbot, host_for):
 
 @pytest.mark.slow
 def test_gui_stays_responsive_while_a_512_token_prompt_is_prefilled(qtbot, host_for, builtin_model):
-    """The issue's criterion: a 10 ms QTimer keeps ticking at >= 30 Hz on the GUI thread during prefill."""
+    """A 10 ms QTimer keeps ticking at >= 30 Hz on the GUI thread during prefill, never pausing over 100 ms."""
     host = host_for(load_engine_model, make_sampling_params)
     with qtbot.waitSignal(host.loaded, timeout=120000):
         host.load(builtin_model, 4096)
@@ -158,3 +158,4 @@ def test_gui_stays_responsive_while_a_512_token_prompt_is_prefilled(qtbot, host_
     print(f"\nprefill of {stats['prompt_tokens']} tokens: {stats['prefill_s']:.2f} s in the engine; "
           f"GUI timer {rate:.1f} Hz during prefill, longest gap {max(gaps)} ms")
     assert rate >= 30, f"the GUI thread ticked at {rate:.1f} Hz during prefill (longest gap {max(gaps)} ms)"
+    assert max(gaps) <= 100, f"the GUI thread paused {max(gaps)} ms during prefill"

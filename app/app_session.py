@@ -67,8 +67,9 @@ class AppSession:
         if pending:
             self.controller.pending_model = self.controller.builtin_path
         self.controller.start()
-        if self.recovery_notice:
-            self.window.notice_bar.show_notice("error", self.recovery_notice)
+        problems = [self.recovery_notice, *self.downloads.manager.notices]
+        if any(problems):
+            self.window.notice_bar.show_notice("error", " ".join(p for p in problems if p))
         elif self.builtin_problem:
             self.window.notice_bar.show_notice("error", f"The built-in model is missing: {self.builtin_problem}")
         if pending:

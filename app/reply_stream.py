@@ -2,8 +2,9 @@
 
 A lone reply is a batch of one; a request that arrives while replies stream is submitted to the same scheduler
 and joins them at the next step (no hand-over: every reply keeps its sequence from start to finish). Each step
-the loop follows the conversation on screen (its reply decodes first), delivers each reply's text at most every
-COALESCE_S, and rests as the thermal policy asks, in slices that Stop cuts short. No Qt here: the worker passes
+the loop follows the conversation on screen (its reply decodes first), delivers each reply's new text at once (a
+piece held back until a later step could wait as long as the next token takes; the chat view coalesces repaints
+instead), and rests as the thermal policy asks, in slices that Stop cuts short. No Qt here: the worker passes
 callables for what it emits.
 """
 
@@ -20,7 +21,6 @@ from engine.thermal import rest
 
 from .replies import ReplyStats
 
-COALESCE_S = 0.03  # emit a reply's text at most this often, so the GUI repaints at ~30 Hz at most
 SHOWN_PRIORITY = 1  # the conversation on screen decodes first; the others get 0
 
 
@@ -37,8 +37,7 @@ class Reply:
     first_at: float | None = None  # when its first token arrived
     last: GenerationEvent | None = None
     tokens: list[int] = dataclasses.field(default_factory=list)  # the reply's token ids so far
-    pending: str = ""  # text not yet emitted
-    emitted_at: float = 0.0
+    pending: str = ""  # text of this step not yet emitted
     batched: bool = False  # a token of it came from a decode pass over several replies
     priority: int = 0
 
@@ -137,9 +136,9 @@ class ReplyLoop:
                 elif event.kind == "failed":
                     del self.replies[sid]
                     self.hooks.failed(reply.request_id, ValueError(event.detail))  # the backend refused the prompt
-            if sid in self.replies and reply.pending and now - reply.emitted_at >= COALESCE_S:
+            if sid in self.replies and reply.pending:  # now: the next step may take as long as a slow token
                 self.hooks.tokens(reply.request_id, reply.pending)
-                reply.pending, reply.emitted_at = "", now
+                reply.pending = ""
 
     def _token(self, reply: Reply, event: GenerationEvent, decode_batch: int, now: float) -> None:
         if reply.first_at is None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from engine.reasoning import ReasoningSplitter
 
 from .chat_settings import ChatSettings
+from .store_recovery import salvage
 
 DB_FILENAME = "conversations.db"
 DEFAULT_SETTINGS_KEY = "default_chat_settings"  # app_settings key of the settings new conversations start from
@@ -156,7 +157,8 @@ class ConversationStore:
 
     @classmethod
     def open(cls, path: str | Path) -> tuple[ConversationStore, str | None]:
-        """Open the store, first checking the file; a damaged file is moved aside and a fresh one started.
+        """Open the store, first checking the file; a damaged file is moved aside and a fresh one started with
+        every row that could still be read from it (``app.store_recovery.salvage``).
 
         Returns:
             The store and, when a damaged file was moved aside, a message for the user saying where it went.
@@ -164,11 +166,13 @@ class ConversationStore:
         path = Path(path)
         problem = check_integrity(path)
         notice = None
-        if problem:
-            moved = quarantine(path)
-            notice = (f"The conversation database was damaged ({problem}). It was moved to {moved} and a new, "
-                      f"empty one was started.")
+        moved = quarantine(path) if problem else None
         store = cls(path)
+        if moved is not None:
+            copied = salvage(moved, store.db)
+            kept = (f"{copied.get('conversations', 0):,} conversations and {copied.get('messages', 0):,} messages "
+                    f"that could still be read were kept in a new one")
+            notice = f"The conversation database was damaged ({problem}). It was moved to {moved}; {kept}."
         store.purge_deleted()
         store.mark_interrupted()
         return store, notice

@@ -83,7 +83,7 @@ class EngineWorker(QObject):
             and rss_after the load (bytes; with the CPU backend every weight page is touched first) and the estimate.
         unloaded(): the model was closed.
         load_failed(str, str): path and a readable reason.
-        tokens(int, str): request id and new reply text, coalesced to one emit per ~30 ms.
+        tokens(int, str): request id and the reply text of one scheduler step, emitted as soon as it is decoded.
         finished(int, dict): request id and stats (``app.replies.ReplyStats.as_dict``: tokens, timings,
             finish_reason, dropped, n_ctx, ``batched`` when it decoded beside another reply; with speculative
             decoding its figures, ``app.speculation.speculation_stats``, and ``speculation_notice`` when the

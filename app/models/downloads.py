@@ -129,6 +129,7 @@ class DownloadManager:
         self.progress_interval = progress_interval  # seconds between progress callbacks while bytes flow
         self._jobs: dict[str, _Job] = {}
         self._lock = threading.Lock()
+        self.notices: list[str] = []  # for the user: damaged state files found at start-up and where they went
         self._load_saved()
 
     # -- public API ------------------------------------------------------------------------------------
@@ -234,6 +235,12 @@ class DownloadManager:
         """Downloads left paused or failed by an earlier run (a running one was interrupted: paused)."""
         for state_file in sorted(self.downloads_dir.glob("*.json")):
             r = read_json(state_file, None)
+            if r is None and state_file.is_file():  # unreadable: truncated or corrupt; its .part file stays
+                moved = state_file.with_name(f"{state_file.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+                state_file.rename(moved)
+                self.notices.append(f"A download's state file was damaged; it was moved to {moved}. "
+                                    f"The part already downloaded was kept; start that download again.")
+                continue
             try:
                 self.destination(r["repo"], r["filename"])
                 url = self.hub.file_url(r["repo"], r["filename"], r["revision"])  # never a URL read from disk

@@ -9,6 +9,7 @@ from ..store import Message
 from .message_widget import MessageWidget
 
 MAX_COLUMN_WIDTH = 860
+REPAINT_S = 0.03  # streamed text arrives once per token; the view renders it at most this often (~30 Hz)
 
 
 class ChatView(QScrollArea):
@@ -49,6 +50,9 @@ class ChatView(QScrollArea):
         self.setWidget(container)
         self.widgets: dict[int, MessageWidget] = {}
         self._stick_to_bottom = True
+        self._unrendered: dict[int, tuple[str, str | None, bool]] = {}  # message id -> (text, thinking, now)
+        self._repaint = QTimer(self, singleShot=True, interval=int(REPAINT_S * 1000))
+        self._repaint.timeout.connect(self.render_streamed)
         self.verticalScrollBar().rangeChanged.connect(self._follow)
         self.verticalScrollBar().valueChanged.connect(self._remember_position)
 
@@ -72,16 +76,38 @@ class ChatView(QScrollArea):
                                           and streaming_id is None)
         self._empty.setText(empty_text)
         self._empty.setVisible(not messages)
+        # streamed text of the reply still streaming can be newer than ``messages``; any other is superseded
+        self._unrendered = {k: v for k, v in self._unrendered.items() if k == streaming_id}
+        self.render_streamed()
 
     def set_streaming_text(self, message_id: int, text: str) -> None:
-        widget = self.widgets.get(message_id)
-        if widget is not None:
-            widget.set_text(text)
+        """The streaming answer so far; shown within REPAINT_S."""
+        _, thinking, now = self._unrendered.get(message_id, ("", None, False))
+        self._unrendered[message_id] = (text, thinking, now)
+        self._schedule()
 
     def set_streaming_thinking(self, message_id: int, thinking: str, thinking_now: bool) -> None:
-        widget = self.widgets.get(message_id)
-        if widget is not None:
-            widget.set_thinking(thinking, thinking_now)
+        """The streaming reasoning so far; shown within REPAINT_S."""
+        text = self._unrendered.get(message_id, (None, None, False))[0]
+        self._unrendered[message_id] = (text, thinking, thinking_now)
+        self._schedule()
+
+    def render_streamed(self) -> None:
+        """Show the streamed text received since the last repaint."""
+        self._repaint.stop()
+        pending, self._unrendered = self._unrendered, {}
+        for message_id, (text, thinking, thinking_now) in pending.items():
+            widget = self.widgets.get(message_id)
+            if widget is None:
+                continue
+            if thinking is not None:
+                widget.set_thinking(thinking, thinking_now)
+            if text is not None:
+                widget.set_text(text)
+
+    def _schedule(self) -> None:
+        if not self._repaint.isActive():
+            self._repaint.start()
 
     def scroll_to_bottom(self) -> None:
         self._stick_to_bottom = True

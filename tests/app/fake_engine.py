@@ -54,7 +54,7 @@ class FakeBackend(Backend):
         return FakeCache(n_ctx)
 
     def forward(self, tokens, cache, all_logits=False):
-        time.sleep(self.model.prefill_s if cache.n_past == 0 else self.model.token_s)
+        time.sleep(self.model.prefill_s if cache.n_past == 0 else self.model.step_s(cache.n_past))
         cache.reserve(len(tokens))
         cache.positions += len(tokens)
         self.model.positions = cache.n_past + 1  # the fake counts the token the logits choose, as it always did
@@ -81,8 +81,8 @@ class PieceDecoder:
 
 
 class FakeModel:
-    """Streams ``pieces`` one per token after ``prefill_s``, through the engine's real scheduler on a fake backend;
-    the last piece is an end-of-generation token. ``fail_with`` is raised from start_chat(). ``reasoning`` is the
+    """Streams ``pieces`` one per token after ``prefill_s`` (then ``token_s`` per step, or a list of per-step
+    times), through the engine's real scheduler on a fake backend; the last piece is an end-of-generation token. ``fail_with`` is raised from start_chat(). ``reasoning`` is the
     chat template's reasoning profile (none by default); thinking tokens are counted over the pieces."""
 
     PROMPT_TOKENS = 10
@@ -113,6 +113,13 @@ class FakeModel:
         request = Request((1,) * self.PROMPT_TOKENS, self._sample, n, priority, frozenset({n - 1}), tuple(stop),
                           PieceDecoder(self.pieces, n), prefill_chunk=prefill_chunk, cancel=cancel)
         return self.dropped, self.scheduler.submit(request)
+
+    def step_s(self, n_past: int) -> float:
+        """How long the decode step after ``n_past`` positions sleeps: ``token_s``, or its entry per step."""
+        if isinstance(self.token_s, (int, float)):
+            return self.token_s
+        step = n_past - self.PROMPT_TOKENS
+        return self.token_s[step] if step < len(self.token_s) else self.token_s[-1]
 
     def _sample(self, logits, history):
         return len(history) - self.PROMPT_TOKENS, -0.1  # token i is the i-th piece

@@ -162,6 +162,16 @@ def test_a_damaged_database_is_reported_in_the_window(qtbot, make_session, tmp_p
     assert sqlite3.connect(data / DB_FILENAME).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
+def test_a_damaged_download_state_file_is_reported_in_the_window(qtbot, make_session, tmp_path):
+    downloads = tmp_path / "data" / "downloads"
+    downloads.mkdir(parents=True)
+    (downloads / "0123456789abcdef01234567.json").write_text('{"repo": "a/b", "filena')  # cut off mid-write
+    session = make_session(engine_factory=FakeFactory(FakeModel()))
+    bar = session.window.notice_bar
+    assert bar.isVisible() and "download's state file was damaged" in bar.label.text()
+    assert str(next(downloads.glob("*.json.damaged-*"))) in bar.label.text()
+
+
 def test_an_answer_cut_off_by_a_crash_shows_as_interrupted(qtbot, make_session, tmp_path):
     data = tmp_path / "data"
     store, _ = ConversationStore.open(data / DB_FILENAME)

@@ -101,7 +101,8 @@ def test_stopping_while_it_thinks_keeps_the_thinking(qtbot, make_session):
         c.send("Hi")
     message_id = c.streaming_message_id()
     widget = session.window.chat_view.widgets[message_id]
-    assert widget.thinking.is_open() and widget.thinking.header.text() == "Thinking…"
+    qtbot.waitUntil(lambda: widget.thinking.is_open(), timeout=1000)  # the view repaints within REPAINT_S
+    assert widget.thinking.header.text() == "Thinking…"
     with qtbot.waitSignal(c.reply_finished, timeout=20000):
         c.stop()
     answer = c.store.message(message_id)

@@ -2,10 +2,11 @@
 drafts, and the acceptance and estimated speed-up under the answer and on the dashboard."""
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 
-from app.speculation import estimated_speedup
+from app.speculation import estimated_speedup, speculation_stats
 from app.worker import load_engine_model, make_sampling_params
 from tests.model_store import model_path
 
@@ -116,6 +117,16 @@ def test_the_estimated_speedup_compares_with_the_measured_plain_step():
     assert estimated_speedup(30.0, None) is None and estimated_speedup(0.0, 0.05) is None
 
 
+@pytest.mark.parametrize("step_s, expected", [(0.05, 1.5), (None, None)])
+def test_a_replys_stats_carry_the_estimate_exactly_when_a_plain_step_was_measured(step_s, expected):
+    stats_of = SimpleNamespace(proposed=10, accepted=7, verify_passes=4, plain_steps=2, acceptance_rate=0.7,
+                               tokens_per_verify=2.75)
+    speculator = SimpleNamespace(stats=stats_of, controller=SimpleNamespace(costs=SimpleNamespace(step_s=step_s)))
+    stats = speculation_stats(speculator, "prompt lookup", 30.0)
+    assert (stats["drafted_tokens"], stats["accepted_tokens"]) == (10, 7)
+    assert stats.get("speedup_estimate") == expected
+
+
 @pytest.mark.gui
 def test_the_answer_and_the_dashboard_show_acceptance_and_the_estimated_speedup(small_model, qtbot, make_session):
     session = make_session(model=small_model)  # SmolLM2; conversations start with prompt lookup on
@@ -135,8 +146,10 @@ def test_the_answer_and_the_dashboard_show_acceptance_and_the_estimated_speedup(
     assert "accepted" not in line.text() and "tok/s" in line.text()  # the line is plain; the details are its tooltip
     shown = line.toolTip()
     assert f"prompt lookup: {stats['accepted_tokens']:,} of {stats['drafted_tokens']:,} drafted tokens accepted" in shown
-    if "speedup_estimate" in stats:
-        assert f"~{stats['speedup_estimate']:.2f}× plain speed (estimated)" in shown
+    # the estimate exists once a plain step was measured; either way the answer shows exactly what the stats hold
+    estimate = stats.get("speedup_estimate")
+    assert ("× plain speed (estimated)" in shown) == (estimate is not None)
+    assert estimate is None or f"~{estimate:.2f}× plain speed (estimated)" in shown
     assert any(s.phase == "decode" and s.speculation == "prompt lookup" for s in samples)  # live, while streaming
     last = telemetry.engine
     assert (last.phase, last.drafted_tokens, last.accepted_tokens) == ("idle", stats["drafted_tokens"],

@@ -351,8 +351,8 @@ def test_greedy_output_is_plain_greedy_output(tiny_pair, method, params, max_dra
     np.testing.assert_allclose(ours_lp, plain_lp, atol=1e-4)
     s = spec.stats  # the first token, then each round's accepted drafts plus one; the last round may be cut short
     assert 60 <= 1 + s.plain_steps + s.verify_passes + s.accepted <= 60 + max_draft
-    if not adaptive:
-        assert s.verify_passes > 0 and 0 <= s.accepted <= s.proposed
+    # the prompt repeats, so drafts are proposed and verified whether or not the controller adapts
+    assert s.verify_passes > 0 and 0 <= s.accepted <= s.proposed
 
 
 def test_the_draft_rounds_both_accept_and_reject_on_the_tiny_pair(tiny_pair):

@@ -172,6 +172,24 @@ def test_resume_after_restart_uses_the_saved_state(hub, make_manager, tiny_model
     assert ranges(hub) == [None, f"bytes={paused.downloaded}-"]
 
 
+@pytest.mark.parametrize("damage", [lambda b: b[: len(b) // 2], lambda b: b"\x00\xff" + b[2:]], ids=["truncated", "corrupt"])
+def test_a_damaged_state_file_is_moved_aside_with_a_notice_and_nothing_else_is_lost(hub, make_manager, tiny_model,
+                                                                                      tmp_path, damage):
+    first = make_manager()
+    first.wait(first.start(REPO, FILE, on_progress=pause_at(first, 1 << 20)), timeout=30)
+    (state_file,) = (tmp_path / "data" / "downloads").glob("*.json")
+    part = state_file.with_suffix(".part")
+    part_bytes, damaged = part.read_bytes(), damage(state_file.read_bytes())
+    state_file.write_bytes(damaged)
+    second = make_manager()  # a new process: it starts despite the damage
+    (moved,) = (tmp_path / "data" / "downloads").glob("*.json.damaged-*")
+    assert second.list() == [] and not state_file.exists() and moved.read_bytes() == damaged
+    assert len(second.notices) == 1 and str(moved) in second.notices[0] and "damaged" in second.notices[0]
+    assert part.read_bytes() == part_bytes  # the bytes downloaded so far are kept
+    done = second.wait(second.start(REPO, FILE), timeout=30)
+    assert done.state == "completed" and done.path.read_bytes() == tiny_model
+
+
 def test_a_server_that_ignores_range_makes_the_download_restart_from_zero(hub, make_manager, tiny_model):
     manager = make_manager()
     paused = manager.wait(manager.start(REPO, FILE, on_progress=pause_at(manager, 1 << 20)), timeout=30)

@@ -239,7 +239,7 @@ class SmokeTest(QObject):
         window.show_page("defaults")
         pages["defaults-dark"] = self._grab_dark("defaults-dark")
         window.show_page("chat")
-        self._open_base_model()
+        self._capture_polish()  # before the base model, so the samples are shown under the built-in model
 
     def _store_two_model_chat(self) -> dict:
         """The first real answer (the built-in model's) and a stored sample answer recorded as another model's."""
@@ -277,7 +277,9 @@ class SmokeTest(QObject):
         with contextlib.suppress(OSError):  # (a file still mapped cannot be deleted on Windows: the OS's temp dir)
             self._scratch.unlink()
             self._scratch.parent.rmdir()
-        self._capture_polish()
+        (self.out / "transcript.json").write_text(json.dumps(self.transcript, indent=2, ensure_ascii=False))
+        self.exit_code = 0
+        QApplication.instance().quit()
 
     def _capture_polish(self) -> None:
         """Stored code answers with alternatives, then the narrow window."""
@@ -319,9 +321,7 @@ class SmokeTest(QObject):
             "note": "stored sample answers (not generated): a question with three, the second shown",
             "prompt": CODE_PROMPT, "answers": list(CODE_REPLIES), "shown": 2,
             "narrow_window": list(NARROW_SIZE), "narrow_sidebar_visible": narrow_sidebar}
-        (self.out / "transcript.json").write_text(json.dumps(self.transcript, indent=2, ensure_ascii=False))
-        self.exit_code = 0
-        QApplication.instance().quit()
+        self._open_base_model()
 
     def _store_thinking_sample(self):
         c, store = self.session.controller, self.session.store

@@ -49,7 +49,7 @@ def make_ollama_store(store: Path) -> Path:
 
 def test_ollama_models_are_listed_from_their_manifests_without_copying(tmp_path):
     store = make_ollama_store(tmp_path / "ollama" / "models")
-    library = ModelLibrary(tmp_path / "data", scan_dirs=[store], builtin_distribution="hearth-no-such-dist")
+    library = ModelLibrary(tmp_path / "data", scan_dirs=[store], builtin=None)
     entries = {e.name: e for e in library.list()}
     assert set(entries) == {"ollama/tiny:latest", "ollama/someone/other:q4", "ollama/gone:latest"}
     tiny = entries["ollama/tiny:latest"]

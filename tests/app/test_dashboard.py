@@ -8,6 +8,7 @@ import pytest
 from PySide6.QtCore import Qt
 
 from app.telemetry import format_bytes
+from app.builtin_model import BUILTIN_MODEL_NAME
 
 from . import os_memory
 from .fake_engine import FakeFactory, FakeModel
@@ -134,7 +135,7 @@ def test_recent_answers_are_listed_and_exported_as_csv(qtbot, make_session, tmp_
     dashboard.export_to(str(tmp_path / "answers.csv"))
     rows = list(csv.DictReader((tmp_path / "answers.csv").read_text(encoding="utf-8").splitlines()))
     assert len(rows) == 3 and rows[0]["generated_tokens"] == "2"
-    assert rows[0]["model"] == "SmolLM2 135M Instruct"  # the display name of the (built-in) model it ran on
+    assert rows[0]["model"] == BUILTIN_MODEL_NAME  # the display name of the (built-in) model it ran on
     assert float(rows[0]["time_to_first_token_s"]) >= 0 and dashboard.export_status.text().startswith("Saved 3")
 
 

@@ -23,9 +23,8 @@ import math
 from typing import TYPE_CHECKING
 
 import numpy as np
-from gguf import GGMLQuantizationType
-from gguf.quants import dequantize
 
+from .ggml_types import GGMLQuantizationType
 from .gguf_file import GGUFFile, ModelFormatError
 
 if TYPE_CHECKING:
@@ -153,7 +152,11 @@ def _vector(gguf: GGUFFile, name: str, length: int) -> np.ndarray:
     if info.shape != (length,):
         raise ModelFormatError(f"tensor {name!r} has shape {info.shape}, expected ({length},)")
     raw = gguf.raw(name)
-    values = raw.view(np.float32) if info.qtype == GGMLQuantizationType.F32 else dequantize(raw, info.qtype)
+    if info.qtype == GGMLQuantizationType.F32:
+        values = raw.view(np.float32)
+    else:  # a quantized factor vector: rare, and the gguf package costs every process about 6 MB resident
+        from gguf.quants import dequantize
+        values = dequantize(raw, info.qtype)
     values = np.asarray(values, dtype=np.float64).reshape(-1)
     if not np.all(np.isfinite(values)) or np.any(values <= 0):
         raise ModelFormatError(f"tensor {name!r} holds a factor that is not a positive finite number")

@@ -28,10 +28,11 @@ GLIBC_SONAMES = frozenset({"libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.s
 LEFT_TO_THE_SYSTEM = frozenset({"libxcb.so.1", "libGL.so.1", "libEGL.so.1", "libOpenGL.so.0", "libGLX.so.0",
                                 "libdrm.so.2"}) | GLIBC_SONAMES
 # Debian packages of the system libraries platform_check's table does not name: glibc, the rest of the graphics
-# stack, and what the optional GTK theme and Wayland plugins link.
+# stack, the C++ runtime and compressors Qt links, and what the optional GTK theme and Wayland plugins link.
 MORE_DEBIAN_PACKAGES = {
     **{soname: "libc6" for soname in GLIBC_SONAMES},
     "libOpenGL.so.0": "libopengl0", "libGLX.so.0": "libglx0", "libdrm.so.2": "libdrm2",
+    "libstdc++.so.6": "libstdc++6", "libgcc_s.so.1": "libgcc-s1", "libz.so.1": "zlib1g", "libzstd.so.1": "libzstd1",
     "libgtk-3.so.0": "libgtk-3-0", "libgdk-3.so.0": "libgtk-3-0",
     "libwayland-client.so.0": "libwayland-client0", "libwayland-cursor.so.0": "libwayland-cursor0",
     "libwayland-egl.so.1": "libwayland-egl1",

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
 from app.platform_check import xcb_plugin
+
+QT_LIBRARIES = re.compile(r"libQt6(Core|Gui|Widgets|DBus|XcbQpa)\.so\.6|libicu\w+\.so\.\d+")
 
 
 def system_library_paths() -> dict[str, str]:
@@ -33,8 +36,8 @@ def qt_bundle(root: Path, carry: tuple[str, ...] = (), executable: str | None = 
     platforms.mkdir(parents=True)
     (platforms / "libqxcb.so").symlink_to(plugin)
     (internal / "PySide6" / "Qt" / "lib").mkdir()
-    for lib in (qt / "lib").glob("lib*.so*"):  # Qt's own libraries and the ICU it ships
-        if "WebEngine" in lib.name:  # 200 MB the real bundle leaves out too
+    for lib in (qt / "lib").glob("lib*.so*"):  # what the xcb window reaches of Qt, and its ICU
+        if not QT_LIBRARIES.fullmatch(lib.name):
             continue
         (internal / "PySide6" / "Qt" / "lib" / lib.name).symlink_to(lib)
     system = system_library_paths()
@@ -44,3 +47,16 @@ def qt_bundle(root: Path, carry: tuple[str, ...] = (), executable: str | None = 
         (root / "hearth").write_text(executable)
         (root / "hearth").chmod(0o755)
     return root
+
+
+def carry_like_pyinstaller(path: Path, system_libraries) -> tuple[str, ...]:
+    """The sonames a bundle built here carries for the xcb window: what the chain needs from this machine, then
+    what those need, and so on (as PyInstaller collects them), except what it leaves to the system."""
+    here, carry = system_library_paths(), set()
+    for attempt in range(12):
+        bundle = qt_bundle(path / str(attempt), carry=tuple(sorted(carry)))
+        more = set(system_libraries.uncarried_xcb_libraries(bundle)) & set(here)
+        if not more:
+            return tuple(sorted(carry))
+        carry |= more
+    raise AssertionError("the xcb chain kept growing")

@@ -5,7 +5,7 @@ import pytest
 
 from app.platform_check import PACKAGES, xcb_plugin
 
-from .qt_bundle import qt_bundle, system_library_paths
+from .qt_bundle import carry_like_pyinstaller, qt_bundle
 
 XCB_HELPERS = {"libxcb-icccm.so.4", "libxcb-keysyms.so.1", "libxcb-cursor.so.0", "libxcb-image.so.0",
                "libxcb-render-util.so.0", "libxkbcommon-x11.so.0"}  # the ones a minimal desktop lacks
@@ -32,15 +32,10 @@ def test_a_bundle_without_the_xcb_helpers_is_caught(system_libraries, tmp_path):
 
 
 def test_a_bundle_carrying_the_chain_leaves_only_the_system_part(system_libraries, tmp_path):
-    here, carry = system_library_paths(), set()
-    for attempt in range(12):  # as PyInstaller does: carry what the chain needs, then what those need, ...
-        bundle = qt_bundle(tmp_path / str(attempt), carry=tuple(sorted(carry)))
-        more = set(system_libraries.uncarried_xcb_libraries(bundle)) & set(here)
-        if not more:
-            break
-        carry |= more
+    carry = carry_like_pyinstaller(tmp_path / "probe", system_libraries)
+    bundle = qt_bundle(tmp_path / "b", carry=carry)
     assert system_libraries.uncarried_xcb_libraries(bundle) == []
-    assert XCB_HELPERS <= carry
+    assert XCB_HELPERS <= set(carry)
     needs = system_libraries.system_needs(bundle)
     assert needs.required <= system_libraries.LEFT_TO_THE_SYSTEM
     assert {"libxcb.so.1", "libGL.so.1"} <= needs.required  # Qt's xcb libraries link both

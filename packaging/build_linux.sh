@@ -26,7 +26,7 @@ for arg in "$@"; do
     --no-install) install=0 ;;
     --no-archive) archive=0 ;;
     --deb) deb=1 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "build_linux.sh: unknown option $arg" >&2; exit 2 ;;
   esac
 done

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script from packaging/ or loaded by path from the spec and the tests
+if str(ROOT) not in sys.path:  # loaded by path (build_deb.py, check_bundle.py, the tests), from any directory
     sys.path.insert(0, str(ROOT))
 from app.platform_check import PACKAGES, needed_sonames  # noqa: E402 - after the path is set
 

@@ -1,4 +1,4 @@
-"""Check a built .deb before it ships: ``python packaging/check_deb.py dist/hearth_<v>_<arch>.deb --extract DIR``.
+"""Check a built .deb before it ships: ``python packaging/check_deb.py dist/hearth_<v>_<arch>.deb --root DIR``.
 
 - its control fields: package ``hearth``, ``engine.__version__`` of this tree, Depends/Recommends equal to what the
   packaged bundle's own ELF files need from the system (system_libraries.py);
@@ -8,7 +8,9 @@
   soname -> package tables are right, and what ``Depends:`` names is installed here;
 - the file list: the bundle under /opt/hearth, /usr/bin/hearth linking to it, the menu entry and icons, owned by
   root, and not the archive's own install.sh.
-With ``--extract DIR`` the package is unpacked there (``dpkg-deb -x``) for the smoke test that follows in CI.
+- it installs with ``dpkg -i`` into a throwaway root whose package database is a copy of this machine's, so dpkg
+  itself checks ``Depends:`` against what is installed here (``--root DIR`` keeps that root for the smoke test that
+  follows in CI: ``DIR/opt/hearth/hearth``).
 Exits 1 with the reasons when a check fails.
 """
 
@@ -16,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -97,7 +101,11 @@ def file_owners(path: str) -> set[str]:
     """The Debian packages that installed ``path``, under either name it has on a merged-/usr system."""
     other = path.removeprefix("/usr") if path.startswith("/usr/lib/") else "/usr" + path
     result = subprocess.run(["dpkg", "-S", path, other], capture_output=True, text=True, check=False)
-    return {line.split(":")[0] for line in result.stdout.splitlines() if ": " in line}
+    owners = set()
+    for line in result.stdout.splitlines():  # "libxcb1:amd64: /usr/lib/...", or "a:amd64, b:amd64: /path"
+        if ": " in line:
+            owners |= {name.strip().split(":")[0] for name in line.rsplit(": ", 1)[0].split(",")}
+    return owners
 
 
 def owner_problems(sonames: set[str], required: bool) -> tuple[list[str], list[str]]:
@@ -133,14 +141,31 @@ def listing_problems(deb: Path) -> list[str]:
     return problems
 
 
-def check(deb: Path, extract: Path, version: str) -> tuple[list[str], list[str]]:
-    """(problems, notes) for the .deb, unpacked into ``extract``."""
-    subprocess.run(["dpkg-deb", "-x", str(deb), str(extract)], check=True)
-    bundle = extract / build_deb.INSTALL_DIR
+def install_problems(deb: Path, root: Path, dpkg_database: Path = Path("/var/lib/dpkg")) -> list[str]:
+    """Install the package into ``root`` with dpkg, against a copy of ``dpkg_database`` (what is installed here)."""
+    (root / "var" / "lib").mkdir(parents=True, exist_ok=True)
+    shutil.copytree(dpkg_database, root / "var" / "lib" / "dpkg", symlinks=True, dirs_exist_ok=True)
+    # No triggers: they would run other packages' scripts (icon caches, menus) in a root that has no programs;
+    # unsafe I/O: no fsync per file, the root is thrown away.
+    command = ["dpkg", f"--root={root}", "--no-triggers", "--force-unsafe-io", "--log=/dev/null", "--install", str(deb)]
+    if os.geteuid() != 0:
+        command.insert(1, "--force-not-root")
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        return [f"dpkg could not install it here: {(result.stderr or result.stdout).strip()}"]
+    return []
+
+
+def check(deb: Path, root: Path, version: str) -> tuple[list[str], list[str]]:
+    """(problems, notes) for the .deb, installed into the throwaway ``root``."""
+    problems = install_problems(deb, root)
+    if problems:
+        return problems, []
+    bundle = root / build_deb.INSTALL_DIR
     needs = libraries.system_needs(bundle)
     depends, recommends = build_deb.relations(needs)
     found = fields(deb)
-    problems = field_problems(found, version, depends, recommends) + listing_problems(deb)
+    problems += field_problems(found, version, depends, recommends) + listing_problems(deb)
     problems += xcb_problems(bundle, found.get("Depends", ""))
     required_problems, _ = owner_problems(set(needs.required) - libraries.GLIBC_SONAMES, required=True)
     optional_problems, notes = owner_problems(set(needs.optional), required=False)
@@ -150,13 +175,12 @@ def check(deb: Path, extract: Path, version: str) -> tuple[list[str], list[str]]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("deb", type=Path)
-    parser.add_argument("--extract", type=Path, help="unpack the package here and keep it (default: a temporary "
-                                                      "directory, removed after the checks)")
+    parser.add_argument("--root", type=Path, help="the throwaway root to install into, kept (default: a temporary "
+                                                   "directory, removed after the checks)")
     args = parser.parse_args(argv)
     version = _load("check_bundle").source_version()
     with tempfile.TemporaryDirectory(prefix="hearth-deb-") as tmp:
-        extract = args.extract or Path(tmp)
-        problems, notes = check(args.deb.resolve(), extract, version)
+        problems, notes = check(args.deb.resolve(), (args.root or Path(tmp)).resolve(), version)
     found = fields(args.deb)
     print(f"deb: {args.deb.name}, {args.deb.stat().st_size / 1e6:.0f} MB; Depends: {found.get('Depends')}; "
           f"Recommends: {found.get('Recommends')}")

@@ -48,17 +48,19 @@ if backend != "cpu":
 EOF
 smoked=$(date +%s)
 
-# The .deb: its fields, files and declared libraries (check_deb.py), then the installed program as a person's
-# desktop would start it: unpacked, no Python, Qt's xcb platform in a real X11 window under Xvfb.
+# The .deb: installed by dpkg into a throwaway root (Depends checked against this machine), its fields, files and
+# declared libraries (check_deb.py); then the installed program as a desktop starts it: no Python, Qt's xcb
+# platform in a real X11 window under Xvfb.
 version=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$ROOT/engine/__init__.py")
 deb="$dist/hearth_${version}_$(dpkg --print-architecture).deb"
 mkdir -p "$outside/deb-home"
-"$PYTHON" "$ROOT/packaging/check_deb.py" "$deb" --extract "$outside/deb-root"
+"$PYTHON" "$ROOT/packaging/check_deb.py" "$deb" --root "$outside/deb-root"
 xvfb-run -a -s "-screen 0 1280x800x24" /bin/sh -c 'exec env -i DISPLAY="$DISPLAY" XAUTHORITY="$XAUTHORITY" \
   HOME="$1/deb-home" PATH="$1/empty-bin" LANG=C.UTF-8 QT_QPA_PLATFORM=xcb "$1/deb-root/opt/hearth/hearth" \
   --smoke-test "$1/deb-smoke"' sh "$outside"
 test -s "$outside/deb-smoke/transcript.json"
-echo ".deb smoke test passed (unpacked, no Python on PATH, xcb under Xvfb): $(ls "$outside/deb-smoke" | wc -l) files"
+echo ".deb smoke test passed (installed in a throwaway root, no Python on PATH, xcb under Xvfb):" \
+  "$(ls "$outside/deb-smoke" | wc -l) files"
 debbed=$(date +%s)
 
 QT_QPA_PLATFORM=offscreen "$PYTHON" "$ROOT/packaging/measure_startup.py" --runs 5 --clean-env -- "$bundle/hearth"

@@ -121,3 +121,23 @@ def test_the_launcher_and_the_menu_entry_come_from_the_tree(build_deb, tmp_path)
     assert desktop.read_bytes() == (ROOT / "packaging" / "linux" / "hearth.desktop").read_bytes()
     assert "Exec=hearth\n" in desktop.read_text()  # /usr/bin/hearth is on PATH
     assert (root / "opt" / "hearth" / "hearth").stat().st_mode & 0o755 == 0o755
+
+
+def test_dpkg_installs_it_here_and_refuses_a_dependency_this_machine_lacks(build_deb, check_deb, deb, tmp_path):
+    assert check_deb.install_problems(deb, tmp_path / "root") == []
+    installed = tmp_path / "root" / "opt" / "hearth"
+    assert (installed / "hearth").read_text() == "#!/bin/sh\necho hearth\n"
+    assert (tmp_path / "root" / "usr" / "bin" / "hearth").readlink().as_posix() == "/opt/hearth/hearth"
+    status = (tmp_path / "root" / "var" / "lib" / "dpkg" / "status").read_text()
+    assert "Package: hearth\nStatus: install ok installed" in status
+
+    root = tmp_path / "stage"
+    build_deb.stage(make_bundle(tmp_path / "hearth"), root)
+    (root / "DEBIAN").mkdir()
+    (root / "DEBIAN" / "control").write_text(
+        build_deb.control_text(VERSION, "amd64", 1, "libc6, hearth-test-no-such-package", ""))
+    lacking = tmp_path / "lacking.deb"
+    subprocess.run(["dpkg-deb", "--root-owner-group", "-Znone", "-b", str(root), str(lacking)], check=True,
+                   capture_output=True)
+    (problem,) = check_deb.install_problems(lacking, tmp_path / "root2")
+    assert "hearth-test-no-such-package" in problem and "is not installed" in problem

@@ -55,6 +55,9 @@ version=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$ROOT/engine/__init__.py")
 deb="$dist/hearth_${version}_$(dpkg --print-architecture).deb"
 mkdir -p "$outside/deb-home"
 "$PYTHON" "$ROOT/packaging/check_deb.py" "$deb" --root "$outside/deb-root"
+# /usr/bin/hearth is a link to /opt/hearth/hearth: the bundle must find its _internal/ through a link.
+ln -s "$outside/deb-root/opt/hearth/hearth" "$outside/hearth-link"
+env -i HOME="$outside/deb-home" PATH="$outside/empty-bin" "$outside/hearth-link" --version
 xvfb-run -a -s "-screen 0 1280x800x24" /bin/sh -c 'exec env -i DISPLAY="$DISPLAY" XAUTHORITY="$XAUTHORITY" \
   HOME="$1/deb-home" PATH="$1/empty-bin" LANG=C.UTF-8 QT_QPA_PLATFORM=xcb "$1/deb-root/opt/hearth/hearth" \
   --smoke-test "$1/deb-smoke"' sh "$outside"

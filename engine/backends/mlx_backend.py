@@ -26,6 +26,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..generate import prefill
+from ..memory_estimate import active_weight_fraction
 from ..gguf_file import GGUFFile
 from ..model_tensors import TensorRef, layer_tensor_names, output_tensor_name
 from ..rope import attn_temperature, rope_tables
@@ -141,6 +142,7 @@ class MlxBackend(Backend):
         finally:
             reader.close()
         self._rope_tables(gguf, n_ctx)
+        self.active_weight_fraction = active_weight_fraction(gguf, config)  # the share one decode step reads
         self.gated_activation = GATED_ACTIVATIONS[config.activation]
         self._caches: weakref.WeakSet[MlxKVCache] = weakref.WeakSet()
         mx.clear_cache()  # the load's chunk buffers
@@ -254,9 +256,11 @@ class MlxBackend(Backend):
         return token, logprob
 
     def memory(self) -> MemoryStats:
+        weights = self.weights_nbytes()
         return MemoryStats(
-            weights_bytes=self.weights_nbytes(),
+            weights_bytes=weights,
             kv_cache_bytes=sum(cache.nbytes for cache in self._caches),
+            active_weights_bytes=round(weights * self.active_weight_fraction),
             device_active_bytes=mx.get_active_memory(),
             device_peak_bytes=mx.get_peak_memory(),
             device_cache_bytes=mx.get_cache_memory(),

@@ -18,6 +18,7 @@ from gguf.quants import dequantize
 from ..config import ModelConfig
 from ..gguf_file import GGUFFile
 from ..kv_cache import NumpyKVCache
+from ..memory_estimate import active_weight_fraction
 from ..moe import moe_ffn, swiglu_oai
 from ..model_tensors import MATRIX_FIELDS, layer_tensor_names, output_tensor_name
 from ..rope import attn_temperature, rope_tables
@@ -308,7 +309,8 @@ class NumpyBackend(Backend):
     def memory(self) -> MemoryStats:
         weights = sum(getattr(w, "nbytes", 0) for layer in self.layers for w in vars(layer).values() if w is not None)
         weights += self.output.nbytes + self.token_embd.nbytes
-        return MemoryStats(weights_bytes=weights, kv_cache_bytes=0)
+        return MemoryStats(weights_bytes=weights, kv_cache_bytes=0,
+                           active_weights_bytes=round(weights * active_weight_fraction(self.gguf, self.config)))
 
     def close(self) -> None:
         self.layers = []

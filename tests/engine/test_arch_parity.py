@@ -129,13 +129,18 @@ KNOWN_MISSES = {
     ("cpu", "qwen3moe", "Q5_K_M"): "router near-tie at position 12 picks another expert (top-10 error 1.09)",
     ("mlx", "qwen3moe", "Q5_K_M"): "router near-tie at position 12 picks another expert (top-10 error 1.40)",
     ("mlx-f16", "qwen3moe", "Q5_K_M"): "router near-tie at position 12 picks another expert (top-10 error 1.40)",
-    # Another router near-tie: at position 3 of the last layer the second and third router logits differ by
-    # 0.018; llama.cpp's 8-bit rounding of the activations picks the third expert, every backend here (like the
-    # float reference) the second: top-10 error 1.26 at position 3 (0.14 when the third expert is forced there).
+    # Router near-ties in gpt-oss. Q8_0: at position 3 of the last layer the second and third router logits differ
+    # by 0.018; llama.cpp's 8-bit rounding of the activations picks the third expert, and so do the C kernels
+    # (which round the same way), the float backends the second: top-10 error 1.26 (1.25 in float16) at position
+    # 3 (0.14 when the third expert is forced there).
     ("numpy", "gpt-oss", "Q8_0"): "router near-tie (gap 0.018) at position 3 picks another expert (error 1.26)",
-    ("cpu", "gpt-oss", "Q8_0"): "router near-tie (gap 0.018) at position 3 picks another expert (error 1.26)",
     ("mlx", "gpt-oss", "Q8_0"): "router near-tie (gap 0.018) at position 3 picks another expert (error 1.26)",
-    ("mlx-f16", "gpt-oss", "Q8_0"): "router near-tie (gap 0.018) at position 3 picks another expert (error 1.26)",
+    ("mlx-f16", "gpt-oss", "Q8_0"): "router near-tie (gap 0.018) at position 3 picks another expert (error 1.25)",
+    # Q4_K_M on the C kernels: at position 7 of the last layer their products (Q4_K x Q8_K, 0.8 % off the float
+    # ones) leave the second and third router logits 0.005 apart and pick expert 6 where the float reference
+    # (gap 0.16) and llama.cpp pick expert 3; llama.cpp's top two there (7.74, 7.12) become 7.19 and 7.37: the
+    # argmax swaps, top-10 error 0.83. The NumPy and MLX backends pass this file.
+    ("cpu", "gpt-oss", "Q4_K_M"): "router near-tie (gap 0.005) at position 7 of the last layer: argmax swaps",
 }
 
 

@@ -153,7 +153,36 @@ def test_inspect_shows_the_bytes_read_per_token(qwen3moe_path, capsys):
     from engine.cli import main
 
     main(["inspect", str(qwen3moe_path), "--backend", "cpu"])
-    assert "weights read per token" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "all experts resident (memory-mapped), weights read per token" in out
+
+
+def test_inspect_says_a_file_larger_than_free_memory_runs_from_the_page_cache(qwen3moe_path, capsys, monkeypatch):
+    import json
+
+    import engine.memory_estimate
+    from engine.cli import main
+
+    e = engine.memory_estimate.estimate_memory(read_gguf(qwen3moe_path), 4096, "cpu")  # inspect's default n_ctx
+    free = e.total_bytes - e.weights_bytes // 2  # all but half the weights fit
+    monkeypatch.setattr(engine.memory_estimate, "system_memory",
+                        lambda: engine.memory_estimate.SystemMemory(4 * free, free, False))
+    main(["inspect", str(qwen3moe_path), "--backend", "cpu"])
+    assert "memory: the memory-mapped weights" in capsys.readouterr().out
+    main(["inspect", str(qwen3moe_path), "--backend", "cpu", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert data["fit"] == "paged" and data["memory_estimate"]["mapped_bytes"] == data["memory_estimate"]["weights_bytes"]
+
+
+@pytest.mark.parametrize("backend", [NumpyBackend, CpuBackend, _mlx_backend], ids=["numpy", "cpu", "mlx"])
+def test_backends_report_the_weight_bytes_one_token_reads(qwen3moe_path, backend):
+    from engine.memory_estimate import active_weight_fraction
+
+    gguf = read_gguf(qwen3moe_path)
+    config = ModelConfig.from_gguf(gguf)
+    stats = backend(gguf, config).memory()
+    assert stats.active_weights_bytes == round(stats.weights_bytes * active_weight_fraction(gguf, config))
+    assert stats.active_weights_bytes < 0.5 * stats.weights_bytes  # 2 of 8 experts
 
 
 # -- the MoE block's options, on a hand-made layer --------------------------------------------------------------

@@ -60,6 +60,11 @@ def qwen3moe_path(tmp_path_factory):
     return write_synthetic(tmp_path_factory.mktemp("moe") / "qwen3moe.gguf", SPECS["qwen3moe"])
 
 
+@pytest.fixture(scope="module")
+def gpt_oss_path(tmp_path_factory):
+    return write_synthetic(tmp_path_factory.mktemp("moe") / "gpt-oss.gguf", SPECS["gpt-oss"])
+
+
 def test_config_reads_the_expert_metadata(qwen3moe_path):
     c = ModelConfig.from_gguf(read_gguf(qwen3moe_path))
     assert (c.n_expert, c.n_expert_used, c.n_ff_exp, c.expert_gating, c.expert_norm_weights) == \
@@ -80,9 +85,10 @@ def test_a_dense_ffn_tensor_in_a_moe_model_is_refused(tmp_path):
         NumpyBackend(gguf, ModelConfig.from_gguf(gguf))
 
 
+@pytest.mark.parametrize("name", ["qwen3moe", "gpt-oss"])
 @pytest.mark.parametrize("backend", [NumpyBackend, CpuBackend])
-def test_a_decode_step_reads_only_the_chosen_experts_rows(qwen3moe_path, backend):
-    gguf = read_gguf(qwen3moe_path)
+def test_a_decode_step_reads_only_the_chosen_experts_rows(request, name, backend):
+    gguf = read_gguf(request.getfixturevalue("qwen3moe_path" if name == "qwen3moe" else "gpt_oss_path"))
     model = backend(gguf, ModelConfig.from_gguf(gguf))
     cache = model.new_cache(64)
     model.forward([5, 9, 17, 30, 2], cache)
@@ -115,9 +121,10 @@ def _mlx_backend(gguf, config):
     return MlxBackend(gguf, config)
 
 
+@pytest.mark.parametrize("name", ["qwen3moe", "gpt-oss"])
 @pytest.mark.parametrize("backend", [CpuBackend, _mlx_backend], ids=["cpu", "mlx"])
-def test_batched_moe_decode_matches_each_sequence_alone(qwen3moe_path, backend):
-    gguf = read_gguf(qwen3moe_path)
+def test_batched_moe_decode_matches_each_sequence_alone(request, name, backend):
+    gguf = read_gguf(request.getfixturevalue("qwen3moe_path" if name == "qwen3moe" else "gpt_oss_path"))
     model = backend(gguf, ModelConfig.from_gguf(gguf))
     prompts = ([3, 4, 5, 6], [40, 41])
     caches, alone = [], []

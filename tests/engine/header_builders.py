@@ -77,8 +77,8 @@ EXTRA_METADATA: dict[str, dict[str, Any]] = {
     "gemma3": {"attention.sliding_window": 512},
     "qwen3moe": {"expert_count": _N_EXPERT, "expert_used_count": 2},  # expert_feed_forward_length: n_ff / used
     "qwen2moe": {"expert_count": _N_EXPERT, "expert_used_count": 2},  # shared expert: n_ff wide
-    "gpt-oss": {"expert_count": _N_EXPERT, "expert_used_count": 2, "expert_feed_forward_length": 256,
-                "attention.sliding_window": 128},
+    "gpt-oss": {"expert_count": _N_EXPERT, "expert_used_count": 2, "attention.sliding_window": 128,
+                "expert_feed_forward_length": lambda n_ff: n_ff // 2},  # required by gpt-oss; F // 2 as the tensors
     "granite": {"attention.scale": 0.0078125, "embedding_scale": 12.0, "residual_scale": 0.22, "logit_scale": 8.0},
 }
 
@@ -112,7 +112,7 @@ def model_header(arch: str, *, n_layers: int = 2, n_embd: int = 256, n_heads: in
                                                                          n_ff, 2048).items()}
     meta["general.architecture"] = arch
     meta[f"{arch}.attention.key_length"] = meta[f"{arch}.attention.value_length"] = head_dim
-    meta.update({f"{arch}.{k}": v for k, v in EXTRA_METADATA.get(arch, {}).items()})
+    meta.update({f"{arch}.{k}": v(n_ff) if callable(v) else v for k, v in EXTRA_METADATA.get(arch, {}).items()})
     tensors = [("token_embd.weight", (n_embd, TINY_VOCAB_SIZE), qtype)]
     for layer in range(n_layers):
         for suffix, shape in LAYER_TENSORS[arch].items():

@@ -320,3 +320,20 @@ def test_a_shared_expert_in_a_model_without_one_is_refused(tmp_path):
     gguf = read_gguf(path)
     with pytest.raises(ModelFormatError, match=r"blk\.0\.ffn_gate_shexp\.weight"):
         NumpyBackend(gguf, ModelConfig.from_gguf(gguf))
+
+
+def test_an_mlx_decode_step_takes_only_the_chosen_experts_rows(gpt_oss_path, monkeypatch):
+    import engine.backends.mlx_backend as mlx_backend
+
+    gguf = read_gguf(gpt_oss_path)
+    model = mlx_backend.MlxBackend(gguf, ModelConfig.from_gguf(gguf))
+    cache = model.new_cache(64)
+    model.forward([5, 9, 17, 30, 2], cache)
+    taken: list[tuple[int, int]] = []
+    rows_of = mlx_backend.row_range
+    monkeypatch.setattr(mlx_backend, "row_range", lambda m, ref: taken.append((ref.row_start, ref.row_stop)) or rows_of(m, ref))
+    model.forward([11], cache)
+    assert len(taken) == N_LAYERS * N_EXPERT_USED * 3  # gate, up and down of each chosen expert, per layer
+    assert all(stop - start == N_FF_EXP and start % N_FF_EXP == 0 for start, stop in taken)  # one expert's rows
+    per_layer = [taken[i:i + 3 * N_EXPERT_USED] for i in range(0, len(taken), 3 * N_EXPERT_USED)]
+    assert all(len({start for start, _ in layer}) == N_EXPERT_USED for layer in per_layer)

@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 
 import engine.backends.mlx.moe
+import engine.model
 import engine.moe
 from engine.backends.cpu_backend import CpuBackend
 from engine.backends.numpy_backend import PREFILL_CHUNK, NumpyBackend
 from engine.config import ModelConfig
 from engine.gguf_file import read_gguf
-import engine.model
 from engine.reasoning import HARMONY, ReasoningSplitter, Split
 from tests.engine.synthetic.specs import SLIDING_WINDOW, SPECS
 from tests.engine.synthetic.writer import write_synthetic

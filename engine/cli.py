@@ -111,16 +111,20 @@ def _metadata_summary(value):
 
 def cmd_inspect(args) -> int:
     from .compatibility import check
+    from .memory_estimate import fit_verdict, system_memory
 
     with read_gguf(args.model) as gguf:
         verdict = check(gguf, args.backend, args.n_ctx)
         judged = verdict.memory.get(verdict.backend)
+        available = system_memory().available_bytes
         data = {
             "file": str(args.model), "file_bytes": gguf.file_size, "gguf_version": gguf.version,
             "architecture": verdict.architecture, "backend": verdict.backend, "runs": verdict.runs,
             "reasons": list(verdict.reasons), "parameters": verdict.parameter_count, "tensors": len(gguf.tensors),
             "context_length": verdict.context_length, "tensor_types": verdict.tensor_types,
             "memory_estimate": _estimate_dict(judged, args.n_ctx) if judged else None,
+            "available_bytes": available, "fit": fit_verdict(judged.total_bytes, available, judged.mapped_bytes)
+            if judged else None,
             "memory_estimates": {name: _estimate_dict(e, args.n_ctx) for name, e in verdict.memory.items()},
             "metadata": {k: _metadata_summary(v) for k, v in gguf.metadata.items()},
         }
@@ -131,17 +135,24 @@ def cmd_inspect(args) -> int:
 def _estimate_dict(e, n_ctx: int) -> dict:
     return {"n_ctx": n_ctx, "weights_bytes": e.weights_bytes, "kv_cache_bytes": e.kv_cache_bytes,
             "overhead_bytes": e.overhead_bytes, "total_bytes": e.total_bytes,
-            "active_weights_bytes": e.active_weights_bytes}
+            "active_weights_bytes": e.active_weights_bytes, "mapped_bytes": e.mapped_bytes}
 
 
 def _inspect_lines(data: dict, n_ctx: int) -> list[str]:
-    """The verdict first (one line per reason it will not load), then the facts and the metadata."""
+    """The verdict first (one line per reason it will not load, or how it fits in memory), then the facts and
+    the metadata."""
+    from .memory_estimate import paging_note
+
     mib = 2 ** 20
     backend = data["backend"]
     if data["runs"]:
         need = data["memory_estimate"]
         lines = [f"runs here ({backend} backend)" + (f", needs {need['total_bytes'] / mib:,.0f} MiB at n_ctx {n_ctx}"
                                                    if need else "")]
+        if need and data.get("fit") == "paged":
+            lines.append(f"memory: {paging_note(need['mapped_bytes'], data['available_bytes'])}")
+        elif need and data.get("fit") == "won't fit":
+            lines.append(f"memory: won't fit in the {data['available_bytes'] / mib:,.0f} MiB free")
     else:
         lines = [f"won't load ({backend} backend): {reason}" for reason in data["reasons"]]
     lines += [f"{data['architecture'] or 'no architecture'}  {data['parameters'] / 1e6:.1f}M parameters  "
@@ -151,7 +162,8 @@ def _inspect_lines(data: dict, n_ctx: int) -> list[str]:
         lines.append(f"estimated memory on {name} at n_ctx {n_ctx}: {e['total_bytes'] / mib:,.0f} MiB "
                      f"(weights {e['weights_bytes'] / mib:,.0f}, KV {e['kv_cache_bytes'] / mib:,.0f}, "
                      f"overhead {e['overhead_bytes'] / mib:,.0f})"
-                     + (f"; weights read per token {e['active_weights_bytes'] / mib:,.1f} MiB (chosen experts only)"
+                     + (f"; all experts resident{' (memory-mapped)' if e['mapped_bytes'] else ''}, weights read "
+                        f"per token {e['active_weights_bytes'] / mib:,.1f} MiB (the chosen experts only)"
                         if e["active_weights_bytes"] < e["weights_bytes"] else ""))
     return lines + [""] + [f"{k} = {v}" for k, v in data["metadata"].items()]
 

@@ -15,16 +15,18 @@ import math
 from .gguf_file import GGUFFile, ModelFormatError
 from .packed_strings import PackedStrings
 
-EXPERT_GATING = ("softmax", "sigmoid")  # llama.cpp's expert_gating_func 1 and 2: how router logits become weights
+# how router logits become weights: llama.cpp's expert_gating_func 1 (softmax), 2 (sigmoid) and 3 (softmax_weight:
+# the top-k are chosen on the raw logits and only the chosen logits go through a softmax, gpt-oss)
+EXPERT_GATING = ("softmax", "sigmoid", "softmax_weight")
 ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")  # rope.scaling.type values llama.cpp knows (alpha: no)
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "mistral3", "smollm3",
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "gpt-oss", "gemma2", "gemma3", "phi3", "mistral3", "smollm3",
                            "granite", "olmo2")
 MAX_LAYERS = 1024
 MAX_HEADS = 4096
-NEOX_ROPE_ARCHS = ("qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2")  # llama.cpp's LLAMA_ROPE_TYPE_NEOX
+NEOX_ROPE_ARCHS = ("qwen2", "qwen2moe", "qwen3", "qwen3moe", "gpt-oss", "gemma2", "gemma3", "phi3", "olmo2")  # llama.cpp's LLAMA_ROPE_TYPE_NEOX
 # where llama.cpp's graph asserts rope.dimension_count == head_dim (only phi3 and gemma rotate part of a head)
-FULL_ROTARY_ARCHS = ("llama", "qwen3", "qwen3moe", "mistral3", "smollm3", "granite", "olmo2")
+FULL_ROTARY_ARCHS = ("llama", "qwen2moe", "qwen3", "qwen3moe", "gpt-oss", "mistral3", "smollm3", "granite", "olmo2")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +50,7 @@ class ModelConfig:
     qkv_bias: bool = False
     qk_norm: bool = False  # per-head q/k RMS norms (head_dim,) before RoPE (gemma3, qwen3)
     post_norms: bool = False  # norm on the attention and FFN outputs before the residual add
-    activation: str = "silu"  # "silu" or "gelu_tanh", applied to the gate
+    activation: str = "silu"  # gated FFN: "silu" or "gelu_tanh" of the gate times up, or "swiglu_oai" (gpt-oss)
     embed_scale: float = 1.0
     attn_scale: float = 0.0  # multiplier of q·k; filled in __post_init__ when 0
     sliding_window: int = 0  # 0: no sliding-window layers
@@ -83,6 +85,14 @@ class ModelConfig:
     expert_gating: str = "softmax"  # router logits -> probabilities: "softmax" or "sigmoid"
     expert_norm_weights: bool = False  # the chosen experts' weights renormalised to sum to 1
     expert_weights_scale: float = 1.0  # the chosen experts' weights multiplied by it
+    expert_weights_before: bool = False  # the weight multiplies the expert's input, not its output (llama4)
+    expert_selection_bias: bool = False  # exp_probs_b: a per-expert bias added to the probabilities for the choice
+    moe_biases: bool = False  # gpt-oss: router bias (ffn_gate_inp.bias) and per-expert gate/up/down biases
+    n_ff_shexp: int = 0  # hidden width of the shared expert every token also runs (0: none)
+    shexp_gate: bool = False  # the shared expert's output times sigmoid(ffn_gate_inp_shexp . x) (qwen2moe)
+    # -- attention blocks -----------------------------------------------------------------------------------
+    attn_sinks: bool = False  # gpt-oss: a learned per-head logit (attn_sinks) that joins every softmax
+    attn_out_bias: bool = False  # gpt-oss: attn_output.bias
 
     def __post_init__(self):
         if self.attn_scale == 0.0:
@@ -237,14 +247,40 @@ def _qwen3(gguf: GGUFFile, arch: str, fields: dict) -> dict:
     return dict(qk_norm=True)
 
 
-def _qwen3moe(gguf: GGUFFile, arch: str, fields: dict) -> dict:
-    """qwen3moe: every layer's FFN is a softmax-routed mixture with renormalised top-k weights."""
+def _experts(gguf: GGUFFile, arch: str, fields: dict, ff_required: bool = False) -> dict:
+    """expert_count, expert_used_count and expert_feed_forward_length (by default n_ff / n_expert_used, as
+    llama.cpp's qwen MoE loaders; required where llama.cpp requires it)."""
     n_expert = _positive(gguf.get(f"{arch}.expert_count", int, 0), f"{arch}.expert_count", 1 << 12)
     used = _positive(gguf.get(f"{arch}.expert_used_count", int, 0), f"{arch}.expert_used_count", n_expert)
-    n_ff_exp = gguf.get(f"{arch}.expert_feed_forward_length", int, 0) or fields["n_ff"] // used  # llama.cpp's default
-    return dict(qk_norm=True, n_expert=n_expert, n_expert_used=used,
-                n_ff_exp=_positive(n_ff_exp, f"{arch}.expert_feed_forward_length", 1 << 20),
-                expert_gating="softmax", expert_norm_weights=True)
+    key = f"{arch}.expert_feed_forward_length"
+    n_ff_exp = gguf.get(key, int) if ff_required else gguf.get(key, int, 0) or fields["n_ff"] // used
+    return dict(n_expert=n_expert, n_expert_used=used, n_ff_exp=_positive(n_ff_exp, key, 1 << 20))
+
+
+def _qwen3moe(gguf: GGUFFile, arch: str, fields: dict) -> dict:
+    """qwen3moe: every layer's FFN is a softmax-routed mixture with renormalised top-k weights."""
+    return dict(qk_norm=True, expert_gating="softmax", expert_norm_weights=True, **_experts(gguf, arch, fields))
+
+
+def _qwen2moe(gguf: GGUFFile, arch: str, fields: dict) -> dict:
+    """qwen2moe: softmax routing without renormalisation, plus a shared expert gated by sigmoid(w . x)."""
+    n_ff_shexp = gguf.get(f"{arch}.expert_shared_feed_forward_length", int, 0) or fields["n_ff"]
+    return dict(expert_gating="softmax", expert_norm_weights=False, shexp_gate=True,
+                n_ff_shexp=_positive(n_ff_shexp, f"{arch}.expert_shared_feed_forward_length", 1 << 20),
+                **_experts(gguf, arch, fields))
+
+
+def _gpt_oss(gguf: GGUFFile, arch: str, fields: dict) -> dict:
+    """gpt-oss (llama.cpp LLM_ARCH_OPENAI_MOE): attention sinks, every other layer (the even ones) a sliding
+    window, an output bias, and a biased mixture routed by a softmax over the chosen logits with the clamped
+    SwiGLU (alpha 1.702, limit 7)."""
+    window = _positive(gguf.get(f"{arch}.attention.sliding_window", int), f"{arch}.attention.sliding_window",
+                       1 << 24)
+    return dict(sliding_window=window, swa_pattern=_swa_pattern(gguf, arch, fields["n_layers"], 2),
+                rope_base_local=gguf.get(f"{arch}.rope.freq_base_swa", float, fields["rope_base"]),
+                attn_sinks=True, attn_out_bias=True, moe_biases=True, activation="swiglu_oai",
+                expert_gating="softmax_weight", expert_norm_weights=False,
+                **_experts(gguf, arch, fields, ff_required=True))
 
 
 def _phi3(gguf: GGUFFile, arch: str, fields: dict) -> dict:
@@ -300,7 +336,8 @@ def _olmo2(gguf: GGUFFile, arch: str, fields: dict) -> dict:
     return out
 
 
-_ARCH_FIELDS = {"gemma2": _gemma2, "gemma3": _gemma3, "qwen3": _qwen3, "qwen3moe": _qwen3moe, "phi3": _phi3, "mistral3": _mistral3,
+_ARCH_FIELDS = {"gemma2": _gemma2, "gemma3": _gemma3, "qwen3": _qwen3, "qwen3moe": _qwen3moe, "qwen2moe": _qwen2moe,
+                "gpt-oss": _gpt_oss, "phi3": _phi3, "mistral3": _mistral3,
                 "smollm3": _smollm3, "granite": _granite, "olmo2": _olmo2}
 
 

@@ -3,7 +3,10 @@
 The estimate has three parts:
 
 * **weights** — all resident, also a sparse model's every expert; ``active_weights_bytes`` is what one decode
-  step reads (``active_weight_fraction``). Per backend (``weights_bytes``): the CPU backend memory-maps the GGUF and computes on the
+  step reads (``active_weight_fraction``), the memory traffic that bounds decode speed. On the CPU backend the
+  weights are pages of the memory-mapped file (``mapped_bytes``): the OS page cache holds them, so a file larger
+  than the free memory still runs (pages are read from disk again as they are needed, and decoding slows down);
+  ``fit_verdict`` calls that ``"paged"``. Per backend (``weights_bytes``): the CPU backend memory-maps the GGUF and computes on the
   quantized blocks, so once every page has been touched the resident weights are exactly the tensor bytes
   (the alignment padding between tensors is a few KiB in total); the NumPy backend dequantizes every matrix
   to float32 (the token embedding stays packed, plus a float32 copy when it is also the output); the MLX
@@ -45,11 +48,13 @@ FLOAT32_BYTES = 4
 
 # Fit thresholds, as fractions of the memory available now. The estimate is validated to within 15 % of the
 # measured load, and the rest of the system keeps growing while a model runs: "fits" keeps 25 % in reserve,
-# "tight" means it should load but may push other programs into swap.
+# "tight" means it should load but may push other programs into swap; "paged" means only the memory-mapped
+# weights do not fit: they stay in the file and the OS page cache reads them in as decoding needs them (it
+# runs, more slowly: each token waits on the disk for the pages that were evicted).
 FITS_FRACTION = 0.75
 TIGHT_FRACTION = 1.0
 
-Verdict = Literal["fits", "tight", "won't fit"]
+Verdict = Literal["fits", "tight", "paged", "won't fit"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +68,7 @@ class KVLayout:
 
 KV_LAYOUTS = {"cpu": KVLayout(element_bytes=2, sliding_rings=False), "numpy": KVLayout(element_bytes=4, sliding_rings=False)}
 BACKENDS = ("cpu", "numpy", "mlx")  # the backends whose memory is modelled
+MAPPED_BACKENDS = ("cpu",)  # compute on the memory-mapped file's pages (the others copy the weights)
 
 
 def kv_layout(backend: str) -> KVLayout:
@@ -91,6 +97,7 @@ class MemoryEstimate:
     kv_cache_bytes: int
     overhead_bytes: int
     active_weights_bytes: int = 0  # weight bytes one decode step reads (a sparse model: its chosen experts only)
+    mapped_bytes: int = 0  # weight bytes that are pages of the memory-mapped file (the OS page cache holds them)
 
     @property
     def total_bytes(self) -> int:
@@ -133,6 +140,7 @@ def estimate_memory(gguf: GGUFFile, n_ctx: int, backend: str = "cpu") -> MemoryE
     return MemoryEstimate(
         weights_bytes=weights,
         active_weights_bytes=round(weights * active_weight_fraction(gguf, config)),
+        mapped_bytes=weights if backend in MAPPED_BACKENDS else 0,
         kv_cache_bytes=kv_cache_bytes(config, n_ctx, layout.element_bytes, layout.sliding_rings,
                                       layout.ring_slots(config, n_ctx) if layout.ring_slots else None),
         overhead_bytes=metadata_bytes(gguf) + scratch_bytes(config, n_ctx),
@@ -213,13 +221,24 @@ def scratch_bytes(config: ModelConfig, n_ctx: int) -> int:
     return (n_batch * per_token + scores + c.n_vocab) * FLOAT32_BYTES
 
 
-def fit_verdict(total_bytes: int, available_bytes: int) -> Verdict:
-    """``"fits"`` up to 75 % of the available memory, ``"tight"`` up to 100 %, else ``"won't fit"``."""
+def fit_verdict(total_bytes: int, available_bytes: int, mapped_bytes: int = 0) -> Verdict:
+    """``"fits"`` up to 75 % of the available memory, ``"tight"`` up to 100 %; past that ``"paged"`` when all
+    but the ``mapped_bytes`` of memory-mapped weights fit (the page cache reads those from the file as needed:
+    it runs, slower), else ``"won't fit"``."""
     if total_bytes <= FITS_FRACTION * available_bytes:
         return "fits"
     if total_bytes <= TIGHT_FRACTION * available_bytes:
         return "tight"
+    if mapped_bytes and total_bytes - mapped_bytes <= TIGHT_FRACTION * available_bytes:
+        return "paged"
     return "won't fit"
+
+
+def paging_note(mapped_bytes: int, available_bytes: int) -> str:
+    """What a ``"paged"`` verdict means, for people."""
+    return (f"the memory-mapped weights ({mapped_bytes / 1e9:.1f} GB) are more than the free memory "
+            f"({available_bytes / 1e9:.1f} GB): the OS page cache reads them from the file as they are needed, "
+            "so the model runs, but decoding slows down to the speed of the disk")
 
 
 def system_memory() -> SystemMemory:

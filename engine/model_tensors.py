@@ -37,11 +37,40 @@ LAYER_TENSORS = {
     "w_gate_exps": ("ffn_gate_exps.weight", False),
     "w_up_exps": ("ffn_up_exps.weight", False),
     "w_down_exps": ("ffn_down_exps.weight", False),
+    # parts of the blocks only some architectures have (CONDITIONAL_FIELDS says which)
+    "bo": ("attn_output.bias", False),
+    "attn_sinks": ("attn_sinks.weight", False),
+    "b_router": ("ffn_gate_inp.bias", False),
+    "b_gate_exps": ("ffn_gate_exps.bias", False),  # (n_expert, n_ff_exp) numpy order
+    "b_up_exps": ("ffn_up_exps.bias", False),
+    "b_down_exps": ("ffn_down_exps.bias", False),  # (n_expert, n_embd)
+    "exp_probs_b": ("exp_probs_b.bias", False),
+    "w_gate_shexp": ("ffn_gate_shexp.weight", False),
+    "w_up_shexp": ("ffn_up_shexp.weight", False),
+    "w_down_shexp": ("ffn_down_shexp.weight", False),
+    "w_gate_inp_shexp": ("ffn_gate_inp_shexp.weight", False),  # (n_embd,): the shared expert's sigmoid gate
 }
 MATRIX_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "w_router", "w_gate_exps", "w_up_exps",
-                 "w_down_exps")
+                 "w_down_exps", "w_gate_shexp", "w_up_shexp", "w_down_shexp")
 DENSE_FFN_FIELDS = ("w_gate", "w_up", "w_down")
 EXPERT_FIELDS = ("w_router", "w_gate_exps", "w_up_exps", "w_down_exps")
+# fields a model has exactly when its config says so: required then, and refused as unknown otherwise
+CONDITIONAL_FIELDS = {
+    "bo": lambda c: c.attn_out_bias,
+    "attn_sinks": lambda c: c.attn_sinks,
+    "b_router": lambda c: c.moe_biases,
+    "b_gate_exps": lambda c: c.moe_biases,
+    "b_up_exps": lambda c: c.moe_biases,
+    "b_down_exps": lambda c: c.moe_biases,
+    "exp_probs_b": lambda c: c.expert_selection_bias,
+    "w_gate_shexp": lambda c: c.n_ff_shexp > 0,
+    "w_up_shexp": lambda c: c.n_ff_shexp > 0,
+    "w_down_shexp": lambda c: c.n_ff_shexp > 0,
+    "w_gate_inp_shexp": lambda c: c.shexp_gate,
+}
+# per architecture, fields stored under another tensor name (None: the field is absent). gpt-oss's
+# "post_attention_norm" is the norm before its FFN (llama.cpp's attn_post_norm, applied to the residual)
+RENAMED_FIELDS = {"gpt-oss": {"ffn_norm": "post_attention_norm.weight", "post_attn_norm": None}}
 # tensors outside the layers that a model may hold, besides token_embd / output_norm / output
 GLOBAL_TENSORS = ("token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight",
                   "rope_factors_long.weight", "rope_factors_short.weight")
@@ -80,8 +109,12 @@ def layer_tensor_names(gguf: GGUFFile, config: ModelConfig, layer: int) -> dict[
     refs: dict[str, TensorRef | None] = {}
     fused_qkv = prefix + "attn_qkv.weight" in gguf.tensors
     fused_up = c.arch == "phi3"  # llama.cpp phi3: ffn_up is (n_embd, 2 * n_ff), gate first
+    renamed = RENAMED_FIELDS.get(c.arch, {})
     for field, (suffix, required) in LAYER_TENSORS.items():
-        name = prefix + suffix
+        if field in renamed and renamed[field] is None:
+            refs[field] = None
+            continue
+        name = prefix + renamed.get(field, suffix)
         if fused_qkv and field in ("wq", "wk", "wv", "bq", "bk", "bv"):
             refs[field] = _qkv_part(gguf, c, prefix, field)
             continue
@@ -108,6 +141,8 @@ def layer_tensor_names(gguf: GGUFFile, config: ModelConfig, layer: int) -> dict[
 
 
 def _needed(c: ModelConfig, field: str, required: bool) -> bool:
+    if field in CONDITIONAL_FIELDS:
+        return CONDITIONAL_FIELDS[field](c)
     if field in ("attn_norm", "ffn_norm"):
         return c.pre_norms
     if field in DENSE_FFN_FIELDS:
@@ -158,6 +193,11 @@ def _check_shapes(gguf: GGUFFile, config: ModelConfig, refs: dict[str, TensorRef
         "w_router": (c.n_embd, c.n_expert), "w_gate_exps": (c.n_embd, c.n_ff_exp, c.n_expert),
         "w_up_exps": (c.n_embd, c.n_ff_exp, c.n_expert), "w_down_exps": (c.n_ff_exp, c.n_embd, c.n_expert),
         "bv": (c.n_kv_heads * c.v_head_dim,), "post_attn_norm": (c.n_embd,), "post_ffn_norm": (c.n_embd,),
+        "bo": (c.n_embd,), "attn_sinks": (c.n_heads,), "b_router": (c.n_expert,), "exp_probs_b": (c.n_expert,),
+        "b_gate_exps": (c.n_ff_exp, c.n_expert), "b_up_exps": (c.n_ff_exp, c.n_expert),
+        "b_down_exps": (c.n_embd, c.n_expert), "w_gate_shexp": (c.n_embd, c.n_ff_shexp),
+        "w_up_shexp": (c.n_embd, c.n_ff_shexp), "w_down_shexp": (c.n_ff_shexp, c.n_embd),
+        "w_gate_inp_shexp": (c.n_embd,),
     }
     for field, shape in expected.items():
         ref = refs.get(field)
@@ -180,6 +220,10 @@ def _check_no_unknown_tensors(gguf: GGUFFile, config: ModelConfig) -> None:
         known_layer -= {"ffn_gate.weight"}
     skipped = DENSE_FFN_FIELDS if config.is_moe else EXPERT_FIELDS  # one FFN kind per model
     known_layer -= {LAYER_TENSORS[field][0] for field in skipped}
+    known_layer -= {LAYER_TENSORS[field][0] for field, used in CONDITIONAL_FIELDS.items() if not used(config)}
+    renamed = RENAMED_FIELDS.get(config.arch, {})
+    known_layer -= {LAYER_TENSORS[field][0] for field in renamed}
+    known_layer |= {name for name in renamed.values() if name is not None}
     for name in gguf.tensors:
         if name == "output.weight" and config.arch == "gemma2":  # llama.cpp: gemma2's output is token_embd
             raise ModelFormatError("tensor 'output.weight' is not supported for gemma2 (its output is token_embd)")

@@ -76,7 +76,10 @@ class MemoryView(QWidget):
         else:
             self.process_bar.set_parts([(b.weights_bytes, "weights", False), (b.kv_allocated_bytes, "kv", False),
                                         (b.scratch_bytes, "scratch", False), (b.other_bytes, "other", False)])
-            self.process_text.setText(legend_html([("weights", f"weights {format_bytes(b.weights_bytes)}"),
+            weights = f"weights {format_bytes(b.weights_bytes)}"
+            if b.sparse:  # a mixture of experts: all experts resident, the chosen ones read per token
+                weights += f" (all experts; {format_bytes(b.active_weights_bytes)} read per token)"
+            self.process_text.setText(legend_html([("weights", weights),
                                              ("kv", f"KV cache {format_bytes(b.kv_allocated_bytes)}"),
                                              ("scratch", f"scratch {format_bytes(b.scratch_bytes)}"),
                                              ("other", f"other {format_bytes(b.other_bytes)}")]))

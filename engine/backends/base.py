@@ -19,6 +19,8 @@ class MemoryStats:
     weights_bytes: int
     kv_cache_bytes: int  # allocated across the caches this backend created and that are still alive
     scratch_bytes: int = 0
+    active_weights_bytes: int | None = None  # weight bytes one decode step reads (a sparse model's chosen experts
+                                             # and the shared tensors); None: all of weights_bytes
     device_active_bytes: int | None = None  # MLX: mx.get_active_memory()
     device_peak_bytes: int | None = None
     device_cache_bytes: int | None = None

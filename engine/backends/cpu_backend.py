@@ -21,6 +21,7 @@ import numpy as np
 from ..config import ModelConfig
 from ..gguf_file import GGUFFile, ModelFormatError
 from ..kv_cache import NumpyKVCache
+from ..memory_estimate import active_weight_fraction
 from .base import KVCache, MemoryStats
 from .cpu import kernels
 from .cpu.decoder import CpuDecoder, CpuKVCache
@@ -136,8 +137,10 @@ class CpuBackend(NumpyBackend):
         return cache
 
     def memory(self) -> MemoryStats:
-        return MemoryStats(weights_bytes=self.gguf.file_size, kv_cache_bytes=sum(c.nbytes for c in self._caches),
-                           scratch_bytes=0 if self.decoder is None else self.decoder.scratch_bytes)
+        weights = self.gguf.file_size
+        return MemoryStats(weights_bytes=weights, kv_cache_bytes=sum(c.nbytes for c in self._caches),
+                           scratch_bytes=0 if self.decoder is None else self.decoder.scratch_bytes,
+                           active_weights_bytes=round(weights * active_weight_fraction(self.gguf, self.config)))
 
     def close(self) -> None:
         super().close()

@@ -26,13 +26,14 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..generate import prefill
+from ..memory_estimate import active_weight_fraction
 from ..gguf_file import GGUFFile
-from ..moe import expert_groups, route
 from ..model_tensors import TensorRef, layer_tensor_names, output_tensor_name
 from ..rope import attn_temperature, rope_tables
 from . import platform_mlx
 from .base import Backend, KVCache, MemoryStats
 from .mlx.kv_cache import MAX_CHUNK, MlxKVCache
+from .mlx.moe import moe_ffn, swiglu_oai_gated
 from .mlx.weights import (RESIDUAL_DTYPE, Matrix, TensorReader, default_matmul_dtype, load_matrix, load_vector,
                           mlx_weight_bytes)
 
@@ -64,12 +65,24 @@ class LayerWeights:
     w_gate_exps: Matrix | None = None  # (n_expert * n_ff_exp, n_embd): expert e is rows e * n_ff_exp ...
     w_up_exps: Matrix | None = None  # (n_expert * n_ff_exp, n_embd)
     w_down_exps: Matrix | None = None  # (n_expert * n_embd, n_ff_exp)
+    b_router: mx.array | None = None  # (n_expert,) (gpt-oss's biases; engine/backends/mlx/moe.py uses them)
+    b_gate_exps: mx.array | None = None  # (n_expert * n_ff_exp,)
+    b_up_exps: mx.array | None = None  # (n_expert * n_ff_exp,)
+    b_down_exps: mx.array | None = None  # (n_expert * n_embd,)
+    exp_probs_b: mx.array | None = None  # (n_expert,)
+    w_gate_shexp: Matrix | None = None  # (n_ff_shexp, n_embd): the shared expert
+    w_up_shexp: Matrix | None = None
+    w_down_shexp: Matrix | None = None  # (n_embd, n_ff_shexp)
+    w_gate_inp_shexp: mx.array | None = None  # (n_embd,)
+    bo: mx.array | None = None  # (n_embd,) attn_output.bias
+    attn_sinks: mx.array | None = None  # (n_heads,) per-head sink logits (gpt-oss)
 
 
 MATRIX_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "w_router", "w_gate_exps", "w_up_exps",
-                 "w_down_exps")
+                 "w_down_exps", "w_gate_shexp", "w_up_shexp", "w_down_shexp")
 # vectors applied to matrix-product outputs, so held in the matmul dtype; the others act on the residual stream
-MATMUL_SIDE_VECTORS = ("bq", "bk", "bv", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")
+MATMUL_SIDE_VECTORS = ("bq", "bk", "bv", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm", "bo", "attn_sinks",
+                       "b_gate_exps", "b_up_exps")
 
 
 @partial(mx.compile, shapeless=True)
@@ -86,7 +99,7 @@ def gelu_tanh_gated(gate: mx.array, up: mx.array) -> mx.array:
     return (0.5 * g * (1.0 + mx.tanh(GELU_COEF * (g + 0.044715 * g * g * g))) * u).astype(gate.dtype)
 
 
-GATED_ACTIVATIONS = {"silu": silu_gated, "gelu_tanh": gelu_tanh_gated}
+GATED_ACTIVATIONS = {"silu": silu_gated, "gelu_tanh": gelu_tanh_gated, "swiglu_oai": swiglu_oai_gated}
 
 
 def _device_argmax(logits: mx.array) -> mx.array:
@@ -129,6 +142,7 @@ class MlxBackend(Backend):
         finally:
             reader.close()
         self._rope_tables(gguf, n_ctx)
+        self.active_weight_fraction = active_weight_fraction(gguf, config)  # the share one decode step reads
         self.gated_activation = GATED_ACTIVATIONS[config.activation]
         self._caches: weakref.WeakSet[MlxKVCache] = weakref.WeakSet()
         mx.clear_cache()  # the load's chunk buffers
@@ -242,9 +256,11 @@ class MlxBackend(Backend):
         return token, logprob
 
     def memory(self) -> MemoryStats:
+        weights = self.weights_nbytes()
         return MemoryStats(
-            weights_bytes=self.weights_nbytes(),
+            weights_bytes=weights,
             kv_cache_bytes=sum(cache.nbytes for cache in self._caches),
+            active_weights_bytes=round(weights * self.active_weight_fraction),
             device_active_bytes=mx.get_active_memory(),
             device_peak_bytes=mx.get_peak_memory(),
             device_cache_bytes=mx.get_cache_memory(),
@@ -389,13 +405,14 @@ class MlxBackend(Backend):
         factors = attn_temperature(self.config, np.arange(offset, offset + n))
         return mx.array(factors).reshape(1, 1, n, 1).astype(self.dtype)
 
-    def _attend(self, q: mx.array, keys: mx.array, values: mx.array, mask) -> mx.array:
-        """Attention of queries (1, n_heads, L, head_dim) over a cache view; the explicit path only with
-        soft-capped scores, which MLX's fused kernel does not do."""
+    def _attend(self, q: mx.array, keys: mx.array, values: mx.array, mask, sinks: mx.array | None = None) -> mx.array:
+        """Attention of queries (1, n_heads, L, head_dim) over a cache view, with per-head sink logits where the
+        model has them (gpt-oss); the explicit path only with soft-capped scores, which MLX's fused kernel does
+        not do."""
         c = self.config
         if c.attn_softcap:
             return softcapped_attention(q, keys, values, c.attn_scale, c.attn_softcap, mask)
-        return mx.fast.scaled_dot_product_attention(q, keys, values, scale=c.attn_scale, mask=mask)
+        return mx.fast.scaled_dot_product_attention(q, keys, values, scale=c.attn_scale, mask=mask, sinks=sinks)
 
     def _attention(self, i: int, layer: LayerWeights, x: mx.array, cache: MlxKVCache, start: int,
                    last_query: bool = False) -> mx.array:
@@ -405,7 +422,8 @@ class MlxBackend(Backend):
         kv.store(k, v, start)
         keys, values = kv.view(end)
         first = end - q.shape[2]  # the position of the first query
-        return self._attention_output(layer, self._attend(q, keys, values, kv.mask(first, end - first)))
+        return self._attention_output(layer, self._attend(q, keys, values, kv.mask(first, end - first),
+                                                          layer.attn_sinks))
 
     def _attention_batch(self, i: int, layer: LayerWeights, x: mx.array, caches: Sequence[MlxKVCache],
                          starts: list[int]) -> mx.array:
@@ -415,13 +433,15 @@ class MlxBackend(Backend):
             kv = cache.layers[i]
             kv.store(k[b:b + 1], v[b:b + 1], start)
             keys, values = kv.view(start + 1)
-            outs.append(self._attend(q[b:b + 1], keys, values, kv.mask(start, 1)))
+            outs.append(self._attend(q[b:b + 1], keys, values, kv.mask(start, 1), layer.attn_sinks))
         return self._attention_output(layer, mx.concatenate(outs))
 
     def _attention_output(self, layer: LayerWeights, out: mx.array) -> mx.array:
         """Attention heads (B, n_heads, L, v_head_dim) -> the block's output (B, L, n_embd)."""
         b, _, n, _ = out.shape
         out = layer.wo.matmul(out.transpose(0, 2, 1, 3).reshape(b, n, -1))
+        if layer.bo is not None:
+            out = out + layer.bo
         if layer.post_attn_norm is not None:
             out = mx.fast.rms_norm(out, layer.post_attn_norm, self.config.rms_eps)
         return out
@@ -437,23 +457,8 @@ class MlxBackend(Backend):
         return out
 
     def _moe(self, layer: LayerWeights, h: mx.array) -> mx.array:
-        """The mixture-of-experts FFN of normed rows h (..., n_embd): routed on the host (engine/moe.py), then
-        each chosen expert runs once on the rows that chose it; outputs summed with the router's weights."""
-        c = self.config
-        shape = h.shape
-        rows_in = h.reshape(-1, c.n_embd)  # (n, n_embd)
-        logits = np.array(layer.w_router.matmul(rows_in).astype(mx.float32))  # (n, n_expert), a host sync
-        experts, weights = route(logits, c)  # (n, n_expert_used) each
-        out = mx.zeros((rows_in.shape[0], c.n_embd), dtype=mx.float32)  # (n, n_embd)
-        for expert, rows, slots in expert_groups(experts):
-            ff = TensorRef("", expert * c.n_ff_exp, (expert + 1) * c.n_ff_exp)
-            down = TensorRef("", expert * c.n_embd, (expert + 1) * c.n_embd)
-            x = rows_in[mx.array(rows)]
-            act = self.gated_activation(row_range(layer.w_gate_exps, ff).matmul(x),
-                                        row_range(layer.w_up_exps, ff).matmul(x)).astype(self.dtype)
-            y = row_range(layer.w_down_exps, down).matmul(act).astype(mx.float32)
-            out = out.at[mx.array(rows)].add(y * mx.array(weights[rows, slots])[:, None])
-        return out.reshape(*shape[:-1], c.n_embd)
+        """The mixture-of-experts FFN of normed rows h (..., n_embd) (``engine/backends/mlx/moe.py``)."""
+        return moe_ffn(h, layer, self.config, self.gated_activation, row_range, self.dtype)
 
 
 def row_range(matrix: Matrix, ref: TensorRef) -> Matrix:

@@ -18,7 +18,8 @@ from gguf.quants import dequantize
 from ..config import ModelConfig
 from ..gguf_file import GGUFFile
 from ..kv_cache import NumpyKVCache
-from ..moe import expert_groups, route
+from ..memory_estimate import active_weight_fraction
+from ..moe import moe_ffn, swiglu_oai
 from ..model_tensors import MATRIX_FIELDS, layer_tensor_names, output_tensor_name
 from ..rope import attn_temperature, rope_tables
 from .base import Backend, KVCache, MemoryStats
@@ -43,6 +44,9 @@ def silu(x: np.ndarray) -> np.ndarray:
 
 
 ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
+# ModelConfig.activation -> the gated FFN's (gate, up) -> hidden
+GATED_ACTIVATIONS = {"silu": lambda gate, up: silu(gate) * up, "gelu_tanh": lambda gate, up: gelu_tanh(gate) * up,
+                     "swiglu_oai": swiglu_oai}
 
 
 def softcap(x: np.ndarray, cap: float) -> np.ndarray:
@@ -107,6 +111,17 @@ class Layer:
     w_gate_exps: Any = None  # (n_expert * n_ff_exp, n_embd): expert e is rows e * n_ff_exp .. (e + 1) * n_ff_exp
     w_up_exps: Any = None  # (n_expert * n_ff_exp, n_embd)
     w_down_exps: Any = None  # (n_expert * n_embd, n_ff_exp)
+    b_router: np.ndarray | None = None  # (n_expert,), gpt-oss
+    b_gate_exps: np.ndarray | None = None  # (n_expert * n_ff_exp,): expert e's are e * n_ff_exp ...
+    b_up_exps: np.ndarray | None = None  # (n_expert * n_ff_exp,)
+    b_down_exps: np.ndarray | None = None  # (n_expert * n_embd,)
+    exp_probs_b: np.ndarray | None = None  # (n_expert,) selection bias
+    w_gate_shexp: Any = None  # (n_ff_shexp, n_embd): the shared expert every token runs
+    w_up_shexp: Any = None  # (n_ff_shexp, n_embd)
+    w_down_shexp: Any = None  # (n_embd, n_ff_shexp)
+    w_gate_inp_shexp: np.ndarray | None = None  # (n_embd,): its sigmoid gate
+    bo: np.ndarray | None = None  # (n_embd,) attn_output.bias
+    attn_sinks: np.ndarray | None = None  # (n_heads,) per-head sink logits
 
 
 class NumpyBackend(Backend):
@@ -132,7 +147,7 @@ class NumpyBackend(Backend):
         # by base, for decoders that still key their tables by the layer's base (one set per base)
         self.inv_freq = {config.layer_rope_base(i): self.rope_inv_freq[s]
                          for i, s in enumerate(self.rope_layer_set) if s >= 0}
-        self.activation = ACTIVATIONS[config.activation]
+        self.gated_activation = GATED_ACTIVATIONS[config.activation]
 
     # -- weights: overridden by backends that keep the packed blocks ----------------------------------
     def load_matrix(self, name: str) -> Any:
@@ -226,25 +241,32 @@ class NumpyBackend(Backend):
         q, k, v = self._project_qkv(i, layer, x, positions)
         cache.store(i, k.transpose(1, 0, 2), v.transpose(1, 0, 2))
         window = c.sliding_window if c.is_sliding(i) else 0
-        out = self._attend(q, cache.keys[i], cache.values[i], positions, window)
+        out = self._attend(q, cache.keys[i], cache.values[i], positions, window, layer.attn_sinks)
         return self._attention_output(layer, out)
 
     def _attention_output(self, layer: Layer, out: np.ndarray) -> np.ndarray:
         """Output projection of attention rows (n, n_heads * v_head_dim), post-norm and residual scale."""
         c = self.config
         out = self.matmul(np.ascontiguousarray(out, dtype=np.float32), layer.wo)
+        if layer.bo is not None:
+            out = out + layer.bo
         if layer.post_attn_norm is not None:
             out = rms_norm(out, layer.post_attn_norm, c.rms_eps)
         if c.residual_scale != 1.0:
             out = out * np.float32(c.residual_scale)
         return out
 
-    def _attend(self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, positions: np.ndarray, window: int) -> np.ndarray:
-        """Grouped-query attention of q (n, n_heads, head_dim) over the cache; returns (n, n_heads * v_head_dim)."""
+    def _attend(self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, positions: np.ndarray, window: int,
+                sinks: np.ndarray | None = None) -> np.ndarray:
+        """Grouped-query attention of q (n, n_heads, head_dim) over the cache; returns (n, n_heads * v_head_dim).
+
+        ``sinks`` (n_heads,): a logit per head that joins each softmax's normalisation but has no value (gpt-oss).
+        """
         c = self.config
         n = q.shape[0]
         if 1 < n <= ROW_EXACT_ROWS:  # BLAS sums differ with the shapes; quantized activations amplify that
-            return np.concatenate([self._attend(q[r:r + 1], keys, values, positions[r:r + 1], window) for r in range(n)])
+            return np.concatenate([self._attend(q[r:r + 1], keys, values, positions[r:r + 1], window, sinks)
+                                   for r in range(n)])
         k_len = int(positions[-1]) + 1
         group = c.n_heads // c.n_kv_heads
         qg = (q * np.float32(c.attn_scale)).transpose(1, 0, 2).reshape(c.n_kv_heads, group * n, c.head_dim)
@@ -252,9 +274,16 @@ class NumpyBackend(Backend):
         if c.attn_softcap:
             scores = softcap(scores, c.attn_softcap)
         scores = scores.reshape(c.n_kv_heads, group, n, k_len) + attention_mask(positions, k_len, window)
-        scores -= scores.max(axis=-1, keepdims=True)
+        peak = scores.max(axis=-1, keepdims=True)
+        if sinks is not None:
+            sink = sinks.reshape(c.n_kv_heads, group, 1, 1).astype(np.float32)
+            peak = np.maximum(peak, sink)
+        scores -= peak
         np.exp(scores, out=scores)
-        scores /= scores.sum(axis=-1, keepdims=True)
+        total = scores.sum(axis=-1, keepdims=True)
+        if sinks is not None:
+            total = total + np.exp(sink - peak)
+        scores /= total
         out = scores.reshape(c.n_kv_heads, group * n, k_len) @ values[:, :k_len]  # (n_kv_heads, group * n, v_head_dim)
         return out.reshape(c.n_heads, n, c.v_head_dim).transpose(1, 0, 2).reshape(n, c.n_heads * c.v_head_dim)
 
@@ -265,7 +294,7 @@ class NumpyBackend(Backend):
         if c.is_moe:
             out = self._moe(layer, h)
         else:
-            act = self.activation(self.matmul(h, layer.w_gate)) * self.matmul(h, layer.w_up)
+            act = self.gated_activation(self.matmul(h, layer.w_gate), self.matmul(h, layer.w_up))
             out = self.matmul(np.ascontiguousarray(act, dtype=np.float32), layer.w_down)
         if layer.post_ffn_norm is not None:
             out = rms_norm(out, layer.post_ffn_norm, c.rms_eps)
@@ -274,25 +303,14 @@ class NumpyBackend(Backend):
         return out
 
     def _moe(self, layer: Layer, h: np.ndarray) -> np.ndarray:
-        """The mixture-of-experts FFN of normed rows h (n, n_embd): only the chosen experts run, each once
-        for all the rows that chose it; their outputs are summed with the router's weights."""
-        c = self.config
-        experts, weights = route(self.matmul(h, layer.w_router), c)  # (n, n_expert_used) each
-        out = np.zeros((h.shape[0], c.n_embd), dtype=np.float32)  # (n, n_embd)
-        for expert, rows, slots in expert_groups(experts):
-            ff = slice(expert * c.n_ff_exp, (expert + 1) * c.n_ff_exp)
-            x = np.ascontiguousarray(h[rows])
-            act = self.activation(self.matmul(x, self.matrix_rows(layer.w_gate_exps, ff))) \
-                * self.matmul(x, self.matrix_rows(layer.w_up_exps, ff))
-            down = slice(expert * c.n_embd, (expert + 1) * c.n_embd)
-            y = self.matmul(np.ascontiguousarray(act, dtype=np.float32), self.matrix_rows(layer.w_down_exps, down))
-            np.add.at(out, rows, y * weights[rows, slots][:, None])
-        return out
+        """The mixture-of-experts FFN of normed rows h (n, n_embd) (``engine.moe.moe_ffn``)."""
+        return moe_ffn(h, layer, self.config, self.matmul, self.matrix_rows, self.gated_activation)
 
     def memory(self) -> MemoryStats:
         weights = sum(getattr(w, "nbytes", 0) for layer in self.layers for w in vars(layer).values() if w is not None)
         weights += self.output.nbytes + self.token_embd.nbytes
-        return MemoryStats(weights_bytes=weights, kv_cache_bytes=0)
+        return MemoryStats(weights_bytes=weights, kv_cache_bytes=0,
+                           active_weights_bytes=round(weights * active_weight_fraction(self.gguf, self.config)))
 
     def close(self) -> None:
         self.layers = []
@@ -333,7 +351,8 @@ class NumpyBackend(Backend):
         out = np.empty((x.shape[0], c.n_heads * c.v_head_dim), dtype=np.float32)  # (B, n_heads * v_head_dim)
         for b, cache in enumerate(caches):
             cache.store(i, k[b:b + 1].transpose(1, 0, 2), v[b:b + 1].transpose(1, 0, 2))
-            out[b] = self._attend(q[b:b + 1], cache.keys[i], cache.values[i], positions[b:b + 1], window)[0]
+            out[b] = self._attend(q[b:b + 1], cache.keys[i], cache.values[i], positions[b:b + 1], window,
+                                  layer.attn_sinks)[0]
         return self._attention_output(layer, out)
 
     def _project_qkv(self, i: int, layer: Layer, x: np.ndarray, positions: np.ndarray):

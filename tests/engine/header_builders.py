@@ -40,6 +40,13 @@ _EXPERTS = {"ffn_gate_inp.weight": lambda E, H, K, D, F: (E, _N_EXPERT),
             "ffn_gate_exps.weight": lambda E, H, K, D, F: (E, F // 2, _N_EXPERT),
             "ffn_up_exps.weight": lambda E, H, K, D, F: (E, F // 2, _N_EXPERT),
             "ffn_down_exps.weight": lambda E, H, K, D, F: (F // 2, E, _N_EXPERT)}
+_EXPERT_BIASES = {"ffn_gate_inp.bias": lambda E, H, K, D, F: (_N_EXPERT,),
+                  "ffn_gate_exps.bias": lambda E, H, K, D, F: (F // 2, _N_EXPERT),
+                  "ffn_up_exps.bias": lambda E, H, K, D, F: (F // 2, _N_EXPERT),
+                  "ffn_down_exps.bias": lambda E, H, K, D, F: (E, _N_EXPERT)}
+_SHARED_EXPERT = {"ffn_gate_inp_shexp.weight": lambda E, H, K, D, F: (E,),
+                  "ffn_gate_shexp.weight": lambda E, H, K, D, F: (E, F), "ffn_up_shexp.weight": lambda E, H, K, D, F: (E, F),
+                  "ffn_down_shexp.weight": lambda E, H, K, D, F: (F, E)}
 
 LAYER_TENSORS: dict[str, dict] = {
     "llama": _LLAMA,
@@ -49,6 +56,11 @@ LAYER_TENSORS: dict[str, dict] = {
     "qwen2": {**_LLAMA, **_QKV_BIAS},
     "qwen3": {**_LLAMA, **_QK_NORM},
     "qwen3moe": {**_PRE_NORMS, **_ATTN, **_QK_NORM, **_EXPERTS},
+    "qwen2moe": {**_PRE_NORMS, **_ATTN, **_QKV_BIAS, **_EXPERTS, **_SHARED_EXPERT},
+    # gpt-oss: its norm before the FFN is stored as post_attention_norm; sinks, an output bias, expert biases
+    "gpt-oss": {"attn_norm.weight": lambda E, H, K, D, F: (E,), "post_attention_norm.weight": lambda E, H, K, D, F: (E,),
+                **_ATTN, **_QKV_BIAS, "attn_sinks.weight": lambda E, H, K, D, F: (H,),
+                "attn_output.bias": lambda E, H, K, D, F: (E,), **_EXPERTS, **_EXPERT_BIASES},
     "gemma2": {**_LLAMA, **_POST_NORMS},
     "gemma3": {**_LLAMA, **_POST_NORMS, **_QK_NORM},
     # OLMo 2 normalises after attention and FFN only, and its q/k norms span all heads
@@ -64,6 +76,9 @@ EXTRA_METADATA: dict[str, dict[str, Any]] = {
     "gemma2": {"attention.sliding_window": 4096, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
     "gemma3": {"attention.sliding_window": 512},
     "qwen3moe": {"expert_count": _N_EXPERT, "expert_used_count": 2},  # expert_feed_forward_length: n_ff / used
+    "qwen2moe": {"expert_count": _N_EXPERT, "expert_used_count": 2},  # shared expert: n_ff wide
+    "gpt-oss": {"expert_count": _N_EXPERT, "expert_used_count": 2, "attention.sliding_window": 128,
+                "expert_feed_forward_length": lambda n_ff: n_ff // 2},  # required by gpt-oss; F // 2 as the tensors
     "granite": {"attention.scale": 0.0078125, "embedding_scale": 12.0, "residual_scale": 0.22, "logit_scale": 8.0},
 }
 
@@ -97,7 +112,7 @@ def model_header(arch: str, *, n_layers: int = 2, n_embd: int = 256, n_heads: in
                                                                          n_ff, 2048).items()}
     meta["general.architecture"] = arch
     meta[f"{arch}.attention.key_length"] = meta[f"{arch}.attention.value_length"] = head_dim
-    meta.update({f"{arch}.{k}": v for k, v in EXTRA_METADATA.get(arch, {}).items()})
+    meta.update({f"{arch}.{k}": v(n_ff) if callable(v) else v for k, v in EXTRA_METADATA.get(arch, {}).items()})
     tensors = [("token_embd.weight", (n_embd, TINY_VOCAB_SIZE), qtype)]
     for layer in range(n_layers):
         for suffix, shape in LAYER_TENSORS[arch].items():

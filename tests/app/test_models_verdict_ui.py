@@ -191,3 +191,13 @@ def test_a_fault_judging_one_file_leaves_it_unchecked_and_judges_the_others(qtbo
     panel, rows = list_repo(qtbot, session)
     assert rows["llama-f16.gguf"].text(2).startswith("Not checked (the file could not be judged: boom) · needs ≈ ")
     assert rows["llama-q8_0.gguf"].text(2).startswith("Runs here · needs ")
+
+
+def test_a_row_s_colour_follows_its_verdict(qapp):
+    """Red for a file that won't load or fit, amber for one that runs only from the OS page cache, plain otherwise."""
+    from app.ui.downloads_panel import SLOW_COLOR, WONT_LOAD_COLOR, verdict_color
+
+    assert verdict_color({"runs": False}).name() == WONT_LOAD_COLOR.lower()
+    assert verdict_color({"runs": True, "verdict": "won't fit"}).name() == WONT_LOAD_COLOR.lower()
+    assert verdict_color({"runs": True, "verdict": "paged"}).name() == SLOW_COLOR.lower()
+    assert verdict_color({"runs": True, "verdict": "fits"}) is None

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from engine.remote import (Capabilities, Endpoint, RemoteClient, RemoteError, RemoteModel, is_remote_ref,
                            parse_remote_ref, remote_ref)
+from engine.remote.endpoint import DEFAULT_STALL_TIMEOUT_S
 
 from .json_files import read_json, write_json
 from .secrets import SecretStore
@@ -37,6 +38,7 @@ class RemoteEndpoint:
     models: tuple[str, ...] = ()
     capabilities: dict = dataclasses.field(default_factory=dict)  # model id -> Capabilities.to_dict() (probed ones)
     problem: str = ""  # why the last listing failed ('' when it worked)
+    stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S  # an answer with no byte for this long ends, marked
 
     def to_json(self) -> dict:
         data = dataclasses.asdict(self)
@@ -49,7 +51,7 @@ class RemoteEndpoint:
         return cls(str(data["id"]), str(data["base_url"]), tuple((str(n), str(v)) for n, v in data.get("headers", [])),
                    bool(data.get("allow_self_signed")), bool(data.get("has_key")),
                    tuple(str(m) for m in data.get("models", [])), dict(data.get("capabilities", {})),
-                   str(data.get("problem", "")))
+                   str(data.get("problem", "")), float(data.get("stall_timeout_s", DEFAULT_STALL_TIMEOUT_S)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,13 +83,11 @@ class RemoteEndpoints:
     Args:
         data_dir: Hearth's data folder.
         secrets: where keys are kept (``SecretStore(data_dir)`` by default).
-        stall_timeout_s: the stall timeout of every endpoint's streams.
     """
 
-    def __init__(self, data_dir: Path, secrets: SecretStore | None = None, stall_timeout_s: float | None = None):
+    def __init__(self, data_dir: Path, secrets: SecretStore | None = None):
         self.path = data_dir / ENDPOINTS_FILE
         self.secrets = secrets or SecretStore(data_dir)
-        self.stall_timeout_s = stall_timeout_s
 
     def list(self) -> list[RemoteEndpoint]:
         data = read_json(self.path, [])
@@ -106,14 +106,16 @@ class RemoteEndpoints:
         raise KeyError(f"no remote endpoint {endpoint_id!r} (it was removed)")
 
     def add(self, base_url: str, api_key: str | None = None, headers: tuple[tuple[str, str], ...] = (),
-            allow_self_signed: bool = False) -> RemoteEndpoint:
-        """Save an endpoint (its key in the secret store), list its models and probe them; network I/O, so call it
-        off the GUI thread. Raises ValueError for a bad address and RemoteError when it cannot be listed (then
-        nothing is saved)."""
-        Endpoint(base_url, None, headers, allow_self_signed)  # validates before anything is stored
+            allow_self_signed: bool = False, stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
+            probe: bool = True) -> RemoteEndpoint:
+        """Save an endpoint (its key in the secret store), list its models and (``probe``) ask the first few what
+        they support; network I/O, so call it off the GUI thread. Raises ValueError for a bad address or timeout
+        and RemoteError when it cannot be listed (then nothing is saved)."""
+        Endpoint(base_url, None, headers, allow_self_signed, stall_timeout_s)  # validates before anything is stored
         endpoint_id = hashlib.sha256(base_url.strip().rstrip("/").removesuffix("/v1").encode()).hexdigest()[:12]
-        saved = RemoteEndpoint(endpoint_id, base_url.strip(), headers, allow_self_signed, bool(api_key))
-        probed = self._probe(saved, api_key)
+        saved = RemoteEndpoint(endpoint_id, base_url.strip(), headers, allow_self_signed, bool(api_key),
+                               stall_timeout_s=stall_timeout_s)
+        probed = self._probe(saved, api_key, probe)
         if probed.problem:
             raise RemoteError(probed.problem)
         if api_key:
@@ -147,9 +149,8 @@ class RemoteEndpoints:
     def endpoint(self, endpoint_id: str) -> Endpoint:
         """The engine's ``Endpoint`` for a saved endpoint, with its key from the secret store."""
         saved = self.get(endpoint_id)
-        extra = {"stall_timeout_s": self.stall_timeout_s} if self.stall_timeout_s else {}
         return Endpoint(saved.base_url, self.secrets.get(endpoint_id) if saved.has_key else None, saved.headers,
-                        saved.allow_self_signed, **extra)
+                        saved.allow_self_signed, saved.stall_timeout_s)
 
     def open_model(self, ref: str, n_ctx: int) -> RemoteModel:
         endpoint_id, model_id = parse_remote_ref(ref)
@@ -168,11 +169,12 @@ class RemoteEndpoints:
         return factory
 
     # -- internals ---------------------------------------------------------------------------------------
-    def _probe(self, endpoint: RemoteEndpoint, api_key: str | None) -> RemoteEndpoint:
-        client = RemoteClient(Endpoint(endpoint.base_url, api_key, endpoint.headers, endpoint.allow_self_signed))
+    def _probe(self, endpoint: RemoteEndpoint, api_key: str | None, probe: bool = True) -> RemoteEndpoint:
+        client = RemoteClient(Endpoint(endpoint.base_url, api_key, endpoint.headers, endpoint.allow_self_signed,
+                                       endpoint.stall_timeout_s))
         try:
             models = client.list_models()
-            capabilities = {m: client.probe(m).to_dict() for m in models[:MAX_PROBED]}
+            capabilities = {m: client.probe(m).to_dict() for m in models[:MAX_PROBED]} if probe else {}
         except RemoteError as e:
             return dataclasses.replace(endpoint, problem=str(e))
         return dataclasses.replace(endpoint, models=tuple(models), capabilities=capabilities, problem="")

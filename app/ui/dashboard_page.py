@@ -32,9 +32,7 @@ THERMAL_MODE_TIP = ("Thermal mode. Performance tolerates a warm machine; Balance
                     "the load low even when the machine is cool. Applies from the next answer.")
 CARD_ORDER = ("decode", "prefill", "cpu", "thermal", "process", "system", "limits", "memory")
 # with a remote model the server's card stands for the local engine's memory, thermal and limits cards
-REMOTE_THERMAL_MODE_TIP = ("Thermal mode. Performance tolerates a warm machine; Balanced backs off as it heats; Cool keeps "
-                    "the load low even when the machine is cool. Applies from the next answer.")
-CARD_ORDER = ("decode", "prefill", "remote", "cpu", "system")
+REMOTE_CARD_ORDER = ("decode", "prefill", "remote", "cpu", "system")
 FOUR_COLUMNS_PX, TWO_COLUMNS_PX = 960, 480  # page widths from which the cards sit 4 or 2 to a row
 
 GenerationLoader = Callable[[int], list[GenerationRecord]]  # (most rows) -> newest first
@@ -232,10 +230,12 @@ class DashboardPage(QScrollArea):
         self.columns = columns
         for card in self.cards.values():
             self.grid.removeWidget(card)
-            card.hide()
+            if card is self.remote_card or self.grid.parentWidget() is not None:
+                card.hide()
         for i, name in enumerate(REMOTE_CARD_ORDER if self.remote else CARD_ORDER):
             self.grid.addWidget(self.cards[name], i // columns, i % columns)
-            self.cards[name].show()
+            if self.grid.parentWidget() is not None:  # (while building, a card without a parent would open a window)
+                self.cards[name].show()
         for column in range(4):
             self.grid.setColumnStretch(column, 1 if column < columns else 0)
 

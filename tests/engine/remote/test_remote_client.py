@@ -16,7 +16,7 @@ from engine.scheduler import RequestEvent
 from engine.sampling import SamplingParams
 from tests.engine.remote.fake_server import KEY
 
-from .conftest import FakeServer
+from .servers import FakeServer
 
 
 def run(model: RemoteModel, cancel: threading.Event | None = None, stop_after_chars: int | None = None,

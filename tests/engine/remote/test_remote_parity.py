@@ -17,7 +17,7 @@ from engine.remote import Endpoint, RemoteClient, RemoteModel
 from engine.sampling import SamplingParams
 from engine.scheduler import RequestEvent
 
-from .conftest import ROOT, SERVED_NAME
+from .servers import ROOT, SERVED_NAME
 pytestmark = pytest.mark.slow
 
 QUESTION = "Name three primary colours."

@@ -8,6 +8,6 @@ from .errors import (AuthenticationFailed, EndpointUnreachable, MalformedStream,
 from .model import RemoteModel, RemoteScheduler, RemoteStats, is_remote_ref, parse_remote_ref, remote_ref
 
 __all__ = ["AuthenticationFailed", "Capabilities", "Endpoint", "EndpointUnreachable", "MalformedStream",
-           "ModelNotFound", "RateLimited", "RemoteClient", "RemoteError", "RemoteModel", "RemoteScheduler", "RemoteStats",
-           "RequestRejected", "ServerError", "StreamChunk", "StreamStalled", "TruncatedStream", "is_remote_ref",
-           "parse_remote_ref", "remote_ref"]
+           "ModelNotFound", "RateLimited", "RemoteClient", "RemoteError", "RemoteModel", "RemoteScheduler",
+           "RemoteStats", "RequestRejected", "ServerError", "StreamChunk", "StreamStalled", "TruncatedStream",
+           "is_remote_ref", "parse_remote_ref", "remote_ref"]

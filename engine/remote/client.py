@@ -78,7 +78,8 @@ class RemoteClient:
         try:  # only the ids: servers differ in the other fields (llama-server, Ollama, vLLM)
             return [str(m["id"]) for m in response.json()["data"]]
         except (ValueError, KeyError, TypeError) as e:
-            raise MalformedStream(f"{self.endpoint.root}/v1/models did not answer a model list ({e})") from None
+            raise MalformedStream(f"The server at {self.endpoint.root} did not answer /v1/models with a model "
+                                  f"list ({e})") from None
 
     def probe(self, model: str) -> Capabilities:
         """Ask ``model`` for one token in each way Hearth may use; a refused way is reported as unsupported.
@@ -162,25 +163,27 @@ class RemoteClient:
                 if chunk.text or chunk.finish_reason or chunk.usage:
                     yield chunk
         except httpx.ReadTimeout:
-            raise StreamStalled(f"{self.endpoint.root} sent nothing for {self.endpoint.stall_timeout_s:g} s; "
-                                "the answer was cut off there.", partial) from None
+            raise StreamStalled(f"The server at {self.endpoint.root} sent nothing for "
+                                f"{self.endpoint.stall_timeout_s:g} s; the answer was cut off there.",
+                                partial) from None
         except httpx.HTTPError as e:
             if cancel is not None and cancel.is_set():
                 return  # Stop closed the response under the read
             raise TruncatedStream(f"The connection to {self.endpoint.root} broke mid-answer "
                                   f"({type(e).__name__}).", partial) from None
         if not ended and not (cancel is not None and cancel.is_set()):
-            raise TruncatedStream(f"{self.endpoint.root} closed the stream before the answer ended.", partial)
+            raise TruncatedStream(f"The server at {self.endpoint.root} closed the stream before the answer ended.",
+                                  partial)
 
     def _parse_chunk(self, data: str, partial: bool) -> StreamChunk:
         try:
             payload = json.loads(data)
             if isinstance(payload, dict) and "error" in payload and "choices" not in payload:
-                raise ServerError(f"{self.endpoint.root} reported an error mid-answer: "
+                raise ServerError(f"The server at {self.endpoint.root} reported an error mid-answer: "
                                   f"{_error_message(payload)}", partial)
             chunk = ChatCompletionChunk.model_validate(payload)
         except (ValueError, ValidationError) as e:
-            raise MalformedStream(f"{self.endpoint.root} sent a stream Hearth cannot read "
+            raise MalformedStream(f"The server at {self.endpoint.root} sent a stream Hearth cannot read "
                                   f"({_first_line(e)}).", partial) from None
         choice = chunk.choices[0] if chunk.choices else None
         text = (choice.delta.content or "") if choice else ""
@@ -214,7 +217,8 @@ class RemoteClient:
 
     def _transport_error(self, e: httpx.HTTPError) -> RemoteError:
         if isinstance(e, httpx.TimeoutException) and not isinstance(e, httpx.ConnectTimeout):
-            return StreamStalled(f"{self.endpoint.root} did not answer within {self.endpoint.stall_timeout_s:g} s.")
+            return StreamStalled(f"The server at {self.endpoint.root} did not answer within "
+                                 f"{self.endpoint.stall_timeout_s:g} s.")
         detail = str(e).split("\n")[0] or type(e).__name__
         if "CERTIFICATE_VERIFY_FAILED" in str(e):
             detail += "; if this server's self-signed certificate is expected, turn on 'allow self-signed'"
@@ -224,17 +228,17 @@ class RemoteClient:
         status, root = response.status_code, self.endpoint.root
         message = _error_message(_json_or_none(response)) or response.reason_phrase
         if status in (401, 403):
-            return AuthenticationFailed(f"{root} refused the API key ({status}: {message}). Check the key set "
-                                        "for this endpoint.")
+            return AuthenticationFailed(f"The server at {root} refused the API key ({status}: {message}). Check the "
+                                        "key set for this endpoint.")
         if status == 404:
-            return ModelNotFound(f"{root} does not serve this model or path (404: {message}).")
+            return ModelNotFound(f"The server at {root} does not serve this model or path (404: {message}).")
         if status == 429:
             retry_after = _retry_after(response.headers.get("retry-after"))
-            return RateLimited(f"{root} is busy (429: {message}); it still was after "
+            return RateLimited(f"The server at {root} is busy (429: {message}); it still was after "
                                f"{self.endpoint.max_retries} retries.", retry_after)
         if status >= 500:
-            return ServerError(f"{root} failed to answer ({status}: {message}).")
-        return RequestRejected(f"{root} refused the request ({status}: {message}).")
+            return ServerError(f"The server at {root} failed to answer ({status}: {message}).")
+        return RequestRejected(f"The server at {root} refused the request ({status}: {message}).")
 
 
 def chat_request(model: str, messages: list[dict], max_tokens: int, sampling: dict | None = None) -> dict:

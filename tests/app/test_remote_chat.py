@@ -152,8 +152,8 @@ def test_faults_are_clear_keep_the_partial_answer_and_the_window_responsive(mode
     notices = []
     c.notice.connect(lambda kind, text: notices.append((kind, text)))
     if mode == "die":  # killed once text has arrived
-        c.reply_text.connect(lambda *_: fake.kill() if len(c.store.messages(c.current_id)) and fake.process.poll()
-                             is None and sum(len(t) for t in [_[1]]) > 30 else None)
+        c.reply_text.connect(lambda message_id, text: fake.kill() if len(text) > 30 and fake.process.poll() is None
+                             else None)
     ticks = Ticks()
     ticks.start()
     message_id, stats = send(qtbot, session, "Hello?")

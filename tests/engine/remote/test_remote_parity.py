@@ -1,5 +1,5 @@
-"""Real servers on loopback — Hearth's ``hearth serve`` and llama.cpp's ``llama-server`` on SmolLM2 — answer the remote
-path (``RemoteModel`` and ``python -m engine generate NAME --remote URL``) exactly as they answer the official
+"""Real servers on loopback — Hearth's ``hearth serve`` and llama.cpp's ``llama-server`` on SmolLM2 — answer the
+remote path (``RemoteModel`` and ``python -m engine generate NAME --remote URL``) exactly as they answer the official
 ``openai`` client for the same greedy request."""
 
 from __future__ import annotations

@@ -55,8 +55,13 @@ def fake():
     server.kill()
 
 
-def add_endpoint(data: Path, url: str, key: str | None = None, probe: bool = True, stall_timeout_s: float = 60.0):
-    endpoint = RemoteEndpoints(data).add(url, key, probe=probe, stall_timeout_s=stall_timeout_s)
+def add_endpoint(data: Path, url: str, key: str | None = None, probe: bool = True, stall_timeout_s: float = 60.0,
+                 later_key: str | None = None):
+    """Add the endpoint as the Models page does; ``later_key`` replaces its key afterwards (revoked on the server)."""
+    endpoints = RemoteEndpoints(data)
+    endpoint = endpoints.add(url, key, probe=probe, stall_timeout_s=stall_timeout_s)
+    if later_key:
+        endpoints.secrets.set(endpoint.id, later_key)
     return remote_ref(endpoint.id, endpoint.models[0])
 
 
@@ -146,8 +151,8 @@ def test_stop_closes_the_remote_stream(qtbot, make_session, tmp_path, fake):
 ])
 def test_faults_are_clear_keep_the_partial_answer_and_the_window_responsive(mode, words, kept, qtbot, make_session,
                                                                              tmp_path, fake):
-    key = "sk-wrong-key" if mode == "auth" else None
-    session, _ = remote_session(make_session, tmp_path, fake.url(mode), key=key, probe=False, stall_timeout_s=1.0)
+    keys = {"key": KEY, "later_key": "sk-wrong-key"} if mode == "auth" else {}
+    session, _ = remote_session(make_session, tmp_path, fake.url(mode), probe=False, stall_timeout_s=1.0, **keys)
     c = session.controller
     notices = []
     c.notice.connect(lambda kind, text: notices.append((kind, text)))

@@ -89,6 +89,8 @@ async def slow(request: Request):
 
 
 async def models(request: Request):
+    if request.path_params["mode"] == "auth" and request.headers.get("authorization") != f"Bearer {KEY}":
+        return JSONResponse({"error": {"message": "Invalid API key", "type": "authentication_error"}}, 401)
     return JSONResponse({"object": "list", "data": [{"id": "fake", "object": "model", "owned_by": "test"},
                                                     {"id": "fake-2", "object": "model"}]})
 

@@ -458,6 +458,8 @@ class ChatController(QObject):
     def _on_loaded(self, info: dict) -> None:
         if info.get("path") == self.builtin_path:
             info = {**info, "name": BUILTIN_MODEL_NAME}
+        elif is_remote_ref(info.get("path")):
+            info = {**info, "name": self._display_name(info["path"])}
         else:
             info = {**info, "name": display_name(info.get("name"), info.get("path"))}
         self.model_info = info

@@ -51,6 +51,7 @@ class RemoteStage(QObject):
             self.fail(f"the remote stage could not start: {exc}")
             return
         c = self.session.controller
+        self.session.window.notice_bar.hide()  # the previous stage's notice
         c.new_conversation()
         c.rename(c.current_id, "A remote model (hearth serve on loopback)")
         c.update_settings(dataclasses.replace(c.settings(), temperature=0.0, max_tokens=60))

@@ -28,7 +28,6 @@ class RemoteCard(ChartCard):
         self.body.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
         self.body.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         super().__init__("Remote server", self.body, parent)
-        self.setObjectName("remoteCard")
         self.legend.hide()
         self.endpoint = ""
 

@@ -200,3 +200,36 @@ def test_no_file_hearth_writes_holds_the_key(qtbot, make_session, tmp_path, fake
     assert len(written) > 5
     leaks = [str(p) for p in written if KEY.encode() in p.read_bytes()]
     assert not leaks
+
+
+def test_adding_an_endpoint_from_the_models_page_runs_off_the_gui_thread(qtbot, make_session, tmp_path, fake,
+                                                                         monkeypatch):
+    session = make_session(data=tmp_path / "data")
+    window = session.window
+    answers = iter([(fake.url("auth"), "sk-wrong", "", False), (fake.url("auth"), KEY, "X-Team: blue", False)])
+
+    class Dialog:  # the form as the user fills it in
+        def __init__(self, where, parent):
+            assert "remote-keys.json" in where or "keyring" in where
+            self.typed = next(answers)
+
+        def exec(self):
+            return True
+
+        def values(self):
+            return self.typed
+
+        def deleteLater(self):
+            pass
+
+    monkeypatch.setattr("app.ui.main_window.RemoteEndpointDialog", Dialog)
+    window.show_page("models")
+    with qtbot.waitSignal(window.remote_bridge.failed, timeout=TIMEOUT_MS) as failed:
+        qtbot.mouseClick(window.models_page.findChild(type(window.models_page.use_button), "addRemote"),
+                         Qt.MouseButton.LeftButton)
+    assert "refused the API key" in failed.args[0] and "refused the API key" in window.models_page.message.text()
+    with qtbot.waitSignal(window.remote_bridge.added, timeout=TIMEOUT_MS):
+        window.models_page.add_remote_requested.emit()
+    rows = [window.models_page.list.item(i).text() for i in range(window.models_page.list.count())]
+    assert any(row.startswith("fake (remote)") for row in rows) and "2 models" in window.models_page.message.text()
+    assert KEY not in (tmp_path / "data" / "remote-endpoints.json").read_text()

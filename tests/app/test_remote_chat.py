@@ -168,6 +168,7 @@ def test_faults_are_clear_keep_the_partial_answer_and_the_window_responsive(mode
     assert any(kind == "error" and words in text for kind, text in notices)
     if kept:
         assert message.content.startswith("Hello") and "The answer so far is kept." in stats["error"]
+    print(f"{mode}: longest GUI-thread gap {gap} ms")
     assert gap <= LONGEST_GAP_MS, gap
     widget = session.window.chat_view.widgets[message_id]
     assert widget.body.markdown == message.content

@@ -3,6 +3,7 @@ the text that arrived is kept, Stop closes the stream, 429 is retried after Retr
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -165,3 +166,19 @@ def test_killed_mid_stream_then_the_endpoint_comes_back(fake_server: FakeServer)
     assert failed.kind == "failed" and "Cannot reach" in failed.detail
     fake_server.start()  # back on the same port: the same model object answers again
     assert run(again)[0] == "Hello, partial world!"
+
+
+def test_the_cli_streams_and_reports_failures(fake_server: FakeServer, capsys, monkeypatch):
+    from engine.cli import main
+
+    monkeypatch.setenv("FAKE_KEY", KEY)
+    assert main(["generate", "fake", "--remote", fake_server.url("auth"), "--api-key-env", "FAKE_KEY", "--prompt",
+                 "Hi", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["text"] == "Hello, partial world!" and out["generated_tokens"] == 5 and out["finish_reason"] == "stop"
+    assert main(["generate", "fake", "--remote", fake_server.url("truncated"), "--chat", "Hi"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.startswith("Hello, partial") and "closed the stream before the answer ended" in captured.err
+    assert main(["generate", "fake", "--remote", fake_server.url("ok"), "--api-key-env", "NOT_SET_ANYWHERE",
+                 "--prompt", "Hi"]) == 2
+    assert "NOT_SET_ANYWHERE" in capsys.readouterr().err

@@ -204,6 +204,9 @@ class RemoteScheduler:
                     self._ttfts = (self._ttfts + [now - stream.started_at])[-100:]
             stream.chunks += 1
             return self._generation_event(stream, chunk.text, now, None)
+        if stream.cancel.is_set():  # Stop ended the stream under the reader (as "end" or as a broken read)
+            stream.done = True
+            return RequestEvent(sid, "cancelled", now)
         if kind == "end":
             stream.done = True
             return self._generation_event(stream, "", now, _finish_reason(stream.finish_reason), final=True)

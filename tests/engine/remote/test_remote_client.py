@@ -10,10 +10,12 @@ import time
 import pytest
 
 from engine.remote import (AuthenticationFailed, Endpoint, EndpointUnreachable, MalformedStream, ModelNotFound,
-                           RateLimited, RemoteClient, RemoteModel, ServerError, StreamStalled, TruncatedStream)
+                           RateLimited, RemoteClient, RemoteModel, RemoteScheduler, ServerError, StreamChunk,
+                           StreamStalled, TruncatedStream)
 from engine.remote.client import chat_request, sse_data
 from engine.remote.model import parse_remote_ref, remote_ref
 from engine.scheduler import RequestEvent
+from engine.cli import main
 from engine.sampling import SamplingParams
 from tests.engine.remote.fake_server import KEY
 
@@ -169,8 +171,6 @@ def test_killed_mid_stream_then_the_endpoint_comes_back(fake_server: FakeServer)
 
 
 def test_the_cli_streams_and_reports_failures(fake_server: FakeServer, capsys, monkeypatch):
-    from engine.cli import main
-
     monkeypatch.setenv("FAKE_KEY", KEY)
     assert main(["generate", "fake", "--remote", fake_server.url("auth"), "--api-key-env", "FAKE_KEY", "--prompt",
                  "Hi", "--json"]) == 0
@@ -182,3 +182,22 @@ def test_the_cli_streams_and_reports_failures(fake_server: FakeServer, capsys, m
     assert main(["generate", "fake", "--remote", fake_server.url("ok"), "--api-key-env", "NOT_SET_ANYWHERE",
                  "--prompt", "Hi"]) == 2
     assert "NOT_SET_ANYWHERE" in capsys.readouterr().err
+
+
+class StoppedMidWait:
+    """A client whose stream gives one chunk, then sees Stop pressed while the scheduler waits, and ends."""
+
+    def stream_chat(self, model, messages, max_tokens, sampling, cancel, on_open=None):
+        yield StreamChunk("Hello")
+        time.sleep(0.2)  # the scheduler's next step is waiting on the wire by now
+        cancel.set()
+
+
+def test_stop_pressed_while_a_step_waits_ends_cancelled_not_complete():
+    scheduler = RemoteScheduler(StoppedMidWait(), "m")
+    handle = scheduler.submit([{"role": "user", "content": "Hi"}], 8, {}, threading.Event())
+    scheduler.step(wait_s=5)
+    assert [e.text for e in handle.ready()] == ["Hello"]
+    scheduler.step(wait_s=5)
+    events = list(handle.ready())
+    assert len(events) == 1 and isinstance(events[0], RequestEvent) and events[0].kind == "cancelled"

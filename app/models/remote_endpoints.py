@@ -126,7 +126,7 @@ class RemoteEndpoints:
     def refresh(self, endpoint_id: str) -> RemoteEndpoint:
         """List and probe an endpoint again (it came back, or its models changed); its problem is kept if not."""
         endpoint = self.get(endpoint_id)
-        refreshed = self._probe(endpoint, self.secrets.get(endpoint_id))
+        refreshed = self._probe(endpoint, self.secrets.get(endpoint_id) if endpoint.has_key else None)
         if refreshed.problem:
             refreshed = dataclasses.replace(endpoint, problem=refreshed.problem)
         self._save([refreshed if e.id == endpoint_id else e for e in self.list()])

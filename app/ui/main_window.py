@@ -204,6 +204,9 @@ class MainWindow(QMainWindow):
         if self.remote_bridge is not None:
             self.remote_bridge.added.connect(lambda text: (self._refresh_models(), self._tell("info", text)))
             self.remote_bridge.failed.connect(lambda text: self._tell("error", text))
+            self.remote_bridge.refreshed.connect(lambda text: (self._refresh_models(),
+                                                               self._tell("warning", text) if text else None))
+            self.models_page.refresh_requested.connect(self.remote_bridge.refresh_all)
         self.notice_bar.action_triggered.connect(self._undo_delete)
         c.conversations_changed.connect(self._refresh_conversations)
         c.conversation_opened.connect(self._on_conversation_opened)

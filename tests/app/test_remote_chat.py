@@ -234,3 +234,9 @@ def test_adding_an_endpoint_from_the_models_page_runs_off_the_gui_thread(qtbot, 
     rows = [window.models_page.list.item(i).text() for i in range(window.models_page.list.count())]
     assert any(row.startswith("fake (remote)") for row in rows) and "2 models" in window.models_page.message.text()
     assert KEY not in (tmp_path / "data" / "remote-endpoints.json").read_text()
+    fake.kill()  # Refresh lists every endpoint again, off the GUI thread: this one is gone now
+    with qtbot.waitSignal(window.remote_bridge.refreshed, timeout=TIMEOUT_MS) as refreshed:
+        window.models_page.refresh_requested.emit()
+    assert refreshed.args[0].startswith("Could not reach") and "Cannot reach" in window.models_page.list.item(
+        next(i for i in range(window.models_page.list.count())
+             if window.models_page.list.item(i).text().startswith("fake (remote)"))).text()

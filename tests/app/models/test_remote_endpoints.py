@@ -106,3 +106,19 @@ def test_an_endpoint_that_cannot_be_listed_is_not_saved(tmp_path, fake):
     with pytest.raises(ValueError, match="not an http"):
         endpoints.add("gpu-box:8000")
     assert endpoints.list() == [] and not (tmp_path / secrets.SECRETS_FILE).exists()
+
+
+def test_refresh_marks_an_endpoint_that_went_away_and_clears_it_when_it_is_back(tmp_path):
+    server = FakeServer().start()
+    try:
+        endpoints = RemoteEndpoints(tmp_path, SecretStore(tmp_path, backend=None))
+        endpoint = endpoints.add(server.url("ok"), probe=False)
+        server.kill()
+        gone = endpoints.refresh(endpoint.id)
+        assert "Cannot reach" in gone.problem and gone.models == ("fake", "fake-2")  # kept, with the problem
+        rows = ModelChoices(tmp_path, None, scan_dirs=[], remote=endpoints).remote_rows()
+        assert rows and all("Cannot reach" in r.problem for r in rows)
+        server.start()
+        assert endpoints.refresh(endpoint.id).problem == "" and endpoints.get(endpoint.id).problem == ""
+    finally:
+        server.kill()

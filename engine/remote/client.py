@@ -53,6 +53,7 @@ class StreamChunk:
     text: str
     finish_reason: str | None = None
     usage: Usage | None = None
+    reasoning: str = ""  # the model's thinking, which servers that split it send apart from the answer
 
 
 class RemoteClient:
@@ -160,7 +161,7 @@ class RemoteClient:
                 chunk = self._parse_chunk(data, partial)
                 partial = partial or bool(chunk.text)
                 ended = ended or chunk.finish_reason is not None
-                if chunk.text or chunk.finish_reason or chunk.usage:
+                if chunk.text or chunk.reasoning or chunk.finish_reason or chunk.usage:
                     yield chunk
         except httpx.ReadTimeout:
             raise StreamStalled(f"The server at {self.endpoint.root} sent nothing for "
@@ -187,7 +188,7 @@ class RemoteClient:
                                   f"({_first_line(e)}).", partial) from None
         choice = chunk.choices[0] if chunk.choices else None
         text = (choice.delta.content or "") if choice else ""
-        return StreamChunk(text, choice.finish_reason if choice else None, chunk.usage)
+        return StreamChunk(text, choice.finish_reason if choice else None, chunk.usage, _reasoning(payload))
 
     def _accepted(self, body: dict, stream: bool = False, path: str = "/chat/completions",
                   check: Callable[[dict], bool] | None = None) -> bool:
@@ -296,6 +297,17 @@ def _error_message(body) -> str:
     if isinstance(error, str):
         return error
     return str(body.get("message") or body.get("detail") or "")
+
+
+def _reasoning(payload: dict) -> str:
+    """The thinking text of a chunk: ``reasoning_content`` (llama-server, vLLM, DeepSeek's API) or ``reasoning``
+    (newer vLLM, Ollama); not part of OpenAI's schema, so read from the raw chunk."""
+    choices = payload.get("choices") or []
+    delta = choices[0].get("delta") if choices and isinstance(choices[0], dict) else None
+    if not isinstance(delta, dict):
+        return ""
+    value = delta.get("reasoning_content") or delta.get("reasoning") or ""
+    return value if isinstance(value, str) else ""
 
 
 def _first_line(e: Exception) -> str:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from ..backends.base import MemoryStats
 from ..generate import GenerationEvent
-from ..reasoning import ReasoningProfile
+from ..reasoning import THINK, THINK_CLOSE, THINK_OPEN, ReasoningProfile
 from ..scheduler import RequestEvent, RequestHandle, StepReport
 from ..thermal.policy import Limits
 from .client import Capabilities, RemoteClient, StreamChunk
@@ -78,6 +78,7 @@ class _Stream:
     finish_reason: str | None = None
     usage: object = None
     done: bool = False
+    thinking: bool = False  # inside the thinking the server sends apart (written between <think> and </think>)
 
 
 class RemoteScheduler:
@@ -196,20 +197,22 @@ class RemoteScheduler:
             chunk: StreamChunk = payload
             stream.finish_reason = chunk.finish_reason or stream.finish_reason
             stream.usage = chunk.usage or stream.usage
-            if not chunk.text:
+            text = _with_thinking(stream, chunk)
+            if not text:
                 return None
             if stream.first_at is None:
                 stream.first_at = now
                 with self._lock:
                     self._ttfts = (self._ttfts + [now - stream.started_at])[-100:]
             stream.chunks += 1
-            return self._generation_event(stream, chunk.text, now, None)
+            return self._generation_event(stream, text, now, None)
         if stream.cancel.is_set():  # Stop ended the stream under the reader (as "end" or as a broken read)
             stream.done = True
             return RequestEvent(sid, "cancelled", now)
         if kind == "end":
             stream.done = True
-            return self._generation_event(stream, "", now, _finish_reason(stream.finish_reason), final=True)
+            closing = THINK_CLOSE if stream.thinking else ""  # a reply cut off while thinking
+            return self._generation_event(stream, closing, now, _finish_reason(stream.finish_reason), final=True)
         stream.done = True
         error: RemoteError = payload
         with self._lock:
@@ -283,7 +286,7 @@ class RemoteModel:
         self.client = RemoteClient(endpoint)
         self.scheduler = RemoteScheduler(self.client, model_id)
         self.backend = _RemoteBackend()
-        self.reasoning = ReasoningProfile()
+        self.reasoning = ReasoningProfile(THINK)  # thinking sent apart is written as <think>…</think>
         self.notices: list[str] = []
         self.config = None
         self.kv_cache_usage = None
@@ -324,6 +327,19 @@ def sampling_fields(params) -> dict:
               "presence_penalty": params.presence_penalty, "frequency_penalty": params.frequency_penalty,
               "seed": params.seed}
     return {k: v for k, v in fields.items() if v is not None}
+
+
+def _with_thinking(stream: _Stream, chunk: StreamChunk) -> str:
+    """The chunk's text, with the thinking the server sends apart put between <think> and </think>, as a thinking
+    model writes it when the server leaves it in the answer; the app splits both forms the same way."""
+    text = ""
+    if chunk.reasoning:
+        text += ("" if stream.thinking else THINK_OPEN) + chunk.reasoning
+        stream.thinking = True
+    if chunk.text:
+        text += (THINK_CLOSE if stream.thinking else "") + chunk.text
+        stream.thinking = False
+    return text
 
 
 def _finish_reason(reason: str | None) -> str:

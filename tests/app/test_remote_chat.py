@@ -240,3 +240,10 @@ def test_adding_an_endpoint_from_the_models_page_runs_off_the_gui_thread(qtbot, 
     assert refreshed.args[0].startswith("Could not reach") and "Cannot reach" in window.models_page.list.item(
         next(i for i in range(window.models_page.list.count())
              if window.models_page.list.item(i).text().startswith("fake (remote)"))).text()
+
+
+def test_a_remote_reasoning_models_thinking_is_folded_apart(qtbot, make_session, tmp_path, fake):
+    session, _ = remote_session(make_session, tmp_path, fake.url("thinking"), probe=False)
+    message_id, stats = send(qtbot, session, "Hello?")
+    message = session.controller.store.message(message_id)
+    assert message.thinking == "The user greets." and message.content == "Hello!" and message.state == "complete"

@@ -55,8 +55,17 @@ async def chat(request: Request):
     if body.get("model") == "missing":
         return JSONResponse({"error": {"message": "model 'missing' not found"}}, 404)
     streams = {"ok": good_stream, "auth": good_stream, "busy": good_stream, "stall": stalled, "malformed": malformed,
-               "truncated": truncated, "slow": lambda: slow(request), "die": lambda: good_stream(WORDS * 40, 0.1)}
+               "truncated": truncated, "thinking": thinking, "slow": lambda: slow(request), "die": lambda: good_stream(WORDS * 40, 0.1)}
     return StreamingResponse(streams[mode](), media_type="text/event-stream")
+
+
+async def thinking():
+    for part in ("The user", " greets."):  # as llama-server and vLLM send a reasoning model's thinking
+        yield data_event({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "fake",
+                          "choices": [{"index": 0, "delta": {"reasoning_content": part}, "finish_reason": None}]})
+    yield chunk("Hello!")
+    yield chunk(finish="stop")
+    yield DONE
 
 
 async def stalled():

@@ -201,3 +201,10 @@ def test_stop_pressed_while_a_step_waits_ends_cancelled_not_complete():
     scheduler.step(wait_s=5)
     events = list(handle.ready())
     assert len(events) == 1 and isinstance(events[0], RequestEvent) and events[0].kind == "cancelled"
+
+
+def test_thinking_sent_apart_is_written_between_think_tags(fake_server: FakeServer):
+    model = RemoteModel(Endpoint(fake_server.url("thinking")), "fake")
+    text, last = run(model)
+    assert text == "<think>The user greets.</think>Hello!" and last.finish_reason == "stop"
+    assert model.reasoning.syntax == "think"

@@ -1,7 +1,8 @@
 """The composition root: the store, the engine host, the controller and the window of one app session.
 
 Start-up order: the conversation store; the built-in model (ready, or to be assembled from its part packages, or
-missing); the snapshot cache and engine host; the controller, telemetry, downloads and window. ``start`` opens the
+missing); the snapshot cache, the remote endpoints and the engine host (whose factory opens local files and remote
+models alike); the controller, telemetry, downloads and window. ``start`` opens the
 last conversation and loads its model; on a first start it first assembles the built-in model on a background
 thread with a progress dialog, and loads it when that is done.
 """
@@ -17,6 +18,7 @@ from .conversation_actions import ConversationActions
 from .downloads_bridge import DownloadsBridge
 from .model_choices import ModelChoices
 from .models.downloads import DownloadManager
+from .models.remote_endpoints import RemoteEndpoints
 from .snapshot_cache import SnapshotCache, default_memory_budget, default_memory_dir
 from .store import DB_FILENAME, ConversationStore
 from .telemetry import SystemSampler, Telemetry
@@ -40,7 +42,9 @@ class AppSession:
         self.snapshots = SnapshotCache(data / "snapshots", memory_dir=default_memory_dir(data),
                                        memory_budget=default_memory_budget())
         self.snapshots.retain(c.id for c in self.store.conversations())
-        self.host = EngineHost(engine_factory or load_engine_model, snapshots=self.snapshots)
+        self.remote = RemoteEndpoints(data)  # remote models open through the same engine factory as local files
+        self.host = EngineHost(self.remote.engine_factory(engine_factory or load_engine_model),
+                               snapshots=self.snapshots)
         default = model or (str(builtin) if builtin else None)
         self.controller = ChatController(self.store, self.host, default, builtin_path=str(builtin) if builtin else None)
         self.actions = ConversationActions(self.controller)
@@ -48,7 +52,8 @@ class AppSession:
         self.host.telemetry.connect(self.telemetry.add_engine_sample)
         self.host.thermal_decided.connect(self.telemetry.add_thermal_decision)
         self.downloads = DownloadsBridge(DownloadManager(data))
-        self.window = MainWindow(self.controller, ModelChoices(data, builtin), telemetry=self.telemetry,
+        self.window = MainWindow(self.controller, ModelChoices(data, builtin, remote=self.remote),
+                                 telemetry=self.telemetry,
                                  actions=self.actions,
                                  downloads=self.downloads)
 

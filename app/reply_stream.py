@@ -135,7 +135,10 @@ class ReplyLoop:
                     self._end(sid, reply, "cancelled")
                 elif event.kind == "failed":
                     del self.replies[sid]
-                    self.hooks.failed(reply.request_id, ValueError(event.detail))  # the backend refused the prompt
+                    if reply.pending:  # text that came with the failure (a remote stream) is kept, then the error
+                        self.hooks.tokens(reply.request_id, reply.pending)
+                        reply.pending = ""
+                    self.hooks.failed(reply.request_id, ValueError(event.detail))  # refused prompt, broken stream
             if sid in self.replies and reply.pending:  # now: the next step may take as long as a slow token
                 self.hooks.tokens(reply.request_id, reply.pending)
                 reply.pending = ""

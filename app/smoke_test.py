@@ -13,6 +13,10 @@ splitter, tokenized by the built-in model's tokenizer for its token count, and o
 Then the chat polish, on stored sample answers too: a question with three answers (as Regenerate keeps them),
 the second shown with its Python code block in syntax colours and ‹ 2/3 › (``chat-code.png``, ``chat-code-dark.png``),
 and the window at 760×520 with the settings open (``chat-narrow.png``, ``chat-narrow-dark.png``).
+
+Last, a remote model (``app/smoke_remote.py``): the built-in model behind an in-process ``hearth serve`` on
+loopback, answering as a remote endpoint's model (``chat-remote*.png``, ``dashboard-remote.png``,
+``models-remote.png``).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from engine.tokenizer import IncrementalDecoder, Tokenizer
 
 from .app_session import AppSession
 from .qt_compat import emit
+from .smoke_remote import RemoteStage
 from .ui.theme import dark_palette
 
 PROMPT = "Hello! Who are you?"
@@ -100,6 +105,7 @@ class SmokeTest(QObject):
         self.pages: dict[str, str] = {}  # screenshot name -> file
         self.sent_at = self.first_text_at = None
         self.transcript: dict | None = None  # set once the first answer is captured; then the dashboard's turn
+        self._remote: RemoteStage | None = None  # the last stage, once it has begun
         self._deadline = QTimer(self, singleShot=True, interval=TIMEOUT_S * 1000)
         self._deadline.timeout.connect(lambda: self._fail(f"no answer within {TIMEOUT_S} s"))
 
@@ -141,6 +147,8 @@ class SmokeTest(QObject):
             self.pages["chat-streaming"] = self._grab("chat-streaming")
 
     def _on_finished(self, message_id: int, stats: dict) -> None:
+        if self._remote is not None:  # the remote stage's answer: that stage follows it
+            return
         if self.transcript is not None:
             self._finish_dashboard(stats)
             return
@@ -277,6 +285,12 @@ class SmokeTest(QObject):
         with contextlib.suppress(OSError):  # (a file still mapped cannot be deleted on Windows: the OS's temp dir)
             self._scratch.unlink()
             self._scratch.parent.rmdir()
+        self._remote = RemoteStage(self.session, self._grab, self._grab_dark, self._remote_done, self._fail)
+        self._remote.start()
+
+    def _remote_done(self, part: dict) -> None:
+        self.pages.update(part.pop("screenshots"))
+        self.transcript["remote"] = part
         (self.out / "transcript.json").write_text(json.dumps(self.transcript, indent=2, ensure_ascii=False))
         self.exit_code = 0
         QApplication.instance().quit()

@@ -24,6 +24,8 @@ import psutil
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
 from engine.model import CHAT_PREFILL_CHUNK, KVCacheUsage
+from engine.remote import RemoteModel
+from engine.remote.model import RemoteStats
 from engine.thermal import Limits, PolicyDecision, ThermalPolicy, ThermalProvider, ThermalState, default_provider
 from engine.thermal.monitor import POLL_INTERVAL_S
 
@@ -70,6 +72,7 @@ class EngineSample:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     speedup_estimate: float | None = None  # decode tok/s so far over a plain step's, as speculation measured it
+    remote: RemoteStats | None = None  # a remote model's endpoint: requests in flight, errors, latency
 
     @property
     def prefill_tps(self) -> float:
@@ -104,7 +107,8 @@ def read_engine(model, phase: str, now: float, request_id: int = 0, event=None, 
                         weights_bytes=memory.weights_bytes, active_weights_bytes=memory.active_weights_bytes,
                         scratch_bytes=memory.scratch_bytes,
                         device_active_bytes=memory.device_active_bytes, device_peak_bytes=memory.device_peak_bytes,
-                        device_cache_bytes=memory.device_cache_bytes, kv=model.kv_cache_usage)
+                        device_cache_bytes=memory.device_cache_bytes, kv=model.kv_cache_usage,
+                        remote=model.scheduler.stats() if isinstance(model, RemoteModel) else None)
 
 
 class EngineProbe:

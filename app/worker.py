@@ -22,6 +22,7 @@ from engine.chat_template import TemplateError
 from engine.context import ContextOverflowError
 from engine.gguf_file import ModelFormatError
 from engine.model import CHAT_PREFILL_CHUNK
+from engine.remote import RemoteModel
 from engine.sampling import NonFiniteLogitsError
 from engine.thermal import Mode, ThermalMonitor, default_provider
 
@@ -269,7 +270,9 @@ class EngineWorker(QObject):
         model's resident cache (its conversation's state) and may speculate; replies that join it get caches of
         their own and decode plainly (one model pass per step serves them all)."""
         model, alone = self._model, not loop.replies
-        speculator, notice = (self._speculators.for_reply(model, request.speculation) if alone else (None, None))
+        local = not isinstance(model, RemoteModel)  # a remote server speculates (or not) on its own
+        speculator, notice = (self._speculators.for_reply(model, request.speculation) if alone and local
+                              else (None, None))
         mode = thermal_mode(request.thermal_mode)
         if mode is not None and mode != self._monitor.policy.mode:
             self._monitor.set_mode(mode)
@@ -293,7 +296,7 @@ class EngineWorker(QObject):
     def _hooks(self) -> Hooks:
         model = self._model
         return Hooks(tokens=lambda rid, text: emit(self.tokens, rid, text), finished=self._finished,
-                     failed=lambda rid, exc: emit(self.error, rid, describe(exc)), shown=lambda: self._shown_now,
+                     failed=self._failed, shown=lambda: self._shown_now,
                      admit=self._admit_offers, event=lambda reply, event: self._probe.event(model, event),
                      sample=lambda rid, rate, batch: self._probe.batched(model, rid, rate, batch))
 
@@ -311,6 +314,11 @@ class EngineWorker(QObject):
             if notice:
                 extra["speculation_notice"] = notice
         emit(self.finished, reply.request_id, reply.stats(reason, self._model.n_ctx, self._model.name, extra).as_dict())
+
+    def _failed(self, request_id: int, exc: Exception) -> None:
+        emit(self.error, request_id, describe(exc))
+        if isinstance(self._model, RemoteModel):  # the dashboard's remote card counts the error now
+            self._probe.model_changed(self._model)
 
     def _admit_offers(self, loop: ReplyLoop) -> None:
         """Start the offered requests for this model in ``loop``; the others wait for the next generate."""
@@ -351,11 +359,12 @@ class EngineWorker(QObject):
         self._model, self._model_key = model, (path, n_ctx)
         model.set_monitor(self._monitor)
         memory = measure_load(model, rss_before)
-        self._states.attach(model)
+        if not isinstance(model, RemoteModel):  # a remote model's KV state is on its server: nothing to snapshot
+            self._states.attach(model)
         emit(self.loaded, {"path": path, "name": model.name, "n_ctx": model.n_ctx,
                           "arch": getattr(model.config, "arch", ""), "notices": list(model.notices),
                           "backend": getattr(model.backend, "name", ""), "sha256": model.sha256,
-                          "reasoning": model.reasoning.to_dict(), **memory})
+                          "reasoning": model.reasoning.to_dict(), **memory, **remote_info(model)})
         self._probe.model_changed(model)
         self._switch(self._shown)
 
@@ -393,6 +402,14 @@ def measure_load(model, rss_before: int) -> dict:
     except Exception:  # noqa: BLE001 - an estimate is information; it never fails a load (MLX is not modelled)
         estimate = None
     return {"rss_before": rss_before, "rss_after": _rss(), "estimate": estimate}
+
+
+def remote_info(model) -> dict:
+    """For a remote model, what the window shows and greys out: its endpoint, what it supports, what it cannot do."""
+    if not isinstance(model, RemoteModel):
+        return {}
+    return {"remote": {"endpoint": model.endpoint.root, "model_id": model.model_id,
+                       "capabilities": model.capabilities.to_dict()}, "unsupported": dict(model.unsupported)}
 
 
 def _rss() -> int:

@@ -53,8 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_render)
 
-    p = sub.add_parser("generate", help="generate text from a prompt (streamed)")
-    p.add_argument("model", type=Path)
+    p = sub.add_parser("generate", help="generate text from a prompt (streamed), here or on a remote server")
+    p.add_argument("model", help="a GGUF file, or with --remote the model's id on that server")
     p.add_argument("--prompt", help="raw prompt text (special tokens in it are parsed)")
     p.add_argument("--chat", help="a user message, wrapped in the model's chat template")
     p.add_argument("--system", help="system prompt for --chat")
@@ -73,6 +73,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--load-session", type=Path, metavar="FILE",
                    help="restore a snapshot and continue generating where it stopped (no --prompt needed)")
     p.add_argument("--json", action="store_true", help="print one JSON object with ids, text and timings")
+    p.add_argument("--remote", metavar="URL", help="an OpenAI-compatible server (http://host:port[/v1]) that "
+                   "serves MODEL; --prompt and --chat are then sent as a user message of a chat request")
+    p.add_argument("--api-key-env", metavar="VAR", help="with --remote: the environment variable holding the key")
+    p.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'",
+                   help="with --remote: an extra request header (repeatable)")
+    p.add_argument("--allow-self-signed", action="store_true", help="with --remote: accept any https certificate")
+    p.add_argument("--stall-timeout", type=float, default=60.0, metavar="S",
+                   help="with --remote: end the answer when nothing arrives for S seconds (default 60)")
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("bench", help="prefill/decode tokens per second, load time and memory, optionally beside a peer")
@@ -199,6 +207,10 @@ def cmd_render(args) -> int:
 
 
 def cmd_generate(args) -> int:
+    if args.remote:
+        from .remote.cli import cmd_generate_remote
+
+        return cmd_generate_remote(args)
     from .model import load
 
     from .sampling import SamplingParams

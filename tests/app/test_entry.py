@@ -52,6 +52,12 @@ def test_smoke_test_chats_and_saves_every_page(tmp_path):
     counts = sample["stats"]
     assert sample["answer"].startswith("Yes") and 0 < counts["thinking_tokens"] < counts["generated_tokens"]
     assert transcript["polish_sample"]["shown"] == 2 and len(transcript["polish_sample"]["answers"]) == 3
+    remote = transcript["remote"]  # the built-in model behind an in-process hearth serve, used as a remote model
+    assert remote["reply"].strip() and remote["stats"]["model_name"] == "hearth-builtin (remote)"
+    assert "Requests: " in remote["dashboard_card"] and "errors: 0" in remote["dashboard_card"]
+    for name in ("chat-remote", "chat-remote-dark", "dashboard-remote", "models-remote"):
+        assert (out / f"{name}.png").stat().st_size > 5000, name
+    assert "sk-smoke-" not in (out / "transcript.json").read_text()
 
 
 def test_help_lists_every_subcommand():

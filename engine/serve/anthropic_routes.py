@@ -17,8 +17,8 @@ from ..sampling import SamplingParams
 from . import sse
 from .anthropic_schemas import Message, MessagesRequest, MessageUsage, TextBlock, ToolResultBlock, ToolUseBlock
 from .errors import APIError
-from .host import RequestRecord, ServedModel
-from .openai_routes import check_model, token_budget
+from .host import BoundModel, RequestRecord, ServedModel
+from .openai_routes import token_budget
 from .tool_calls import parse_tool_calls, template_messages_with_calls
 
 
@@ -49,9 +49,9 @@ def _stop(finish: str | None, raw: str, shown: str, stops: list[str]) -> tuple[s
     return "end_turn", None
 
 
-async def messages(served: ServedModel, request: Request, body: MessagesRequest) -> Response:
+async def messages(server: ServedModel, request: Request, body: MessagesRequest) -> Response:
     """``POST /v1/messages``."""
-    check_model(served, body.model)
+    served = await server.bind(body.model)
     tools = [{"type": "function", "function": {"name": t.name, "description": t.description,
                                                "parameters": t.input_schema}} for t in body.tools or []]
     if (body.tool_choice or {}).get("type") == "none":
@@ -77,7 +77,7 @@ async def messages(served: ServedModel, request: Request, body: MessagesRequest)
     return JSONResponse((await reply).model_dump())
 
 
-async def _whole_message(served: ServedModel, events: AsyncIterator[GenerationEvent], message_id: str, n_prompt: int,
+async def _whole_message(served: BoundModel, events: AsyncIterator[GenerationEvent], message_id: str, n_prompt: int,
                          stops: list[str], request_id: int, tools: bool) -> Message:
     """The finished reply; with tools, the calls in it become tool_use blocks."""
     text, tokens, last = [], [], None
@@ -126,14 +126,14 @@ def _usage(last: GenerationEvent | None, n_prompt: int, n: int) -> MessageUsage:
     return MessageUsage(input_tokens=n_prompt - cached, output_tokens=n, cache_read_input_tokens=cached)
 
 
-def _record(served: ServedModel, last: GenerationEvent | None, n_prompt: int, n: int, request_id: int) -> None:
+def _record(served: BoundModel, last: GenerationEvent | None, n_prompt: int, n: int, request_id: int) -> None:
     if last is not None:
         served.stats.record(RequestRecord(request_id, "messages", served.name, n_prompt, last.cached_tokens, n,
                                           last.prefill_s, last.decode_tps, last.finish_reason or "cancelled",
                                           time.time()))
 
 
-async def _stream(served: ServedModel, events: AsyncIterator[GenerationEvent], message_id: str, n_prompt: int,
+async def _stream(served: BoundModel, events: AsyncIterator[GenerationEvent], message_id: str, n_prompt: int,
                   stops: list[str], request_id: int) -> AsyncIterator[bytes]:
     start = Message(id=message_id, model=served.name, content=[], usage=MessageUsage(input_tokens=n_prompt,
                                                                                       output_tokens=0))

@@ -15,7 +15,7 @@ from ..generate import GenerationEvent
 from ..sampling import SamplingParams
 from . import sse
 from .errors import APIError
-from .host import RequestRecord, ServedModel
+from .host import BoundModel, RequestRecord, ServedModel
 from .openai_schemas import (AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
                              ChoiceDelta, ChoiceLogprobs, ChunkChoice, Completion, CompletionChoice,
                              CompletionRequest, Model, ModelList, PromptTokensDetails, TokenLogprob, ToolCall,
@@ -28,8 +28,9 @@ FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"
 
 
 def list_models(served: ServedModel) -> JSONResponse:
-    """``GET /v1/models``."""
-    return JSONResponse(ModelList(data=[Model(id=served.name, created=served.created)]).model_dump())
+    """``GET /v1/models``: every model the host can serve (the library, headless with ``--library``)."""
+    data = [Model(id=name, created=served.created) for name in served.host.model_ids()]
+    return JSONResponse(ModelList(data=data).model_dump())
 
 
 def sampling_params(body: _Sampling) -> SamplingParams:
@@ -42,13 +43,7 @@ def sampling_params(body: _Sampling) -> SamplingParams:
         raise APIError(400, str(e)) from e
 
 
-def check_model(served: ServedModel, name: str) -> None:
-    if name != served.name:
-        raise APIError(404, f"The model '{name}' does not exist; this server serves '{served.name}'",
-                       param="model", code="model_not_found")
-
-
-def token_budget(served: ServedModel, n_prompt: int, requested: int | None, param: str = "max_tokens") -> int:
+def token_budget(served: BoundModel, n_prompt: int, requested: int | None, param: str = "max_tokens") -> int:
     """The request's token limit: what it asked for, or the rest of the context; 400 when it cannot fit."""
     n_ctx = served.model.n_ctx
     if n_prompt >= n_ctx:
@@ -110,7 +105,7 @@ def _usage(last: GenerationEvent | None, n_prompt: int, n_generated: int) -> Usa
                  prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
 
 
-def _token_logprob(served: ServedModel, event: GenerationEvent, recorder: TopLogprobs | None = None) -> TokenLogprob:
+def _token_logprob(served: BoundModel, event: GenerationEvent, recorder: TopLogprobs | None = None) -> TokenLogprob:
     """The chosen token's logprob (the engine's own) and, when asked, the step's most likely tokens."""
     decode = served.model.tokenizer.decode
     top = []
@@ -121,7 +116,7 @@ def _token_logprob(served: ServedModel, event: GenerationEvent, recorder: TopLog
     return TokenLogprob(token=piece, logprob=event.logprob, bytes=list(piece.encode()), top_logprobs=top)
 
 
-def _record(served: ServedModel, endpoint: str, last: GenerationEvent | None, n_prompt: int, n: int,
+def _record(served: BoundModel, endpoint: str, last: GenerationEvent | None, n_prompt: int, n: int,
             request_id: int) -> None:
     if last is None:
         return
@@ -129,10 +124,10 @@ def _record(served: ServedModel, endpoint: str, last: GenerationEvent | None, n_
                                       last.prefill_s, last.decode_tps, last.finish_reason or "cancelled", time.time()))
 
 
-async def chat_completions(served: ServedModel, request: Request, body: ChatCompletionRequest) -> Response:
+async def chat_completions(server: ServedModel, request: Request, body: ChatCompletionRequest) -> Response:
     """``POST /v1/chat/completions``. With ``tools`` the model's own chat template renders them and tool calls in
     the reply come back as ``tool_calls`` (a streamed reply with tools is sent when it is complete)."""
-    check_model(served, body.model)
+    served = await server.bind(body.model)
     _check_common(body)
     if body.top_logprobs and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
@@ -175,7 +170,7 @@ def _tools(body: ChatCompletionRequest) -> list[dict] | None:
     return body.tools
 
 
-async def _chat_reply(served: ServedModel, body: ChatCompletionRequest, events: AsyncIterator[GenerationEvent],
+async def _chat_reply(served: BoundModel, body: ChatCompletionRequest, events: AsyncIterator[GenerationEvent],
                       reply_id: str, created: int, n_prompt: int, request_id: int, tools: bool,
                       recorder: TopLogprobs | None = None) -> ChatCompletion:
     text, logprobs, last, n = [], [], None, 0
@@ -198,7 +193,7 @@ async def _chat_reply(served: ServedModel, body: ChatCompletionRequest, events: 
                           usage=_usage(last, n_prompt, n))
 
 
-async def _whole_reply_chunks(served: ServedModel, body: ChatCompletionRequest, events: AsyncIterator[GenerationEvent],
+async def _whole_reply_chunks(served: BoundModel, body: ChatCompletionRequest, events: AsyncIterator[GenerationEvent],
                               reply_id: str, created: int, n_prompt: int, request_id: int) -> AsyncIterator[bytes]:
     """A finished reply sent as stream chunks: the role, content, tool-call deltas, the finish, [DONE]."""
     try:
@@ -223,7 +218,7 @@ async def _whole_reply_chunks(served: ServedModel, body: ChatCompletionRequest, 
     yield sse.DONE
 
 
-async def _chat_chunks(served: ServedModel, events: AsyncIterator[GenerationEvent], reply_id: str, created: int,
+async def _chat_chunks(served: BoundModel, events: AsyncIterator[GenerationEvent], reply_id: str, created: int,
                        n_prompt: int, logprobs: bool, include_usage: bool, request_id: int,
                        recorder: TopLogprobs | None = None) -> AsyncIterator[bytes]:
     def chunk(delta: ChoiceDelta, finish: str | None = None, lp: ChoiceLogprobs | None = None) -> bytes:
@@ -251,9 +246,9 @@ async def _chat_chunks(served: ServedModel, events: AsyncIterator[GenerationEven
     yield sse.DONE
 
 
-async def completions(served: ServedModel, request: Request, body: CompletionRequest) -> Response:
+async def completions(server: ServedModel, request: Request, body: CompletionRequest) -> Response:
     """``POST /v1/completions``: a plain text prompt (or token ids) continued."""
-    check_model(served, body.model)
+    served = await server.bind(body.model)
     _check_common(body)
     if body.logprobs:
         raise APIError(400, "logprobs on /v1/completions is not supported yet", param="logprobs")
@@ -286,7 +281,7 @@ async def completions(served: ServedModel, request: Request, body: CompletionReq
     return JSONResponse(reply.model_dump())
 
 
-async def _completion_chunks(served: ServedModel, events: AsyncIterator[GenerationEvent], reply_id: str, created: int,
+async def _completion_chunks(served: BoundModel, events: AsyncIterator[GenerationEvent], reply_id: str, created: int,
                              echo: str, n_prompt: int, request_id: int) -> AsyncIterator[bytes]:
     def chunk(text: str, finish: str | None = None) -> bytes:
         data = Completion(id=reply_id, created=created, model=served.name,

@@ -191,7 +191,12 @@ class ServedModel:
         self._prefix: tuple[Model | None, PrefixCache] = (None, PrefixCache(prefix_caches))
         self.created = int(time.time())
         self.active = 0  # requests submitted and not yet ended
+        self._active_by: collections.Counter = collections.Counter()  # the same, by id() of their model
         self.stats = ServerStats()
+
+    def active_on(self, model: Model) -> int:
+        """Requests submitted to ``model`` and not yet ended."""
+        return self._active_by[id(model)]
 
     @property
     def name(self) -> str:
@@ -253,6 +258,7 @@ class ServedModel:
         except ValueError as e:
             raise APIError(400, str(e), param="response_format" if grammar else None) from e
         self.active += 1
+        self._active_by[id(model)] += 1
         return handle
 
     def _request(self, model: Model, ids: Sequence[int], params: SamplingParams, max_tokens: int,
@@ -316,6 +322,7 @@ class ServedModel:
                 yield event
         finally:
             self.active -= 1
+            self._active_by[id(model)] -= 1
             if not done:
                 model.scheduler.cancel(handle.id)
 

@@ -17,6 +17,7 @@ from ..gguf_file import read_gguf
 from ..memory_estimate import fit_verdict, system_memory
 from ..model import Model
 from ..scheduler import Request, RequestHandle
+from ..thermal.monitor import ThermalMonitor
 from .errors import APIError
 from .host import SchedulerThread
 
@@ -68,15 +69,17 @@ class LibraryHost:
         active: how many requests a loaded model has running (the server's count), so busy models stay.
         loader: ``engine.model.load`` unless a test fakes it.
         refusal: ``load_refusal`` unless a test fakes it.
+        thermal: makes the thermal monitor of each model loaded (None: fixed limits).
     """
 
     def __init__(self, library: Mapping[str, str | Path], backend: str = "auto", n_ctx: int | None = None,
                  parallel: int = 16, max_resident: int = 2, active: Callable[[Model], int] = lambda model: 0,
-                 loader: Callable[..., Model] | None = None, refusal: Callable[..., str | None] = load_refusal):
+                 loader: Callable[..., Model] | None = None, refusal: Callable[..., str | None] = load_refusal,
+                 thermal: Callable[[], ThermalMonitor | None] = lambda: None):
         from ..model import load
         self.library = {name: Path(path) for name, path in library.items()}
         self.backend, self.n_ctx, self.parallel, self.max_resident = backend, n_ctx, parallel, max_resident
-        self.active, self._load, self._refusal = active, loader or load, refusal
+        self.active, self._load, self._refusal, self._thermal = active, loader or load, refusal, thermal
         self._resident: dict[str, SchedulerThread] = {}
         self._lock = threading.Lock()  # one load at a time; guards _resident
         self._started = False
@@ -93,7 +96,7 @@ class LibraryHost:
                 return self._resident[name].model
             self._make_room(name)
             model = self._load(str(self.library[name]), backend=self.backend, n_ctx=self.n_ctx)
-            thread = SchedulerThread(model, name, self.parallel)
+            thread = SchedulerThread(model, name, self.parallel, self._thermal())
             self._resident[name] = thread
             if self._started:
                 thread.start()

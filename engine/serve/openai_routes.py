@@ -247,11 +247,11 @@ async def _chat_chunks(served: BoundModel, events: AsyncIterator[GenerationEvent
 
 
 async def completions(server: ServedModel, request: Request, body: CompletionRequest) -> Response:
-    """``POST /v1/completions``: a plain text prompt (or token ids) continued."""
+    """``POST /v1/completions``: a plain text prompt (or token ids) continued. ``logprobs`` N gives each
+    generated token's logprob (the engine's own) and the N most likely tokens of its step, in the legacy format;
+    ``return_token_ids`` adds the prompt's and the completion's token ids to the choice."""
     served = await server.bind(body.model)
     _check_common(body)
-    if body.logprobs:
-        raise APIError(400, "logprobs on /v1/completions is not supported yet", param="logprobs")
     params = sampling_params(body)
     if isinstance(body.prompt, str):
         ids = await run_in_threadpool(served.model.tokenize, body.prompt, True, True)
@@ -263,42 +263,94 @@ async def completions(server: ServedModel, request: Request, body: CompletionReq
     if not ids:
         raise APIError(400, "the prompt is empty", param="prompt")
     max_tokens = token_budget(served, len(ids), body.max_tokens)
-    handle = served.submit(ids, params, max_tokens, body.stop_strings())
+    recorder = TopLogprobs(body.logprobs) if body.logprobs else None
+    handle = served.submit(ids, params, max_tokens, body.stop_strings(), top_logprobs=recorder)
     reply_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     events = served.events(handle, request.is_disconnected)
     echo = (body.prompt if isinstance(body.prompt, str) else served.model.detokenize(ids)) if body.echo else ""
+    pieces = CompletionPieces(served, body, ids, echo, recorder)
     if body.stream:
-        return StreamingResponse(_completion_chunks(served, events, reply_id, created, echo, len(ids), handle.id),
+        return StreamingResponse(_completion_chunks(served, events, reply_id, created, pieces, handle.id),
                                  media_type="text/event-stream")
-    text, last, n = [echo], None, 0
+    last, n = None, 0
     async for event in events:
-        text.append(event.text)
+        pieces.add(event)
         n, last = n + 1, event
     _record(served, "completions", last, len(ids), n, handle.id)
-    choice = CompletionChoice(text="".join(text), finish_reason=FINISH[last.finish_reason] if last else "stop")
+    choice = pieces.choice("".join([echo, *pieces.text]), FINISH[last.finish_reason] if last else "stop", whole=True)
     reply = Completion(id=reply_id, created=created, model=served.name, choices=[choice],
                        usage=_usage(last, len(ids), n))
-    return JSONResponse(reply.model_dump())
+    return JSONResponse(_without_token_ids(reply.model_dump()))
 
 
-async def _completion_chunks(served: BoundModel, events: AsyncIterator[GenerationEvent], reply_id: str, created: int,
-                             echo: str, n_prompt: int, request_id: int) -> AsyncIterator[bytes]:
-    def chunk(text: str, finish: str | None = None) -> bytes:
-        data = Completion(id=reply_id, created=created, model=served.name,
-                          choices=[CompletionChoice(text=text, finish_reason=finish)])
+class CompletionPieces:
+    """A completion's text, token ids and legacy logprobs (``tokens``, ``token_logprobs``, ``top_logprobs``,
+    ``text_offset``) as its tokens arrive."""
+
+    def __init__(self, served: BoundModel, body: CompletionRequest, ids: list[int], echo: str,
+                 recorder: TopLogprobs | None):
+        self.served, self.body, self.prompt_ids, self.recorder, self.echo = served, body, ids, recorder, echo
+        self.text: list[str] = []
+        self.ids: list[int] = []
+        self.offset = len(echo)
+        self.logprobs = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+
+    def add(self, event: GenerationEvent) -> dict | None:
+        """Take one token; its logprobs entry (one token's lists) when logprobs were asked for."""
+        self.text.append(event.text)
+        self.ids.append(event.id)
+        if self.body.logprobs is None:
+            return None
+        decode = self.served.model.tokenizer.decode
+        top = {}
+        if self.recorder is not None and event.index < len(self.recorder.steps):
+            top = {decode([tid]): lp for tid, lp in self.recorder.steps[event.index]}
+        one = {"tokens": [decode([event.id])], "token_logprobs": [event.logprob],
+               "top_logprobs": [top] if self.body.logprobs else [None], "text_offset": [self.offset]}
+        self.offset += len(event.text)
+        for key, values in one.items():
+            self.logprobs[key] += values
+        return one
+
+    def choice(self, text: str, finish: str | None, whole: bool = False, one: dict | None = None) -> CompletionChoice:
+        """A choice with ``text``; the whole reply's logprobs and ids (``whole``) or one token's (``one``)."""
+        ids = self.body.return_token_ids
+        return CompletionChoice(text=text, finish_reason=finish,
+                                logprobs=self.logprobs if whole and self.body.logprobs is not None else one,
+                                prompt_token_ids=self.prompt_ids if ids and whole else None,
+                                token_ids=list(self.ids) if ids and whole else None)
+
+
+def _without_token_ids(data: dict) -> dict:
+    """Leave the token-id extension fields out of a response that did not ask for them."""
+    for choice in data.get("choices", []):
+        for key in ("prompt_token_ids", "token_ids"):
+            if choice.get(key) is None:
+                choice.pop(key, None)
+    return data
+
+
+async def _completion_chunks(served: BoundModel, events: AsyncIterator[GenerationEvent], reply_id: str,
+                             created: int, pieces: CompletionPieces, request_id: int) -> AsyncIterator[bytes]:
+    def chunk(choice: CompletionChoice) -> bytes:
+        data = Completion(id=reply_id, created=created, model=served.name, choices=[choice])
         return sse.data_event(data.model_dump(exclude_none=True))
 
-    if echo:
-        yield chunk(echo)
+    if pieces.echo:
+        yield chunk(CompletionChoice(text=pieces.echo, finish_reason=None))
     last, n = None, 0
     try:
         async for event in events:
             n, last = n + 1, event
-            if event.text:
-                yield chunk(event.text)
+            one = pieces.add(event)
+            if event.text or one is not None:
+                yield chunk(pieces.choice(event.text, None, one=one))
     except APIError as e:
         yield sse.data_event({"error": {"message": e.message, "type": "server_error", "param": None, "code": e.code}})
         return
-    yield chunk("", FINISH[last.finish_reason] if last is not None else "stop")
-    _record(served, "completions", last, n_prompt, n, request_id)
+    final = pieces.choice("", FINISH[last.finish_reason] if last is not None else "stop")
+    if pieces.body.return_token_ids:
+        final.prompt_token_ids, final.token_ids = pieces.prompt_ids, list(pieces.ids)
+    yield chunk(final)
+    _record(served, "completions", last, len(pieces.prompt_ids), n, request_id)
     yield sse.DONE

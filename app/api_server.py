@@ -181,7 +181,7 @@ class ApiServer(QObject):
         self.error: str | None = None
         self._ticker = QTimer(self)
         self._ticker.setInterval(500)
-        self._ticker.timeout.connect(self._report)
+        self._ticker.timeout.connect(self.report)
 
     @property
     def running(self) -> bool:
@@ -189,7 +189,7 @@ class ApiServer(QObject):
 
     def state(self) -> dict:
         return {"running": self.running, "base_url": self.settings.base_url, "active": self.served.active,
-                "error": self.error}
+                "error": self.error, "settings": self.settings}
 
     def apply(self, settings: ServerSettings) -> None:
         """Keep ``settings`` and start, restart or stop the server as they say; a failure is in ``state``."""
@@ -199,7 +199,7 @@ class ApiServer(QObject):
             self.store.set_setting(SETTINGS_KEY, settings.to_dict())
         if settings.enabled:
             self.start()
-        self._report()
+        self.report()
 
     def start(self) -> None:
         """Bind and serve with the current settings; ``error`` says why when it could not."""
@@ -213,7 +213,7 @@ class ApiServer(QObject):
             sock = _bind(self.settings.host, self.settings.port)
         except (ValueError, OSError) as e:
             self.error = str(e)
-            self._report()
+            self.report()
             return
         app = create_app(self.served, api_key=self.settings.api_key or None,
                          allowed_origins=self.settings.allowed_origins, manage_lifetime=False)
@@ -227,7 +227,7 @@ class ApiServer(QObject):
         if not self._server.started:
             self.error = "the server did not start"
         self._ticker.start()
-        self._report()
+        self.report()
 
     def stop(self) -> None:
         """Stop serving: requests running are cancelled (their sequences end at the next step)."""
@@ -238,9 +238,10 @@ class ApiServer(QObject):
             self._thread.join(timeout=10)
         self._server = self._thread = None
         self._ticker.stop()
-        self._report()
+        self.report()
 
-    def _report(self) -> None:
+    def report(self) -> None:
+        """Emit state_changed now (it is emitted twice a second while the server runs)."""
         emit(self.state_changed, self.state())
 
 

@@ -98,8 +98,9 @@ class ReplyLoop:
                 self.hooks.admit(self)
                 self._follow_the_user()
                 report = self.scheduler.step()
+                others = report.decode_batch > len(self.replies)  # API sequences decoded (before replies end)
                 self._deliver(report.decode_batch)
-                if report.decode_batch > 1 or batch > 1:
+                if report.decode_batch > 1 or batch > 1 or others:
                     decoded += report.decode_batch
                     now = self.clock()
                     # every interval, and at once when the number of replies decoding together changes

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import http.client
 import io
 import json
 import socket
@@ -279,8 +280,10 @@ class SmokeTest(QObject):
             for _ in range(SERVER_CLIENTS):
                 threading.Thread(target=ask, args=(True,), daemon=True).start()
         elif self._streams_started and served.active >= SERVER_CLIENTS \
-                and self.session.host.model.scheduler.has_work and len(self._api_replies) == 1:
+                and self.session.host.model.scheduler.has_work and len(self._api_replies) == 1 \
+                and self.session.telemetry.engine.phase == "decode":
             self._server_timer.stop()
+            self.session.api_server.report()
             self.pages["server-streaming"] = self._grab("server-streaming")
             self.pages["server-streaming-dark"] = self._grab_dark("server-streaming-dark")
             self.transcript["server"] = {"running": served.active, "log": [
@@ -428,5 +431,5 @@ def _ask_api(base_url: str, model: str, stream: bool) -> str:
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
             return response.read().decode()
-    except OSError as e:  # the server stopped after the screenshot: the stream ends there
+    except (OSError, http.client.HTTPException) as e:  # the server stopped after the screenshot: the stream ends
         return f"error: {e}"

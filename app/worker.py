@@ -243,6 +243,7 @@ class EngineWorker(QObject):
         try:
             if self._model is not None and self._model.scheduler.has_work:
                 self._step(None, ReplyLoop(self._model.scheduler, self._hooks()))
+                self._probe.model_changed(self._model)  # the dashboard goes back to idle
         finally:
             self._serve_offers()
 

@@ -40,6 +40,7 @@ class ServerPage(QFrame):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.setObjectName("serverPage")
+        self._shown: ServerSettings | None = None  # the server's settings last put in the form
         self._build()
 
     def _build(self) -> None:
@@ -108,6 +109,7 @@ class ServerPage(QFrame):
     # -- state in ----------------------------------------------------------------------------------
     def set_settings(self, settings: ServerSettings) -> None:
         """Show ``settings`` in the form."""
+        self._shown = settings
         self.enabled.setChecked(settings.enabled)
         self.address.setText(settings.host)
         self.port.setValue(settings.port)
@@ -116,12 +118,17 @@ class ServerPage(QFrame):
         self.base_url.setText(settings.base_url)
 
     def set_state(self, state: dict) -> None:
-        """Show whether the server runs, where, how many requests it is answering, or why it stopped."""
+        """Show whether the server runs, where, how many requests it is answering, or why it stopped; the form
+        follows the server's settings when they changed (not on every report, which would undo an edit)."""
+        settings = state.get("settings")
+        if settings is not None and settings != self._shown:
+            self.set_settings(settings)
         self.base_url.setText(state.get("base_url", ""))
         if state.get("error"):
             text = f"Not serving: {state['error']}"
         elif state.get("running"):
-            text = f"Serving at {state.get('base_url')} · {state.get('active', 0)} requests running"
+            active = state.get("active", 0)
+            text = f"Serving at {state.get('base_url')} · {active} request{'' if active == 1 else 's'} running"
         else:
             text = "Not serving."
         self.status.setText(text)

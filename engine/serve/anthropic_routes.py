@@ -18,7 +18,7 @@ from . import sse
 from .anthropic_schemas import Message, MessagesRequest, MessageUsage, TextBlock, ToolResultBlock, ToolUseBlock
 from .errors import APIError
 from .host import BoundModel, RequestRecord, ServedModel
-from .openai_routes import token_budget
+from .openai_routes import forced_tool_grammar, token_budget
 from .tool_calls import parse_tool_calls, template_messages_with_calls
 
 
@@ -65,7 +65,8 @@ async def messages(server: ServedModel, request: Request, body: MessagesRequest)
         raise APIError(400, f"the chat template could not render the messages: {e}", param="messages") from e
     stops = body.stop_sequences or []
     max_tokens = token_budget(served, len(ids), body.max_tokens)
-    handle = served.submit(ids, params, max_tokens, stops)
+    grammar = forced_tool_grammar(served, tools, _forced_tool(body.tool_choice))
+    handle = served.submit(ids, params, max_tokens, stops, grammar)
     message_id = f"msg_{uuid.uuid4().hex}"
     events = served.events(handle, request.is_disconnected)
     if body.stream and not tools:
@@ -75,6 +76,18 @@ async def messages(server: ServedModel, request: Request, body: MessagesRequest)
     if body.stream:
         return StreamingResponse(_whole_message_events(reply), media_type="text/event-stream")
     return JSONResponse((await reply).model_dump())
+
+
+def _forced_tool(tool_choice: dict | None) -> str | bool:
+    """What Anthropic's ``tool_choice`` forces: False (nothing), True (some tool: "any") or a tool's name."""
+    kind = (tool_choice or {}).get("type")
+    if kind == "any":
+        return True
+    if kind == "tool":
+        if not isinstance(tool_choice.get("name"), str):
+            raise APIError(400, "tool_choice of type tool needs a name", param="tool_choice")
+        return tool_choice["name"]
+    return False
 
 
 async def _whole_message(served: BoundModel, events: AsyncIterator[GenerationEvent], message_id: str, n_prompt: int,

@@ -133,7 +133,8 @@ async def chat_completions(server: ServedModel, request: Request, body: ChatComp
         raise APIError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
     recorder = TopLogprobs(body.top_logprobs) if body.top_logprobs else None
     tools = _tools(body)
-    grammar = _response_grammar(body.response_format)
+    grammar = forced_tool_grammar(served, tools, _forced_tool(body.tool_choice)) or \
+        _response_grammar(body.response_format)
     params = sampling_params(body)
     messages = template_messages_with_calls(_messages(body))
     try:
@@ -156,6 +157,36 @@ async def chat_completions(server: ServedModel, request: Request, body: ChatComp
     reply = await _chat_reply(served, body, events, reply_id, created, len(ids), handle.id, bool(tools),
                               recorder)
     return JSONResponse(reply.model_dump(exclude_none=False))
+
+
+def _forced_tool(tool_choice: str | dict | None) -> str | bool:
+    """What OpenAI's ``tool_choice`` forces: False (nothing), True (some tool: "required") or a tool's name."""
+    if tool_choice == "required":
+        return True
+    if isinstance(tool_choice, dict):
+        function = tool_choice.get("function")
+        if tool_choice.get("type") != "function" or not isinstance(function, dict) \
+                or not isinstance(function.get("name"), str):
+            raise APIError(400, "tool_choice must be none, auto, required or {'type': 'function', 'function': "
+                                "{'name': ...}}", param="tool_choice")
+        return function["name"]
+    if tool_choice not in (None, "auto", "none"):
+        raise APIError(400, "tool_choice must be none, auto, required or a function", param="tool_choice")
+    return False
+
+
+def forced_tool_grammar(served: BoundModel, tools: list[dict] | None, forced: str | bool) -> str | None:
+    """The grammar that makes the reply one call of the forced tool (any tool when ``forced`` is True), in the
+    syntax of the model's chat template; None when no tool is forced."""
+    if forced is False:
+        return None
+    if not tools:
+        raise APIError(400, "tool_choice forces a tool call but the request has no tools", param="tool_choice")
+    from .constrained import tool_call_grammar  # llguidance loads only when a request needs it
+    try:
+        return tool_call_grammar(tools, None if forced is True else forced, served.model.template.source)
+    except ValueError as e:
+        raise APIError(400, str(e), param="tool_choice") from e
 
 
 def _tools(body: ChatCompletionRequest) -> list[dict] | None:

@@ -148,21 +148,23 @@ def test_api_requests_and_a_chat_reply_decode_in_one_batch_of_the_apps_scheduler
     host.finished.connect(lambda rid, stats: done.update({rid: stats}))
 
     def ask(i):
-        stream = client.chat.completions.create(model=name, messages=[{"role": "user", "content": f"Count to {i}."}],
-                                                max_tokens=48, temperature=0, stream=True)
-        api[i] = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        stream = client.completions.create(model=name, prompt=f"Chapter {i + 1}. Once upon a time", max_tokens=200,
+                                           temperature=0, stream=True)
+        api[i] = ""
+        for chunk in stream:  # a story goes on past the chat's reply: the two overlap
+            api[i] += chunk.choices[0].text
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
     for t in threads:
         t.start()
-    qtbot.waitUntil(lambda: server.served.active > 0, timeout=60000)
-    rid = host.generate(small_model, N_CTX, TEA, {"max_tokens": 64, "temperature": 0.0})
+    qtbot.waitUntil(lambda: len(api) == 3 and all(api.values()), timeout=120000)  # all three stream now
+    rid = host.generate(small_model, N_CTX, TEA, {"max_tokens": 32, "temperature": 0.0})
     qtbot.waitUntil(lambda: rid in done and len(logged) == 3, timeout=240000)
     for t in threads:
         t.join(timeout=60)
     assert done[rid]["batched"]  # the chat's reply decoded in passes with the API's sequences
     assert max(s.batch for s in samples) >= 2  # the dashboard counts the API's sequences
-    assert sorted(r.endpoint for r in logged) == ["chat"] * 3 and all(r.completion_tokens > 0 for r in logged)
+    assert sorted(r.endpoint for r in logged) == ["completions"] * 3 and all(r.completion_tokens > 0 for r in logged)
     assert all(api[i] for i in range(3))
     assert server.served.active == 0 and not host.model.scheduler.has_work
 
@@ -178,3 +180,14 @@ def test_an_api_request_alone_is_stepped_by_the_engine_thread_and_stopping_the_s
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="not-in-the-library", prompt="x", max_tokens=2)
     qtbot.waitUntil(lambda: server.served.stats.log[-1].status == 404, timeout=5000)
+
+
+def test_the_form_follows_the_servers_settings_but_a_report_does_not_undo_an_edit(qtbot):
+    page = ServerPage()
+    qtbot.addWidget(page)
+    applied = ServerSettings(enabled=True, port=9100)
+    page.set_state({"running": True, "base_url": applied.base_url, "active": 1, "settings": applied})
+    assert page.settings() == applied and "1 request running" in page.status.text()
+    page.port.setValue(9200)  # the user edits; the next report carries the same server settings
+    page.set_state({"running": True, "base_url": applied.base_url, "active": 2, "settings": applied})
+    assert page.port.value() == 9200 and "2 requests running" in page.status.text()

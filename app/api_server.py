@@ -233,10 +233,12 @@ class ApiServer(QObject):
         """Stop serving: requests running are cancelled (their sequences end at the next step)."""
         if self._server is None:
             return
+        self.served.stopping = True  # streams end now, so the connections close before the server's grace ends
         self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=10)
         self._server = self._thread = None
+        self.served.stopping = False
         self._ticker.stop()
         self.report()
 

@@ -193,6 +193,7 @@ class ServedModel:
         self.active = 0  # requests submitted and not yet ended
         self._active_by: collections.Counter = collections.Counter()  # the same, by id() of their model
         self.stats = ServerStats()
+        self.stopping = False  # set while the server shuts down: running requests end at once with a 503
 
     def active_on(self, model: Model) -> int:
         """Requests submitted to ``model`` and not yet ended."""
@@ -327,6 +328,8 @@ class ServedModel:
                 model.scheduler.cancel(handle.id)
 
     def _check_running(self, model: Model, deadline: float) -> None:
+        if self.stopping:
+            raise APIError(503, "the server is stopping")
         if time.monotonic() > deadline:
             raise APIError(504, f"the request ran longer than {self.timeout_s:g} s")
         if self.host.error is not None:

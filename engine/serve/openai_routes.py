@@ -21,7 +21,7 @@ from .openai_schemas import (AssistantMessage, ChatChoice, ChatCompletion, ChatC
                              CompletionRequest, Model, ModelList, PromptTokensDetails, TokenLogprob, ToolCall,
                              ToolCallFunction, TopLogprob, Usage, _Sampling)
 from .logprobs import TopLogprobs
-from .tool_calls import parse_tool_calls, template_messages_with_calls
+from .tool_calls import CallDelta, ToolCallStream, parse_tool_calls, template_messages_with_calls
 
 # the engine's finish reasons in the OpenAI API's words
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
@@ -152,7 +152,8 @@ async def chat_completions(server: ServedModel, request: Request, body: ChatComp
                               recorder)
         return StreamingResponse(chunks, media_type="text/event-stream")
     if body.stream:
-        return StreamingResponse(_whole_reply_chunks(served, body, events, reply_id, created, len(ids), handle.id),
+        stream = ToolCallStream()
+        return StreamingResponse(_tool_chunks(served, body, events, reply_id, created, len(ids), handle.id, stream),
                                  media_type="text/event-stream")
     reply = await _chat_reply(served, body, events, reply_id, created, len(ids), handle.id, bool(tools),
                               recorder)
@@ -224,29 +225,45 @@ async def _chat_reply(served: BoundModel, body: ChatCompletionRequest, events: A
                           usage=_usage(last, n_prompt, n))
 
 
-async def _whole_reply_chunks(served: BoundModel, body: ChatCompletionRequest, events: AsyncIterator[GenerationEvent],
-                              reply_id: str, created: int, n_prompt: int, request_id: int) -> AsyncIterator[bytes]:
-    """A finished reply sent as stream chunks: the role, content, tool-call deltas, the finish, [DONE]."""
-    try:
-        reply = await _chat_reply(served, body, events, reply_id, created, n_prompt, request_id, True)
-    except APIError as e:
-        yield sse.data_event({"error": {"message": e.message, "type": "server_error", "param": None, "code": e.code}})
-        return
-    choice = reply.choices[0]
-    calls = [{"index": i, "id": c.id, "type": "function", "function": c.function.model_dump()}
-             for i, c in enumerate(choice.message.tool_calls or [])]
-    deltas = [(ChoiceDelta(role="assistant", content=choice.message.content or ""), None)]
-    if calls:
-        deltas.append((ChoiceDelta(tool_calls=calls), None))
-    deltas.append((ChoiceDelta(), choice.finish_reason))
-    for delta, finish in deltas:
+async def _tool_chunks(served: BoundModel, body: ChatCompletionRequest, events: AsyncIterator[GenerationEvent],
+                       reply_id: str, created: int, n_prompt: int, request_id: int,
+                       stream: ToolCallStream) -> AsyncIterator[bytes]:
+    """A reply with tools, streamed as it is generated: text as content deltas, each tool call as
+    ``delta.tool_calls`` (its id and name first, then its arguments in pieces), then the finish and [DONE]."""
+    def chunk(delta: ChoiceDelta, finish: str | None = None) -> bytes:
         data = ChatCompletionChunk(id=reply_id, created=created, model=served.name,
                                    choices=[ChunkChoice(delta=delta, finish_reason=finish)])
-        yield sse.data_event(data.model_dump(exclude_none=True))
+        return sse.data_event(data.model_dump(exclude_none=True))
+
+    yield chunk(ChoiceDelta(role="assistant", content=""))
+    last, n = None, 0
+    try:
+        async for event in events:
+            n, last = n + 1, event
+            for delta in stream.feed(event.text):
+                yield chunk(_call_delta(delta))
+    except APIError as e:  # mid-stream: the status is sent already, so the error goes in the stream
+        yield sse.data_event({"error": {"message": e.message, "type": "server_error", "param": None, "code": e.code}})
+        return
+    for delta in stream.finish():
+        yield chunk(_call_delta(delta))
+    finish = "tool_calls" if stream.calls else FINISH[last.finish_reason] if last is not None else "stop"
+    yield chunk(ChoiceDelta(), finish)
     if body.stream_options is not None and body.stream_options.include_usage:
-        data = ChatCompletionChunk(id=reply_id, created=created, model=served.name, choices=[], usage=reply.usage)
+        data = ChatCompletionChunk(id=reply_id, created=created, model=served.name, choices=[],
+                                   usage=_usage(last, n_prompt, n))
         yield sse.data_event(data.model_dump(exclude_none=True))
+    _record(served, "chat", last, n_prompt, n, request_id)
     yield sse.DONE
+
+
+def _call_delta(delta: CallDelta) -> ChoiceDelta:
+    if delta.text:
+        return ChoiceDelta(content=delta.text)
+    call = {"index": delta.index, "function": {"arguments": delta.arguments}}
+    if delta.name is not None:
+        call.update(id=delta.id, type="function", function={"name": delta.name, "arguments": delta.arguments})
+    return ChoiceDelta(tool_calls=[call])
 
 
 async def _chat_chunks(served: BoundModel, events: AsyncIterator[GenerationEvent], reply_id: str, created: int,

@@ -69,3 +69,27 @@ def test_anthropic_tool_choice_tool_forces_a_tool_use_block(qwen_server):
     [block] = [b for b in reply.content if b.type == "tool_use"]
     assert block.name == "get_weather"
     jsonschema.validate(block.input, WEATHER)
+
+
+def test_a_forced_call_streams_its_arguments_in_pieces_in_both_apis(qwen_server):
+    client = client_for(qwen_server)
+    chunks = list(client.chat.completions.create(
+        model="qwen2.5-coder", messages=ASK, tools=TOOLS, max_tokens=120, temperature=0, stream=True,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}))
+    deltas = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])] if chunks else []
+    assert deltas[0].id.startswith("call_") and deltas[0].function.name == "get_weather"
+    pieces = [d.function.arguments for d in deltas if d.function.arguments]
+    assert len(pieces) > 3 and all(d.index == 0 for d in deltas)
+    jsonschema.validate(json.loads("".join(pieces)), WEATHER)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    anthropic_client = anthropic.Anthropic(base_url=qwen_server.base_url, api_key="none", max_retries=0, timeout=300)
+    tools = [{"name": f["function"]["name"], "description": f["function"]["description"],
+              "input_schema": f["function"]["parameters"]} for f in TOOLS]
+    with anthropic_client.messages.stream(model="qwen2.5-coder", max_tokens=120, messages=ASK, tools=tools,
+                                          tool_choice={"type": "tool", "name": "get_weather"}) as stream:
+        kinds = [e.delta.type for e in stream if e.type == "content_block_delta"]
+        final = stream.get_final_message()
+    assert kinds.count("input_json_delta") > 3 and final.stop_reason == "tool_use"
+    [block] = [b for b in final.content if b.type == "tool_use"]
+    assert block.name == "get_weather"
+    jsonschema.validate(block.input, WEATHER)

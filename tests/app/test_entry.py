@@ -43,8 +43,8 @@ def test_smoke_test_chats_and_saves_every_page(tmp_path):
     for name in ("chat", "models", "chat-settings", "chat-dark", "chat-empty", "chat-streaming", "chat-thinking",
                  "chat-thinking-open", "chat-thinking-dark", "chat-two-models", "chat-two-models-dark",
                  "models-add-error", "models-add-error-dark", "defaults", "defaults-dark", "chat-base-model",
-                 "chat-base-model-dark", "chat-code", "chat-code-dark", "chat-narrow", "chat-narrow-dark", "server-streaming",
-                 "server-streaming-dark"):
+                 "chat-base-model-dark", "chat-code", "chat-code-dark", "chat-narrow", "chat-narrow-dark",
+                 "server-streaming", "server-streaming-dark"):
         assert (out / f"{name}.png").stat().st_size > 5000, name
     assert transcript["two_models"]["authors"] == ["You", BUILTIN_MODEL_NAME, "You", "SmolLM2 135M Instruct"]
     assert transcript["base_model"]["model_text"].endswith("· base model — text completion")

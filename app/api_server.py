@@ -12,6 +12,7 @@ model that does not run here or does not fit in memory is answered 503 with the 
 from __future__ import annotations
 
 import dataclasses
+import os
 import secrets
 import socket
 import threading
@@ -264,7 +265,6 @@ def _bind(host: str, port: int) -> socket.socket:
 
 def _file_size(path) -> int:
     try:
-        import os
         return os.path.getsize(path)
     except OSError:
         return 0

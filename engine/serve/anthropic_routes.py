@@ -3,10 +3,9 @@ tool_result blocks; a streamed reply with tools is sent when it is complete)."""
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request

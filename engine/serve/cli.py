@@ -7,7 +7,6 @@ import argparse
 import ipaddress
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 LOOPBACK_HOSTS = ("localhost",)
 
@@ -85,7 +84,6 @@ def main(argv: list[str], library: Callable[[str | None], dict[str, str]] | None
     import uvicorn
 
     from .app import create_app
-    from .host import ServedModel
 
     served = _served(args, library)
     app = create_app(served, api_key=args.api_key, allowed_origins=tuple(args.allow_origin))

@@ -18,9 +18,8 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLengt
            "required": ["city", "unit"], "additionalProperties": False}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
                                            "parameters": WEATHER}},
-         {"type": "function", "function": {"name": "get_time", "description": "Time in a city",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}},
-                                                          "required": ["city"]}}}]
+         {"type": "function", "function": {"name": "get_time", "description": "Time in a city", "parameters": {
+             "type": "object", "properties": {"city": {"type": "string", "maxLength": 40}}, "required": ["city"]}}}]
 ASK = [{"role": "user", "content": "Tell me a joke about cats."}]  # a question no tool answers
 
 

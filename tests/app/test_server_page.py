@@ -191,3 +191,24 @@ def test_the_form_follows_the_servers_settings_but_a_report_does_not_undo_an_edi
     page.port.setValue(9200)  # the user edits; the next report carries the same server settings
     page.set_state({"running": True, "base_url": applied.base_url, "active": 2, "settings": applied})
     assert page.port.value() == 9200 and "2 requests running" in page.status.text()
+
+
+@pytest.mark.slow
+def test_a_request_for_a_library_model_loads_it_in_the_app_when_nothing_streams(qtbot, small_model):
+    host = EngineHost(load_engine_model, make_sampling_params, thermal=make_cool(ThermalMonitor(default_provider())))
+    server = ApiServer(host, FakeStore(), library=lambda: {model_id(small_model): small_model}, n_ctx=lambda: N_CTX)
+    server.apply(ServerSettings(enabled=True, port=_free_port()))
+    try:
+        assert host.model is None
+        client = openai.OpenAI(base_url=server.settings.base_url, api_key="none", max_retries=0, timeout=300)
+        result = {}
+        ask = threading.Thread(target=lambda: result.update(reply=client.completions.create(
+            model=model_id(small_model), prompt="The capital of France is", max_tokens=4, temperature=0)))
+        with qtbot.waitSignal(host.loaded, timeout=120000) as loaded:  # the app loads it, as its own model
+            ask.start()
+        assert loaded.args[0]["path"] == small_model
+        qtbot.waitUntil(lambda: "reply" in result, timeout=120000)
+        assert result["reply"].usage.completion_tokens == 4 and str(host.model.path) == small_model
+    finally:
+        server.stop()
+        host.shutdown()

@@ -1,5 +1,5 @@
 """The main window: navigation rail, the Chat page (sidebar, messages, composer, settings), the Models page, the
-dashboard and the Default settings page."""
+dashboard, the Server page and the Default settings page."""
 
 from __future__ import annotations
 
@@ -27,14 +27,15 @@ from .elided_label import ElidedLabel
 from .models_page import ModelsPage
 from .remote_endpoint_dialog import RemoteEndpointDialog
 from .notice_bar import NoticeBar
+from .server_page import ServerPage
 from .settings_panel import SettingsPanel
 from .sidebar import Sidebar
 from .status_strip import StatusStrip
 from .theme import app_icon, icon
 
-PAGES = ("chat", "models", "dashboard", "defaults")
+PAGES = ("chat", "models", "dashboard", "server", "defaults")
 RAIL = (("chat", "Chat", "chat"), ("models", "Models", "models"), ("dashboard", "Live", "dashboard"),
-        ("defaults", "Defaults", "settings"))  # page, label, icon
+        ("server", "Server", "server"), ("defaults", "Defaults", "settings"))  # page, label, icon
 CHAT_MIN_WIDTH = 380
 
 
@@ -47,7 +48,7 @@ class MainWindow(QMainWindow):
 
     def __init__(self, controller: ChatController, model_choices: ModelChoices, parent: QWidget | None = None,
                  actions: ConversationActions | None = None,
-                 telemetry: Telemetry | None = None, downloads: DownloadsBridge | None = None):
+                 telemetry: Telemetry | None = None, downloads: DownloadsBridge | None = None, api_server=None):
         super().__init__(parent)
         self.controller = controller
         self.model_choices = model_choices
@@ -55,6 +56,7 @@ class MainWindow(QMainWindow):
         self.actions = actions
         self.telemetry = telemetry or Telemetry(parent=self)
         self.downloads = downloads
+        self.api_server = api_server  # app.api_server.ApiServer, or None (the page then only shows its form)
         self.draft_compatibility = DraftCompatibility()
         self.confirm = lambda title, text: QMessageBox.question(self, title, text) == QMessageBox.StandardButton.Yes
         self._deleted: tuple[int, str] | None = None
@@ -67,6 +69,7 @@ class MainWindow(QMainWindow):
         self._connect()
         self._connect_conversation_menu()
         self._connect_downloads()
+        self._connect_server()
 
     # -- building ------------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -115,9 +118,10 @@ class MainWindow(QMainWindow):
                                        thermal_mode=self.controller)
         self.defaults_page = DefaultSettingsPage()
         self.defaults_page.set_defaults(self.controller.default_settings())
+        self.server_page = ServerPage()
         self.stack = QStackedWidget()
         self.pages = {"chat": self.splitter, "models": self.models_page, "dashboard": self.dashboard,
-                      "defaults": self.defaults_page}
+                      "server": self.server_page, "defaults": self.defaults_page}
         for name in PAGES:
             self.stack.addWidget(self.pages[name])
         self.rail = QFrame()
@@ -264,6 +268,16 @@ class MainWindow(QMainWindow):
         bridge.load_curated()
         for progress in bridge.downloads():  # paused or failed ones from an earlier run
             panel.update_download(progress)
+
+    def _connect_server(self) -> None:
+        server, page = self.api_server, self.server_page
+        if server is None:
+            return
+        page.set_settings(server.settings)
+        page.set_state(server.state())
+        page.apply_requested.connect(server.apply)
+        server.state_changed.connect(page.set_state)
+        server.request_logged.connect(page.add_record)
 
     def _on_downloaded(self, key: str, path: str) -> None:
         self._refresh_models()

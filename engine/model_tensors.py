@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from .config import ModelConfig
+from .deltanet import DELTANET_TENSORS
 from .gguf_file import GGUFFile, ModelFormatError
 
 # field -> (tensor suffix, required)
@@ -38,8 +39,16 @@ LAYER_TENSORS = {
     "w_up_exps": ("ffn_up_exps.weight", False),
     "w_down_exps": ("ffn_down_exps.weight", False),
 }
+# qwen35moe's shared expert, beside the routed ones; its gate (n_embd,) is a vector of one output row
+SHARED_EXPERT_TENSORS = {
+    "w_shexp_gate": "ffn_gate_inp_shexp.weight",
+    "w_gate_shexp": "ffn_gate_shexp.weight",
+    "w_up_shexp": "ffn_up_shexp.weight",
+    "w_down_shexp": "ffn_down_shexp.weight",
+}
 MATRIX_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "w_router", "w_gate_exps", "w_up_exps",
-                 "w_down_exps")
+                 "w_down_exps", "w_gate_shexp", "w_up_shexp", "w_down_shexp")
+ATTENTION_FIELDS = ("wq", "wk", "wv", "wo", "bq", "bk", "bv", "q_norm", "k_norm")
 DENSE_FFN_FIELDS = ("w_gate", "w_up", "w_down")
 EXPERT_FIELDS = ("w_router", "w_gate_exps", "w_up_exps", "w_down_exps")
 # tensors outside the layers that a model may hold, besides token_embd / output_norm / output
@@ -78,10 +87,16 @@ def layer_tensor_names(gguf: GGUFFile, config: ModelConfig, layer: int) -> dict[
     c = config
     prefix = f"blk.{layer}."
     refs: dict[str, TensorRef | None] = {}
-    fused_qkv = prefix + "attn_qkv.weight" in gguf.tensors
+    recurrent = c.is_recurrent(layer)  # a Gated DeltaNet layer: engine.deltanet loads its mixer
+    fused_qkv = prefix + "attn_qkv.weight" in gguf.tensors and not recurrent
     fused_up = c.arch == "phi3"  # llama.cpp phi3: ffn_up is (n_embd, 2 * n_ff), gate first
     for field, (suffix, required) in LAYER_TENSORS.items():
         name = prefix + suffix
+        if c.is_hybrid and field == "ffn_norm":  # qwen35 names the FFN's pre-norm post_attention_norm
+            name = prefix + "post_attention_norm.weight"
+        if (recurrent and field in ATTENTION_FIELDS) or (c.is_hybrid and field == "post_attn_norm"):
+            refs[field] = None
+            continue
         if fused_qkv and field in ("wq", "wk", "wv", "bq", "bk", "bv"):
             refs[field] = _qkv_part(gguf, c, prefix, field)
             continue
@@ -103,6 +118,11 @@ def layer_tensor_names(gguf: GGUFFile, config: ModelConfig, layer: int) -> dict[
             raise ModelFormatError(f"tensor {name!r} is not used by {c.arch}, which has no pre-norms")
         else:
             refs[field] = TensorRef(name)
+    if c.n_ff_shexp:
+        for field, suffix in SHARED_EXPERT_TENSORS.items():
+            if prefix + suffix not in gguf.tensors:
+                raise ModelFormatError(f"the model has no tensor {prefix + suffix!r}, which {c.arch} needs")
+            refs[field] = TensorRef(prefix + suffix)
     _check_shapes(gguf, c, refs)
     return refs
 
@@ -151,13 +171,15 @@ def _check_shapes(gguf: GGUFFile, config: ModelConfig, refs: dict[str, TensorRef
     q_norm = (c.n_q_embd,) if c.qk_norm_whole else (c.head_dim,)
     k_norm = (c.n_kv_embd,) if c.qk_norm_whole else (c.head_dim,)
     expected = {  # GGML order: (row length, rows)
-        "wq": (c.n_embd, c.n_q_embd), "wk": (c.n_embd, c.n_kv_embd), "wv": (c.n_embd, c.n_kv_heads * c.v_head_dim),
+        "wq": (c.n_embd, 2 * c.n_q_embd if c.attn_output_gate else c.n_q_embd), "wk": (c.n_embd, c.n_kv_embd), "wv": (c.n_embd, c.n_kv_heads * c.v_head_dim),
         "wo": (c.n_heads * c.v_head_dim, c.n_embd), "w_gate": (c.n_embd, c.n_ff), "w_up": (c.n_embd, c.n_ff),
         "w_down": (c.n_ff, c.n_embd), "attn_norm": (c.n_embd,), "ffn_norm": (c.n_embd,),
         "q_norm": q_norm, "k_norm": k_norm, "bq": (c.n_q_embd,), "bk": (c.n_kv_embd,),
         "w_router": (c.n_embd, c.n_expert), "w_gate_exps": (c.n_embd, c.n_ff_exp, c.n_expert),
         "w_up_exps": (c.n_embd, c.n_ff_exp, c.n_expert), "w_down_exps": (c.n_ff_exp, c.n_embd, c.n_expert),
         "bv": (c.n_kv_heads * c.v_head_dim,), "post_attn_norm": (c.n_embd,), "post_ffn_norm": (c.n_embd,),
+        "w_shexp_gate": (c.n_embd,), "w_gate_shexp": (c.n_embd, c.n_ff_shexp), "w_up_shexp": (c.n_embd, c.n_ff_shexp),
+        "w_down_shexp": (c.n_ff_shexp, c.n_embd),
     }
     for field, shape in expected.items():
         ref = refs.get(field)
@@ -180,6 +202,11 @@ def _check_no_unknown_tensors(gguf: GGUFFile, config: ModelConfig) -> None:
         known_layer -= {"ffn_gate.weight"}
     skipped = DENSE_FFN_FIELDS if config.is_moe else EXPERT_FIELDS  # one FFN kind per model
     known_layer -= {LAYER_TENSORS[field][0] for field in skipped}
+    if config.is_hybrid:
+        known_layer |= set(DELTANET_TENSORS.values())
+        known_layer -= {"ffn_norm.weight", "attn_qkv.bias"}
+    if config.n_ff_shexp:
+        known_layer |= set(SHARED_EXPERT_TENSORS.values())
     for name in gguf.tensors:
         if name == "output.weight" and config.arch == "gemma2":  # llama.cpp: gemma2's output is token_embd
             raise ModelFormatError("tensor 'output.weight' is not supported for gemma2 (its output is token_embd)")

@@ -17,6 +17,7 @@ from .backends import create_backend
 from .chat_template import ChatTemplate
 from .config import ModelConfig
 from .context import fit_messages, reply_room
+from .deltanet import recurrent_state_shapes
 from .generate import GenerationEvent, prefill, reusable_prefix
 from .gguf_file import GGUFFile, read_gguf
 from .memory_estimate import kv_cache_bytes
@@ -151,7 +152,10 @@ class Model:
         if self._cache is None:
             self._cache = self.backend.new_cache(self.n_ctx)
         common = reusable_prefix(self._tokens, ids)
-        self._cache.truncate(common)
+        try:
+            self._cache.truncate(common)
+        except ValueError:  # a cache that cannot go back there (a restored recurrent state): start afresh
+            self._cache, common = self.backend.new_cache(self.n_ctx), 0
         self._tokens = self._tokens[:common]
         return common
 
@@ -359,7 +363,8 @@ class Model:
             SessionError: another model, a damaged file, wrong shapes or a context that is too small.
         """
         c = self.config
-        session = load_session(path, self.sha256, c.n_layers, (c.n_kv_heads, c.head_dim, c.v_head_dim))
+        session = load_session(path, self.sha256, c.n_layers, (c.n_kv_heads, c.head_dim, c.v_head_dim),
+                               c.recurrent_layers, list(recurrent_state_shapes(c)) * len(c.recurrent_layers))
         if len(session.tokens) > self.n_ctx:
             raise SessionError(f"the session has {len(session.tokens)} tokens; this model's context is {self.n_ctx}")
         cache = self.backend.new_cache(self.n_ctx)

@@ -85,6 +85,12 @@ def recurrent_state_shapes(config: ModelConfig) -> tuple[tuple[int, int], tuple[
     return (c.ssm_d_conv - 1, c.ssm_conv_dim), (c.ssm_n_v_heads, c.ssm_d_state, c.ssm_head_v_dim)
 
 
+def recurrent_state_bytes(config: ModelConfig, copies: int = 1) -> int:
+    """Bytes of ``copies`` float32 copies of every recurrent layer's state (0 for a model without such layers)."""
+    conv, ssm = recurrent_state_shapes(config) if config.is_hybrid else ((0, 0), (0, 0, 0))
+    return 4 * copies * len(config.recurrent_layers) * (int(np.prod(conv)) + int(np.prod(ssm)))
+
+
 def deltanet_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """GGML shapes (row length first) of a recurrent layer's tensors, by field."""
     c = config
@@ -94,20 +100,28 @@ def deltanet_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             "norm": (c.ssm_head_v_dim,), "w_out": (c.ssm_value_dim, c.n_embd)}
 
 
-def load_deltanet(gguf: GGUFFile, config: ModelConfig, layer: int, load_matrix: Callable[[str], Any],
-                  load_vector: Callable[[str], np.ndarray]) -> DeltaNetWeights:
-    """Layer ``layer``'s recurrent weights, matrices through ``load_matrix``, the rest as float32.
-
-    Raises ModelFormatError naming a missing tensor or one of the wrong shape.
-    """
+def deltanet_tensor_names(gguf: GGUFFile, config: ModelConfig, layer: int) -> dict[str, str]:
+    """Layer ``layer``'s recurrent tensors by field; ModelFormatError names a missing or misshapen one."""
     shapes = deltanet_tensor_shapes(config)
-    fields = {}
+    names = {}
     for field, suffix in DELTANET_TENSORS.items():
         name = f"blk.{layer}.{suffix}"
         if name not in gguf.tensors:
             raise ModelFormatError(f"the model has no tensor {name!r}, which {config.arch}'s recurrent layer {layer} needs")
         if gguf.tensors[name].shape != shapes[field]:
             raise ModelFormatError(f"tensor {name!r} has shape {gguf.tensors[name].shape}, expected {shapes[field]}")
+        names[field] = name
+    return names
+
+
+def load_deltanet(gguf: GGUFFile, config: ModelConfig, layer: int, load_matrix: Callable[[str], Any],
+                  load_vector: Callable[[str], np.ndarray]) -> DeltaNetWeights:
+    """Layer ``layer``'s recurrent weights, matrices through ``load_matrix``, the rest as float32.
+
+    Raises ModelFormatError naming a missing tensor or one of the wrong shape.
+    """
+    fields = {}
+    for field, name in deltanet_tensor_names(gguf, config, layer).items():
         if field in DELTANET_MATRICES:
             fields[field] = load_matrix(name)
         else:

@@ -17,7 +17,7 @@ from .backends import create_backend
 from .chat_template import ChatTemplate
 from .config import ModelConfig
 from .context import fit_messages, reply_room
-from .deltanet import recurrent_state_shapes
+from .deltanet import recurrent_state_bytes, recurrent_state_shapes
 from .generate import GenerationEvent, prefill, reusable_prefix
 from .gguf_file import GGUFFile, read_gguf
 from .memory_estimate import kv_cache_bytes
@@ -108,8 +108,9 @@ class Model:
     def _kv_element_bytes(self) -> int:
         """Bytes per cached key/value element (2 for float16, 4 for float32), measured on a one-position cache
         from the backend; KV_ELEMENT_BYTES when such a cache allocates nothing up front."""
-        probe = self.backend.new_cache(1)
-        per_position, elements = probe.nbytes, kv_cache_bytes(self.config, 1, 1, False)
+        probe = self.backend.new_cache(1)  # a hybrid model's cache also holds its (float32) recurrent states
+        per_position = probe.nbytes - recurrent_state_bytes(self.config)
+        elements = kv_cache_bytes(self.config, 1, 1, False)
         return per_position // elements if per_position >= elements else KV_ELEMENT_BYTES
 
     # -- text ----------------------------------------------------------------------------------------

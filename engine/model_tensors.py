@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from .config import ModelConfig
-from .deltanet import DELTANET_TENSORS
+from .deltanet import DELTANET_TENSORS, deltanet_tensor_names
 from .gguf_file import GGUFFile, ModelFormatError
 
 # field -> (tensor suffix, required)
@@ -118,6 +118,8 @@ def layer_tensor_names(gguf: GGUFFile, config: ModelConfig, layer: int) -> dict[
             raise ModelFormatError(f"tensor {name!r} is not used by {c.arch}, which has no pre-norms")
         else:
             refs[field] = TensorRef(name)
+    if recurrent:  # checked here too, so a verdict from the header alone sees what loading would
+        deltanet_tensor_names(gguf, c, layer)
     if c.n_ff_shexp:
         for field, suffix in SHARED_EXPERT_TENSORS.items():
             if prefix + suffix not in gguf.tensors:

@@ -196,3 +196,25 @@ def test_a_restored_session_cannot_replay_unknown_tokens_but_the_model_starts_af
     model.load_session(tmp_path / "s.hearth")
     edited = PROMPT[:10] + [4, 4]
     assert [e.id for e in model.generate_ids(edited, GREEDY, 4)] == _solo(model, edited, 4)
+
+
+def test_memory_figures_count_kv_of_attention_layers_and_the_recurrent_states(model, hybrid_path):
+    from engine.deltanet import recurrent_state_bytes
+    from engine.gguf_file import read_gguf
+    from engine.memory_estimate import RECURRENT_STATE_COPIES, estimate_memory
+
+    c = model.config
+    n_attention = c.n_layers - len(c.recurrent_layers)
+    assert 0 < n_attention < c.n_layers
+    state = recurrent_state_bytes(c)
+    assert state == 4 * len(c.recurrent_layers) * ((c.ssm_d_conv - 1) * c.ssm_conv_dim
+                                                   + c.ssm_n_v_heads * c.ssm_d_state * c.ssm_head_v_dim)
+    cache = model.backend.new_cache(N_CTX)
+    cache.reserve(N_CTX)
+    # NumPy and the CPU reference path keep keys and values in float32, MLX in its matmul dtype
+    element = model.backend.dtype.size if model.backend.name == "mlx" else 4
+    assert cache.nbytes == n_attention * c.n_kv_heads * (c.head_dim + c.v_head_dim) * N_CTX * element + state
+    usage = model.kv_cache_usage
+    assert usage.bytes_per_position == n_attention * c.n_kv_heads * (c.head_dim + c.v_head_dim) * element
+    estimate = estimate_memory(read_gguf(hybrid_path), N_CTX, "numpy")
+    assert estimate.kv_cache_bytes == usage.bytes_per_position * N_CTX + state * RECURRENT_STATE_COPIES

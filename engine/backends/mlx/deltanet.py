@@ -14,9 +14,7 @@ import mlx.core as mx
 import numpy as np
 
 from ...config import ModelConfig
-from ...deltanet import (DELTANET_MATRICES, DELTANET_TENSORS, SOFTPLUS_LINEAR_ABOVE, deltanet_tensor_shapes,
-                         recurrent_state_shapes)
-from ...gguf_file import ModelFormatError
+from ...deltanet import DELTANET_MATRICES, SOFTPLUS_LINEAR_ABOVE, deltanet_tensor_names, recurrent_state_shapes
 from ...hybrid_cache import RecurrentStates, recurrent_from_arrays
 from ..base import KVState
 from .kv_cache import LayerKV, MlxKVCache
@@ -59,14 +57,8 @@ class MlxRecurrentState:
 
 def load_mlx_deltanet(reader: TensorReader, config: ModelConfig, layer: int) -> MlxDeltaNet:
     """Layer ``layer``'s recurrent weights; ModelFormatError names a missing or misshapen tensor."""
-    shapes = deltanet_tensor_shapes(config)
     fields = {}
-    for field, suffix in DELTANET_TENSORS.items():
-        name = f"blk.{layer}.{suffix}"
-        if name not in reader.gguf.tensors:
-            raise ModelFormatError(f"the model has no tensor {name!r}, which {config.arch}'s recurrent layer {layer} needs")
-        if reader.gguf.tensors[name].shape != shapes[field]:
-            raise ModelFormatError(f"tensor {name!r} has shape {reader.gguf.tensors[name].shape}, expected {shapes[field]}")
+    for field, name in deltanet_tensor_names(reader.gguf, config, layer).items():
         if field in DELTANET_MATRICES:
             fields[field] = load_matrix(reader, name)
         else:

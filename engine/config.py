@@ -94,6 +94,7 @@ class ModelConfig:
     ssm_n_k_heads: int = 0  # ssm.group_count
     ssm_n_v_heads: int = 0  # ssm.time_step_rank
     ssm_value_dim: int = 0  # ssm.inner_size = n_v_heads * head_v_dim
+    n_mtp_layers: int = 0  # nextn_predict_layers: multi-token-prediction blocks after the n_layers trunk, not run
 
     def __post_init__(self):
         if self.attn_scale == 0.0:
@@ -331,7 +332,11 @@ def _olmo2(gguf: GGUFFile, arch: str, fields: dict) -> dict:
 def _qwen35(gguf: GGUFFile, arch: str, fields: dict) -> dict:
     """qwen35 / qwen35moe (llama.cpp src/models/qwen35*.cpp): recurrent layers from attention.recurrent_layers,
     else every layer but each full_attention_interval-th; gated attention with per-head q/k norms."""
-    n_layers = fields["n_layers"]
+    n_mtp = gguf.get(f"{arch}.nextn_predict_layers", int, 0)  # block_count counts them; llama.cpp skips them
+    if not 0 <= n_mtp < fields["n_layers"]:
+        raise ModelFormatError(f"metadata {arch}.nextn_predict_layers = {n_mtp} is out of range "
+                               f"(0 to block_count - 1)")
+    n_layers = fields["n_layers"] - n_mtp
     flags = gguf.metadata.get(f"{arch}.attention.recurrent_layers")
     if flags is not None:
         if not hasattr(flags, "__len__") or len(flags) < n_layers:
@@ -341,7 +346,7 @@ def _qwen35(gguf: GGUFFile, arch: str, fields: dict) -> dict:
         interval = _positive(gguf.get(f"{arch}.full_attention_interval", int, 4), f"{arch}.full_attention_interval",
                              MAX_LAYERS)
         recurrent = tuple(il for il in range(n_layers) if (il + 1) % interval != 0)
-    out = dict(qk_norm=True, attn_output_gate=True, recurrent_layers=recurrent,
+    out = dict(qk_norm=True, attn_output_gate=True, recurrent_layers=recurrent, n_layers=n_layers, n_mtp_layers=n_mtp,
                ssm_d_conv=_positive(gguf.get(f"{arch}.ssm.conv_kernel", int), f"{arch}.ssm.conv_kernel", 64),
                ssm_d_state=_positive(gguf.get(f"{arch}.ssm.state_size", int), f"{arch}.ssm.state_size", 1 << 12),
                ssm_n_k_heads=_positive(gguf.get(f"{arch}.ssm.group_count", int), f"{arch}.ssm.group_count", MAX_HEADS),

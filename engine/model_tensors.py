@@ -221,6 +221,9 @@ def _check_no_unknown_tensors(gguf: GGUFFile, config: ModelConfig) -> None:
         if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and int(parts[1]) < config.n_layers \
                 and parts[2] in known_layer:
             continue
+        if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() \
+                and config.n_layers <= int(parts[1]) < config.n_layers + config.n_mtp_layers:
+            continue  # a multi-token-prediction block (qwen35's NextN): llama.cpp loads it for drafting only
         raise ModelFormatError(f"tensor {name!r} is not supported for {config.arch} by this engine")
 
 

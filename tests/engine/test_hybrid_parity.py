@@ -143,3 +143,25 @@ def test_unknown_tensor_in_hybrid_is_named(tmp_path):
     path = write_hybrid(tmp_path / "u.gguf", extra_tensors={"blk.1.ssm_d": np.zeros(4)})
     with pytest.raises(ModelFormatError, match=r"blk\.1\.ssm_d"):
         _load(path)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_multi_token_prediction_block_is_left_out_as_llama_cpp_does(tmp_path, arch, backend):
+    """Qwen3.5 files carry a NextN block after the trunk (nextn_predict_layers); the main pass skips it."""
+    import llama_cpp
+
+    path = write_hybrid(tmp_path / f"{arch}-mtp.gguf", arch, mtp=True)
+    ids = SEQUENCE[:48]
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, logits_all=True, n_threads=2, verbose=False)
+    try:
+        llm.eval(ids)
+        ref = np.array(llm.scores[:len(ids)], dtype=np.float32)
+    finally:
+        llm.close()
+    gguf = read_gguf(path)
+    config = ModelConfig.from_gguf(gguf)
+    assert (config.n_layers, config.n_mtp_layers) == (4, 1)
+    model = _make_backend(backend, gguf, config)
+    ours = model.forward(ids, model.new_cache(256), all_logits=True)
+    assert np.abs(ours - ref).max() < 0.05 and (ours.argmax(1) == ref.argmax(1)).all()

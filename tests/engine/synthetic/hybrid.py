@@ -40,10 +40,13 @@ def is_recurrent(il: int) -> bool:
 
 
 def write_hybrid(path: str | Path, arch: str = "qwen35", seed: int = 0, drop: tuple[str, ...] = (),
-                 extra_tensors: dict[str, np.ndarray] | None = None, metadata: dict[str, Any] | None = None) -> Path:
+                 extra_tensors: dict[str, np.ndarray] | None = None, metadata: dict[str, Any] | None = None,
+                 mtp: bool = False) -> Path:
     """Write a random-weight ``qwen35`` or ``qwen35moe`` model (F32) to ``path``; same arguments, same bytes.
 
     Args:
+        mtp: add a multi-token-prediction block after the trunk (``nextn_predict_layers`` 1, block_count + 1),
+            as convert_hf_to_gguf writes Qwen3.5 files by default; the main pass does not run it.
         drop: tensor names or metadata keys to leave out (malformed-model tests).
         extra_tensors: more tensors by name, numpy order (rows, row length).
         metadata: keys (full names) to add or replace.
@@ -51,11 +54,17 @@ def write_hybrid(path: str | Path, arch: str = "qwen35", seed: int = 0, drop: tu
     if arch not in ("qwen35", "qwen35moe"):
         raise ValueError(f"not a hybrid architecture: {arch!r}")
     writer = GGUFWriter(str(path), arch)
-    for key, value in {**_hybrid_metadata(arch), **(metadata or {})}.items():
+    meta = _hybrid_metadata(arch)
+    if mtp:
+        meta.update({f"{arch}.block_count": N_LAYERS + 1, f"{arch}.nextn_predict_layers": 1})
+    for key, value in {**meta, **(metadata or {})}.items():
         if key not in drop:
             _add_key(writer, key, value)
     rng = np.random.default_rng(seed)
-    for name, values in {**_tensors(arch, rng), **(extra_tensors or {})}.items():
+    tensors = _tensors(arch, rng)
+    if mtp:
+        tensors.update(_mtp_tensors(arch, rng))
+    for name, values in {**tensors, **(extra_tensors or {})}.items():
         if name not in drop:
             writer.add_tensor(name, np.ascontiguousarray(values, dtype=np.float32))
     writer.write_header_to_file()
@@ -161,3 +170,23 @@ def _moe_tensors(p: str, rng: np.random.Generator, matrix) -> dict[str, np.ndarr
         p + "ffn_up_shexp.weight": matrix(N_FF_SHEXP, N_EMBD, 1.0),
         p + "ffn_down_shexp.weight": matrix(N_EMBD, N_FF_SHEXP, 0.5),
     }
+
+
+def _mtp_tensors(arch: str, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """blk.N_LAYERS: a gated full-attention block and its NextN projections (src/models/qwen35.cpp)."""
+    p = f"blk.{N_LAYERS}."
+    out = {p + "attn_norm.weight": np.ones(N_EMBD), p + "post_attention_norm.weight": np.ones(N_EMBD),
+           p + "attn_q.weight": 0.05 * rng.standard_normal((2 * N_HEADS * HEAD_DIM, N_EMBD)),
+           p + "attn_k.weight": 0.05 * rng.standard_normal((N_KV_HEADS * HEAD_DIM, N_EMBD)),
+           p + "attn_v.weight": 0.05 * rng.standard_normal((N_KV_HEADS * HEAD_DIM, N_EMBD)),
+           p + "attn_output.weight": 0.05 * rng.standard_normal((N_EMBD, N_HEADS * HEAD_DIM)),
+           p + "attn_q_norm.weight": np.ones(HEAD_DIM), p + "attn_k_norm.weight": np.ones(HEAD_DIM),
+           p + "nextn.eh_proj.weight": 0.05 * rng.standard_normal((N_EMBD, 2 * N_EMBD)),
+           p + "nextn.enorm.weight": np.ones(N_EMBD), p + "nextn.hnorm.weight": np.ones(N_EMBD)}
+    if arch == "qwen35moe":
+        out.update(_moe_tensors(p, rng, lambda rows, cols, gain: gain / np.sqrt(cols) * rng.standard_normal((rows, cols))))
+    else:
+        out.update({p + "ffn_gate.weight": 0.05 * rng.standard_normal((N_FF, N_EMBD)),
+                    p + "ffn_up.weight": 0.05 * rng.standard_normal((N_FF, N_EMBD)),
+                    p + "ffn_down.weight": 0.05 * rng.standard_normal((N_EMBD, N_FF))})
+    return out

@@ -218,3 +218,23 @@ def test_memory_figures_count_kv_of_attention_layers_and_the_recurrent_states(mo
     assert usage.bytes_per_position == n_attention * c.n_kv_heads * (c.head_dim + c.v_head_dim) * element
     estimate = estimate_memory(read_gguf(hybrid_path), N_CTX, "numpy")
     assert estimate.kv_cache_bytes == usage.bytes_per_position * N_CTX + state * RECURRENT_STATE_COPIES
+
+
+def test_a_session_whose_recurrent_states_do_not_fit_is_refused(model, tmp_path):
+    from engine.deltanet import recurrent_state_shapes
+    from engine.session import SessionError, load_session
+
+    [e.id for e in model.generate_ids(PROMPT[:8], GREEDY, 2)]
+    path = tmp_path / "s.hearth"
+    model.save_session(path)
+    c = model.config
+    kv_shape = (c.n_kv_heads, c.head_dim, c.v_head_dim)
+    shapes = list(recurrent_state_shapes(c)) * len(c.recurrent_layers)
+    assert load_session(path, model.sha256, c.n_layers, kv_shape, c.recurrent_layers, shapes).kv.recurrent
+    with pytest.raises(SessionError, match="recurrent state array 1 has the wrong shape"):
+        load_session(path, model.sha256, c.n_layers, kv_shape, c.recurrent_layers,
+                     [shapes[0], (1, 2, 3)] + shapes[2:])
+    with pytest.raises(SessionError, match="recurrent state arrays"):
+        load_session(path, model.sha256, c.n_layers, kv_shape, c.recurrent_layers, shapes[:2])
+    with pytest.raises(SessionError, match="KV arrays of layer 0"):  # a dense model's view of the same file
+        load_session(path, model.sha256, c.n_layers, kv_shape)

@@ -20,11 +20,14 @@ from .packed_strings import PackedStrings
 EXPERT_GATING = ("softmax", "sigmoid", "softmax_weight")
 ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")  # rope.scaling.type values llama.cpp knows (alpha: no)
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "gpt-oss", "gemma2", "gemma3", "phi3", "mistral3", "smollm3",
-                           "granite", "olmo2")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "gpt-oss", "gemma2", "gemma3", "phi3",
+                           "mistral3", "smollm3", "granite", "olmo2", "qwen35", "qwen35moe")
+HYBRID_ARCHS = ("qwen35", "qwen35moe")  # Gated DeltaNet layers between gated full-attention layers
 MAX_LAYERS = 1024
 MAX_HEADS = 4096
-NEOX_ROPE_ARCHS = ("qwen2", "qwen2moe", "qwen3", "qwen3moe", "gpt-oss", "gemma2", "gemma3", "phi3", "olmo2")  # llama.cpp's LLAMA_ROPE_TYPE_NEOX
+# llama.cpp's LLAMA_ROPE_TYPE_NEOX; qwen35's IMROPE rotates as NEOX when every section has the token's position (text)
+NEOX_ROPE_ARCHS = ("qwen2", "qwen2moe", "qwen3", "qwen3moe", "gpt-oss", "gemma2", "gemma3", "phi3", "olmo2", "qwen35",
+                   "qwen35moe")
 # where llama.cpp's graph asserts rope.dimension_count == head_dim (only phi3 and gemma rotate part of a head)
 FULL_ROTARY_ARCHS = ("llama", "qwen2moe", "qwen3", "qwen3moe", "gpt-oss", "mistral3", "smollm3", "granite", "olmo2")
 
@@ -93,6 +96,15 @@ class ModelConfig:
     # -- attention blocks -----------------------------------------------------------------------------------
     attn_sinks: bool = False  # gpt-oss: a learned per-head logit (attn_sinks) that joins every softmax
     attn_out_bias: bool = False  # gpt-oss: attn_output.bias
+    # -- hybrid models (qwen35): Gated DeltaNet layers (engine.deltanet) among gated attention layers --------
+    recurrent_layers: tuple[int, ...] = ()  # the layers that are Gated DeltaNet; () = every layer is attention
+    attn_output_gate: bool = False  # attn_q holds per head the query then a gate; output *= sigmoid(gate)
+    ssm_d_conv: int = 0  # ssm.conv_kernel: the causal conv's width
+    ssm_d_state: int = 0  # ssm.state_size: head_k_dim (= head_v_dim)
+    ssm_n_k_heads: int = 0  # ssm.group_count
+    ssm_n_v_heads: int = 0  # ssm.time_step_rank
+    ssm_value_dim: int = 0  # ssm.inner_size = n_v_heads * head_v_dim
+    n_mtp_layers: int = 0  # nextn_predict_layers: multi-token-prediction blocks after the n_layers trunk, not run
 
     def __post_init__(self):
         if self.attn_scale == 0.0:
@@ -111,6 +123,23 @@ class ModelConfig:
     @property
     def is_moe(self) -> bool:
         return self.n_expert > 0
+
+    @property
+    def is_hybrid(self) -> bool:
+        return bool(self.recurrent_layers)
+
+    def is_recurrent(self, layer: int) -> bool:
+        """Whether ``layer`` is a Gated DeltaNet layer (a recurrent state, no KV cache)."""
+        return layer in self.recurrent_layers
+
+    @property
+    def ssm_head_v_dim(self) -> int:
+        return self.ssm_value_dim // self.ssm_n_v_heads if self.ssm_n_v_heads else 0
+
+    @property
+    def ssm_conv_dim(self) -> int:
+        """Channels of the conv: q and k (n_k_heads * d_state each), then v (value_dim)."""
+        return 2 * self.ssm_n_k_heads * self.ssm_d_state + self.ssm_value_dim
 
     @property
     def local_rope_scale(self) -> float:
@@ -336,8 +365,48 @@ def _olmo2(gguf: GGUFFile, arch: str, fields: dict) -> dict:
     return out
 
 
+def _qwen35(gguf: GGUFFile, arch: str, fields: dict) -> dict:
+    """qwen35 / qwen35moe (llama.cpp src/models/qwen35*.cpp): recurrent layers from attention.recurrent_layers,
+    else every layer but each full_attention_interval-th; gated attention with per-head q/k norms."""
+    n_mtp = gguf.get(f"{arch}.nextn_predict_layers", int, 0)  # block_count counts them; llama.cpp skips them
+    if not 0 <= n_mtp < fields["n_layers"]:
+        raise ModelFormatError(f"metadata {arch}.nextn_predict_layers = {n_mtp} is out of range "
+                               f"(0 to block_count - 1)")
+    n_layers = fields["n_layers"] - n_mtp
+    flags = gguf.metadata.get(f"{arch}.attention.recurrent_layers")
+    if flags is not None:
+        if not hasattr(flags, "__len__") or len(flags) < n_layers:
+            raise ModelFormatError(f"metadata {arch}.attention.recurrent_layers must flag each of the {n_layers} layers")
+        recurrent = tuple(il for il in range(n_layers) if flags[il])
+    else:
+        interval = _positive(gguf.get(f"{arch}.full_attention_interval", int, 4), f"{arch}.full_attention_interval",
+                             MAX_LAYERS)
+        recurrent = tuple(il for il in range(n_layers) if (il + 1) % interval != 0)
+    out = dict(qk_norm=True, attn_output_gate=True, recurrent_layers=recurrent, n_layers=n_layers, n_mtp_layers=n_mtp,
+               ssm_d_conv=_positive(gguf.get(f"{arch}.ssm.conv_kernel", int), f"{arch}.ssm.conv_kernel", 64),
+               ssm_d_state=_positive(gguf.get(f"{arch}.ssm.state_size", int), f"{arch}.ssm.state_size", 1 << 12),
+               ssm_n_k_heads=_positive(gguf.get(f"{arch}.ssm.group_count", int), f"{arch}.ssm.group_count", MAX_HEADS),
+               ssm_n_v_heads=_positive(gguf.get(f"{arch}.ssm.time_step_rank", int), f"{arch}.ssm.time_step_rank",
+                                       MAX_HEADS),
+               ssm_value_dim=_positive(gguf.get(f"{arch}.ssm.inner_size", int), f"{arch}.ssm.inner_size", 1 << 20))
+    if out["ssm_n_v_heads"] % out["ssm_n_k_heads"]:
+        raise ModelFormatError(f"metadata {arch}.ssm.time_step_rank {out['ssm_n_v_heads']} is not a multiple of "
+                               f"ssm.group_count {out['ssm_n_k_heads']}")
+    if out["ssm_value_dim"] != out["ssm_n_v_heads"] * out["ssm_d_state"]:
+        raise ModelFormatError(f"metadata {arch}.ssm.inner_size {out['ssm_value_dim']} is not ssm.time_step_rank x "
+                               f"ssm.state_size (head_k_dim and head_v_dim must be equal)")
+    if fields["head_dim"] != fields["v_head_dim"]:
+        raise ModelFormatError(f"{arch} needs attention.key_length == attention.value_length")
+    if arch == "qwen35moe":
+        moe = _qwen3moe(gguf, arch, fields)
+        moe.update(n_ff_shexp=gguf.get(f"{arch}.expert_shared_feed_forward_length", int, 0) or fields["n_ff"],
+                   shexp_gate=True)  # the shared expert scaled by sigmoid(ffn_gate_inp_shexp . x), as qwen2moe's
+        out.update(moe)
+    return out
+
+
 _ARCH_FIELDS = {"gemma2": _gemma2, "gemma3": _gemma3, "qwen3": _qwen3, "qwen3moe": _qwen3moe, "qwen2moe": _qwen2moe,
-                "gpt-oss": _gpt_oss, "phi3": _phi3, "mistral3": _mistral3,
+                "gpt-oss": _gpt_oss, "phi3": _phi3, "mistral3": _mistral3, "qwen35": _qwen35, "qwen35moe": _qwen35,
                 "smollm3": _smollm3, "granite": _granite, "olmo2": _olmo2}
 
 

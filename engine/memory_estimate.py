@@ -40,9 +40,14 @@ import numpy as np
 import psutil
 
 from .config import ModelConfig
+from .deltanet import recurrent_state_bytes
 from .gguf_file import GGUFFile
+from .hybrid_cache import MAX_ANCHORS
 from .packed_strings import PackedStrings
 
+# a hybrid sequence's recurrent states: the live one, the checkpoint before the latest call, the prompt anchors
+# (a verify pass's per-token snapshots come and go with it and are not counted)
+RECURRENT_STATE_COPIES = 2 + MAX_ANCHORS
 MICRO_BATCH = 512  # tokens per prefill step assumed for the scratch buffers
 FLOAT32_BYTES = 4
 
@@ -134,7 +139,7 @@ def estimate_memory(gguf: GGUFFile, n_ctx: int, backend: str = "cpu") -> MemoryE
     if n_ctx <= 0:
         raise ValueError(f"n_ctx must be positive, got {n_ctx}")
     config = ModelConfig.from_gguf(gguf)
-    if backend == "cpu" and config.is_moe:  # the CPU backend runs MoE models on the reference path's float32 cache
+    if backend == "cpu" and (config.is_moe or config.is_hybrid):  # these run on the reference path's float32 cache
         layout = KV_LAYOUTS["numpy"]
     weights = weights_bytes(gguf, backend)
     return MemoryEstimate(
@@ -142,7 +147,8 @@ def estimate_memory(gguf: GGUFFile, n_ctx: int, backend: str = "cpu") -> MemoryE
         active_weights_bytes=round(weights * active_weight_fraction(gguf, config)),
         mapped_bytes=weights if backend in MAPPED_BACKENDS else 0,
         kv_cache_bytes=kv_cache_bytes(config, n_ctx, layout.element_bytes, layout.sliding_rings,
-                                      layout.ring_slots(config, n_ctx) if layout.ring_slots else None),
+                                      layout.ring_slots(config, n_ctx) if layout.ring_slots else None)
+        + recurrent_state_bytes(config, RECURRENT_STATE_COPIES),
         overhead_bytes=metadata_bytes(gguf) + scratch_bytes(config, n_ctx),
     )
 
@@ -189,12 +195,12 @@ def numpy_weight_bytes(gguf: GGUFFile) -> int:
 
 def kv_cache_bytes(config: ModelConfig, n_ctx: int, bytes_per_element: int, sliding_rings: bool,
                    ring_slots: int | None = None) -> int:
-    """Keys and values of every layer; with ``sliding_rings`` a sliding-window layer holds at most
-    ``ring_slots`` positions (by default ``sliding_window``)."""
+    """Keys and values of every attention layer (a hybrid model's recurrent layers hold none); with
+    ``sliding_rings`` a sliding-window layer holds at most ``ring_slots`` positions (by default ``sliding_window``)."""
     per_position = config.n_kv_heads * (config.head_dim + config.v_head_dim) * bytes_per_element
     ring = config.sliding_window if ring_slots is None else ring_slots
     positions = sum(min(n_ctx, ring) if sliding_rings and config.is_sliding(layer) else n_ctx
-                    for layer in range(config.n_layers))
+                    for layer in range(config.n_layers) if not config.is_recurrent(layer))
     return positions * per_position
 
 

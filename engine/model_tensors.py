@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from .config import ModelConfig
+from .deltanet import DELTANET_TENSORS, deltanet_tensor_names
 from .gguf_file import GGUFFile, ModelFormatError
 
 # field -> (tensor suffix, required)
@@ -52,6 +53,7 @@ LAYER_TENSORS = {
 }
 MATRIX_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "w_router", "w_gate_exps", "w_up_exps",
                  "w_down_exps", "w_gate_shexp", "w_up_shexp", "w_down_shexp")
+ATTENTION_FIELDS = ("wq", "wk", "wv", "wo", "bq", "bk", "bv", "q_norm", "k_norm")  # absent in a recurrent layer
 DENSE_FFN_FIELDS = ("w_gate", "w_up", "w_down")
 EXPERT_FIELDS = ("w_router", "w_gate_exps", "w_up_exps", "w_down_exps")
 # fields a model has exactly when its config says so: required then, and refused as unknown otherwise
@@ -70,7 +72,8 @@ CONDITIONAL_FIELDS = {
 }
 # per architecture, fields stored under another tensor name (None: the field is absent). gpt-oss's
 # "post_attention_norm" is the norm before its FFN (llama.cpp's attn_post_norm, applied to the residual)
-RENAMED_FIELDS = {"gpt-oss": {"ffn_norm": "post_attention_norm.weight", "post_attn_norm": None}}
+_PRE_FFN_NORM_AS_POST_ATTENTION = {"ffn_norm": "post_attention_norm.weight", "post_attn_norm": None}
+RENAMED_FIELDS = {arch: _PRE_FFN_NORM_AS_POST_ATTENTION for arch in ("gpt-oss", "qwen35", "qwen35moe")}
 # tensors outside the layers that a model may hold, besides token_embd / output_norm / output
 GLOBAL_TENSORS = ("token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight",
                   "rope_factors_long.weight", "rope_factors_short.weight")
@@ -107,11 +110,12 @@ def layer_tensor_names(gguf: GGUFFile, config: ModelConfig, layer: int) -> dict[
     c = config
     prefix = f"blk.{layer}."
     refs: dict[str, TensorRef | None] = {}
-    fused_qkv = prefix + "attn_qkv.weight" in gguf.tensors
+    recurrent = c.is_recurrent(layer)  # a Gated DeltaNet layer: engine.deltanet loads its mixer
+    fused_qkv = prefix + "attn_qkv.weight" in gguf.tensors and not recurrent
     fused_up = c.arch == "phi3"  # llama.cpp phi3: ffn_up is (n_embd, 2 * n_ff), gate first
     renamed = RENAMED_FIELDS.get(c.arch, {})
     for field, (suffix, required) in LAYER_TENSORS.items():
-        if field in renamed and renamed[field] is None:
+        if (field in renamed and renamed[field] is None) or (recurrent and field in ATTENTION_FIELDS):
             refs[field] = None
             continue
         name = prefix + renamed.get(field, suffix)
@@ -136,6 +140,8 @@ def layer_tensor_names(gguf: GGUFFile, config: ModelConfig, layer: int) -> dict[
             raise ModelFormatError(f"tensor {name!r} is not used by {c.arch}, which has no pre-norms")
         else:
             refs[field] = TensorRef(name)
+    if recurrent:  # checked here too, so a verdict from the header alone sees what loading would
+        deltanet_tensor_names(gguf, c, layer)
     _check_shapes(gguf, c, refs)
     return refs
 
@@ -186,7 +192,7 @@ def _check_shapes(gguf: GGUFFile, config: ModelConfig, refs: dict[str, TensorRef
     q_norm = (c.n_q_embd,) if c.qk_norm_whole else (c.head_dim,)
     k_norm = (c.n_kv_embd,) if c.qk_norm_whole else (c.head_dim,)
     expected = {  # GGML order: (row length, rows)
-        "wq": (c.n_embd, c.n_q_embd), "wk": (c.n_embd, c.n_kv_embd), "wv": (c.n_embd, c.n_kv_heads * c.v_head_dim),
+        "wq": (c.n_embd, 2 * c.n_q_embd if c.attn_output_gate else c.n_q_embd), "wk": (c.n_embd, c.n_kv_embd), "wv": (c.n_embd, c.n_kv_heads * c.v_head_dim),
         "wo": (c.n_heads * c.v_head_dim, c.n_embd), "w_gate": (c.n_embd, c.n_ff), "w_up": (c.n_embd, c.n_ff),
         "w_down": (c.n_ff, c.n_embd), "attn_norm": (c.n_embd,), "ffn_norm": (c.n_embd,),
         "q_norm": q_norm, "k_norm": k_norm, "bq": (c.n_q_embd,), "bk": (c.n_kv_embd,),
@@ -224,6 +230,9 @@ def _check_no_unknown_tensors(gguf: GGUFFile, config: ModelConfig) -> None:
     renamed = RENAMED_FIELDS.get(config.arch, {})
     known_layer -= {LAYER_TENSORS[field][0] for field in renamed}
     known_layer |= {name for name in renamed.values() if name is not None}
+    if config.is_hybrid:
+        known_layer |= set(DELTANET_TENSORS.values())
+        known_layer -= {"attn_qkv.bias"}
     for name in gguf.tensors:
         if name == "output.weight" and config.arch == "gemma2":  # llama.cpp: gemma2's output is token_embd
             raise ModelFormatError("tensor 'output.weight' is not supported for gemma2 (its output is token_embd)")
@@ -236,6 +245,9 @@ def _check_no_unknown_tensors(gguf: GGUFFile, config: ModelConfig) -> None:
         if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and int(parts[1]) < config.n_layers \
                 and parts[2] in known_layer:
             continue
+        if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() \
+                and config.n_layers <= int(parts[1]) < config.n_layers + config.n_mtp_layers:
+            continue  # a multi-token-prediction block (qwen35's NextN): llama.cpp loads it for drafting only
         raise ModelFormatError(f"tensor {name!r} is not supported for {config.arch} by this engine")
 
 

@@ -31,8 +31,11 @@ class KVState:
     """A backend-neutral copy of a KV cache, for snapshots and cross-backend restore."""
 
     keys: list[np.ndarray]  # per layer: (n_kv_heads, n_past, head_dim)
-    values: list[np.ndarray]  # per layer: (n_kv_heads, n_past, v_head_dim)
+    values: list[np.ndarray]  # per layer: (n_kv_heads, n_past, v_head_dim); 0 positions in a recurrent layer
     n_past: int
+    # hybrid models: per recurrent layer in order, its conv state (d_conv - 1, conv_dim) then its
+    # delta-rule state (n_v_heads, head_k_dim, head_v_dim), float32 (engine.deltanet.RecurrentState)
+    recurrent: list[np.ndarray] | None = None
 
 
 class KVCache(abc.ABC):

@@ -5,9 +5,9 @@ near zero and resident memory is about the file size. Every forward call runs al
 released; the NumPy reference decoder this class inherits stays available as ``reference_forward`` (the
 same math with the same C matrix products, in NumPy), which the tests hold the C decoder to.
 
-Mixture-of-experts models do not run in the fused C decoder yet: they take that reference path (the C
-products on the packed, memory-mapped expert rows; only the chosen experts' rows are read) with a NumPy
-float32 KV cache.
+Mixture-of-experts and hybrid (Gated DeltaNet) models do not run in the fused C decoder yet: they take that
+reference path (the C products on the packed, memory-mapped rows; only the chosen experts' rows are read;
+the DeltaNet conv and recurrence in NumPy) with a NumPy float32 KV cache (``HybridKVCache`` for hybrids).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class CpuBackend(NumpyBackend):
         super().__init__(gguf, config, n_ctx)
         self.kv_dtype = np.dtype(kv_dtype)
         self.decoder: CpuDecoder | None = None  # None: the reference path (mixture-of-experts models)
-        if not config.is_moe:
+        if not (config.is_moe or config.is_hybrid):
             self.decoder = CpuDecoder(config, self.layers, (self.token_embd, int(self.token_embd_type)), self.output,
                                       self.output_norm, self.rope_inv_freq, self.rope_layer_set)
         self._caches: weakref.WeakSet[CpuKVCache | NumpyKVCache] = weakref.WeakSet()
@@ -89,7 +89,7 @@ class CpuBackend(NumpyBackend):
     # -- the decoder ---------------------------------------------------------------------------------
     def new_cache(self, n_ctx: int) -> CpuKVCache | NumpyKVCache:
         if self.decoder is None:
-            cache = NumpyKVCache(self.config, n_ctx)
+            cache = NumpyBackend.new_cache(self, n_ctx)
         else:
             cache = CpuKVCache(self.config, n_ctx, self.kv_dtype)
         self._caches.add(cache)

@@ -32,6 +32,7 @@ from ..model_tensors import TensorRef, layer_tensor_names, output_tensor_name
 from ..rope import attn_temperature, rope_tables
 from . import platform_mlx
 from .base import Backend, KVCache, MemoryStats
+from .mlx.deltanet import MlxHybridCache, load_mlx_deltanet, mlx_deltanet
 from .mlx.kv_cache import MAX_CHUNK, MlxKVCache
 from .mlx.moe import moe_ffn, swiglu_oai_gated
 from .mlx.weights import (RESIDUAL_DTYPE, Matrix, TensorReader, default_matmul_dtype, load_matrix, load_vector,
@@ -76,6 +77,7 @@ class LayerWeights:
     w_gate_inp_shexp: mx.array | None = None  # (n_embd,)
     bo: mx.array | None = None  # (n_embd,) attn_output.bias
     attn_sinks: mx.array | None = None  # (n_heads,) per-head sink logits (gpt-oss)
+    deltanet: object = None  # a hybrid model's recurrent layer: mlx.deltanet.MlxDeltaNet in place of attention
 
 
 MATRIX_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "w_router", "w_gate_exps", "w_up_exps",
@@ -160,6 +162,8 @@ class MlxBackend(Backend):
                 dtype = self.dtype if field in MATMUL_SIDE_VECTORS else RESIDUAL_DTYPE
                 vector = load_vector(reader, ref.name, dtype)
                 fields[field] = vector if ref.is_whole else vector[ref.rows(vector.shape[0])]
+        if self.config.is_recurrent(i):
+            fields["deltanet"] = load_mlx_deltanet(reader, self.config, i)
         return LayerWeights(**fields)
 
     @staticmethod
@@ -180,7 +184,8 @@ class MlxBackend(Backend):
 
     # -- the contract ------------------------------------------------------------------------------------
     def new_cache(self, n_ctx: int) -> MlxKVCache:
-        cache = MlxKVCache(self.config, n_ctx, self._replay, self.dtype)
+        kind = MlxHybridCache if self.config.is_hybrid else MlxKVCache
+        cache = kind(self.config, n_ctx, self._replay, self.dtype)
         self._caches.add(cache)
         return cache
 
@@ -201,7 +206,14 @@ class MlxBackend(Backend):
             cache.reserve(1)
         x = self.embed(mx.array(ids))[:, None, :]  # (B, 1, n_embd)
         starts = [cache.n_past for cache in caches]
+        if self.config.is_hybrid:
+            for cache in caches:
+                cache.recurrent.begin_call(1)
         for i, layer in enumerate(self.layers):
+            if layer.deltanet is not None:
+                x = x + self._residual(self._deltanet(i, layer, x, caches))
+                x = x + self._residual(self._ffn(layer, x))
+                continue
             x = x + self._residual(self._attention_batch(i, layer, x, caches, starts))
             x = x + self._residual(self._ffn(layer, x))
         for cache, token in zip(caches, ids):
@@ -270,6 +282,7 @@ class MlxBackend(Backend):
         total = sum(getattr(layer, f).nbytes for layer in self.layers for f in MATRIX_FIELDS
                     if getattr(layer, f) is not None)  # a model has either the dense FFN or the experts
         total += sum(v.nbytes for layer in self.layers for v in vars(layer).values() if isinstance(v, mx.array))
+        total += sum(layer.deltanet.nbytes for layer in self.layers if layer.deltanet is not None)
         total += self.token_embd.nbytes + self.output_norm.nbytes
         return total + (self.output.nbytes if self.output is not self.token_embd else 0)
 
@@ -338,8 +351,12 @@ class MlxBackend(Backend):
         """
         start, last = cache.n_past, len(self.layers) - 1
         x = self.embed(ids)[None]  # (1, L, n_embd)
+        snapshot = cache.recurrent.begin_call(ids.size) if self.config.is_hybrid else False
         for i, layer in enumerate(self.layers):
-            if last_only and i == last and ids.size > 1:
+            if layer.deltanet is not None:  # every row feeds the recurrent state, even with last_only
+                x = x + self._residual(self._deltanet(i, layer, x, [cache], snapshot))
+                x = x[:, -1:] if last_only and i == last else x
+            elif last_only and i == last and ids.size > 1:
                 x = x[:, -1:] + self._residual(self._attention(i, layer, x, cache, start, last_query=True))
             else:
                 x = x + self._residual(self._attention(i, layer, x, cache, start))
@@ -347,14 +364,28 @@ class MlxBackend(Backend):
         cache.advance(ids.size)
         return x
 
+    def _deltanet(self, i: int, layer: LayerWeights, x: mx.array, caches: Sequence[MlxHybridCache],
+                  snapshot: bool = False) -> mx.array:
+        """A recurrent layer's mixer on ``x`` (B, L, n_embd), row ``b`` continuing ``caches[b]``'s state."""
+        states = [cache.recurrent.live[i] for cache in caches]
+        snapshots = [] if snapshot else None
+        out, new_states = mlx_deltanet(self._norm(x, layer.attn_norm), layer.deltanet, states, self.config,
+                                       self.dtype, snapshots)
+        for cache, state in zip(caches, new_states):
+            cache.recurrent.live[i] = state
+        for t, state in snapshots or ():
+            caches[0].recurrent.add_snapshot(caches[0].n_past + t + 1, i, state)
+        return out
+
     def _residual(self, out: mx.array) -> mx.array:
         """A block's output as it joins the residual stream: scaled by ``residual_scale`` (Granite)."""
         scale = self.config.residual_scale
         return out if scale == 1.0 else out.astype(RESIDUAL_DTYPE) * scale
 
     def _qkv(self, i: int, layer: LayerWeights, x: mx.array, offset: int | list[int],
-             last_query: bool = False) -> tuple[mx.array, mx.array, mx.array]:
-        """Normed, biased, rotated queries (B, n_heads, L, head_dim), keys and values (B, n_kv_heads, L, dim).
+             last_query: bool = False) -> tuple[mx.array, mx.array, mx.array, mx.array | None]:
+        """Normed, biased, rotated queries (B, n_heads, L, head_dim), keys and values (B, n_kv_heads, L, dim),
+        and the output gate (B, L, n_heads * head_dim) of gated attention (qwen35), else None.
 
         ``offset`` is the position of the first row of ``x``: one int, or one per batch row (L = 1). With
         ``last_query``, the query of the last position only (B, n_heads, 1, head_dim).
@@ -366,6 +397,10 @@ class MlxBackend(Backend):
         k, v = layer.wk.matmul(h), layer.wv.matmul(h)
         if layer.bq is not None:
             q, k, v = q + layer.bq, k + layer.bk, v + layer.bv
+        gate = None
+        if c.attn_output_gate:  # per head: the query, then its gate
+            both = q.reshape(b, q.shape[1], c.n_heads, 2, c.head_dim)
+            q, gate = both[..., 0, :].reshape(b, -1, c.n_q_embd), both[..., 1, :].reshape(b, -1, c.n_q_embd)
         if c.qk_norm_whole:  # OLMo 2: over the whole projection, before the split into heads
             q, k = mx.fast.rms_norm(q, layer.q_norm, c.rms_eps), mx.fast.rms_norm(k, layer.k_norm, c.rms_eps)
         q = q.reshape(b, q.shape[1], c.n_heads, c.head_dim).transpose(0, 2, 1, 3)
@@ -378,7 +413,7 @@ class MlxBackend(Backend):
         q, k = self._rope(i, q, q_offset), self._rope(i, k, offset)
         if c.attn_temp_scale:
             q = q * self._temperature(q_offset, q.shape[2])
-        return q, k, v
+        return q, k, v, gate
 
     def _rope(self, i: int, x: mx.array, offset: int | list[int]) -> mx.array:
         """Rotate the first ``rope_dim`` dims of ``x`` (B, heads, L, dim) with layer ``i``'s frequency set,
@@ -417,29 +452,33 @@ class MlxBackend(Backend):
     def _attention(self, i: int, layer: LayerWeights, x: mx.array, cache: MlxKVCache, start: int,
                    last_query: bool = False) -> mx.array:
         """Store the keys and values of every position of ``x``; with ``last_query``, output the last one's only."""
-        q, k, v = self._qkv(i, layer, x, start, last_query)
+        q, k, v, gate = self._qkv(i, layer, x, start, last_query)
         kv, end = cache.layers[i], start + x.shape[1]
         kv.store(k, v, start)
         keys, values = kv.view(end)
         first = end - q.shape[2]  # the position of the first query
         return self._attention_output(layer, self._attend(q, keys, values, kv.mask(first, end - first),
-                                                          layer.attn_sinks))
+                                                          layer.attn_sinks), gate)
 
     def _attention_batch(self, i: int, layer: LayerWeights, x: mx.array, caches: Sequence[MlxKVCache],
                          starts: list[int]) -> mx.array:
-        q, k, v = self._qkv(i, layer, x, starts)
+        q, k, v, gate = self._qkv(i, layer, x, starts)
         outs = []
         for b, (cache, start) in enumerate(zip(caches, starts)):
             kv = cache.layers[i]
             kv.store(k[b:b + 1], v[b:b + 1], start)
             keys, values = kv.view(start + 1)
             outs.append(self._attend(q[b:b + 1], keys, values, kv.mask(start, 1), layer.attn_sinks))
-        return self._attention_output(layer, mx.concatenate(outs))
+        return self._attention_output(layer, mx.concatenate(outs), gate)
 
-    def _attention_output(self, layer: LayerWeights, out: mx.array) -> mx.array:
-        """Attention heads (B, n_heads, L, v_head_dim) -> the block's output (B, L, n_embd)."""
+    def _attention_output(self, layer: LayerWeights, out: mx.array, gate: mx.array | None = None) -> mx.array:
+        """Attention heads (B, n_heads, L, v_head_dim) -> the block's output (B, L, n_embd), gated by
+        ``sigmoid(gate)`` first where the architecture has an output gate."""
         b, _, n, _ = out.shape
-        out = layer.wo.matmul(out.transpose(0, 2, 1, 3).reshape(b, n, -1))
+        out = out.transpose(0, 2, 1, 3).reshape(b, n, -1)
+        if gate is not None:
+            out = out * mx.sigmoid(gate)
+        out = layer.wo.matmul(out)
         if layer.bo is not None:
             out = out + layer.bo
         if layer.post_attn_norm is not None:

@@ -16,7 +16,9 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from ..config import ModelConfig
+from ..deltanet import deltanet_mix, deltanet_project, load_deltanet
 from ..gguf_file import GGUFFile
+from ..hybrid_cache import HybridKVCache
 from ..kv_cache import NumpyKVCache
 from ..memory_estimate import active_weight_fraction
 from ..moe import moe_ffn, swiglu_oai
@@ -122,6 +124,8 @@ class Layer:
     w_gate_inp_shexp: np.ndarray | None = None  # (n_embd,): its sigmoid gate
     bo: np.ndarray | None = None  # (n_embd,) attn_output.bias
     attn_sinks: np.ndarray | None = None  # (n_heads,) per-head sink logits
+    # a hybrid model's recurrent layer: its Gated DeltaNet mixer in place of attention (wq ... are None)
+    deltanet: Any = None  # engine.deltanet.DeltaNetWeights
 
 
 class NumpyBackend(Backend):
@@ -185,6 +189,8 @@ class NumpyBackend(Backend):
             else:
                 n_rows = self.gguf.tensor(ref.name).shape[-1]
                 fields[field] = self.matrix_rows(whole, ref.rows(n_rows)) if is_matrix else whole[ref.rows(n_rows)]
+        if self.config.is_recurrent(i):
+            fields["deltanet"] = load_deltanet(self.gguf, self.config, i, self.load_matrix, self.load_vector)
         return Layer(**fields)
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
@@ -198,19 +204,28 @@ class NumpyBackend(Backend):
 
     # -- the decoder --------------------------------------------------------------------------------
     def new_cache(self, n_ctx: int) -> KVCache:
+        if self.config.is_hybrid:
+            return HybridKVCache(self.config, n_ctx, self._replay)
         return NumpyKVCache(self.config, n_ctx)
+
+    def _replay(self, cache: KVCache, tokens: list[int]) -> None:
+        """Feed ``tokens`` without logits: a hybrid cache's roll-back to a position it has no checkpoint for."""
+        NumpyBackend.forward(self, tokens, cache)
 
     def forward(self, tokens: Sequence[int], cache: KVCache, all_logits: bool = False) -> np.ndarray:
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if tokens.size == 0:
             raise ValueError("forward needs at least one token")
         cache.reserve(tokens.size)
+        snapshot = cache.recurrent.begin_call(tokens.size) if self.config.is_hybrid else False
         outputs = []
         for start in range(0, tokens.size, PREFILL_CHUNK):
             chunk = tokens[start:start + PREFILL_CHUNK]
-            hidden = self._forward_chunk(chunk, cache)
+            hidden = self._forward_chunk(chunk, cache, snapshot)
             if all_logits:
                 outputs.append(self.logits(hidden))
+        if self.config.is_hybrid:
+            cache.recurrent.end_call(tokens)
         if all_logits:
             return np.concatenate(outputs)
         return self.logits(hidden[-1:])[0]
@@ -227,26 +242,54 @@ class NumpyBackend(Backend):
             logits = softcap(logits, c.final_softcap)
         return logits
 
-    def _forward_chunk(self, tokens: np.ndarray, cache: NumpyKVCache) -> np.ndarray:
+    def _forward_chunk(self, tokens: np.ndarray, cache: NumpyKVCache, snapshot: bool = False) -> np.ndarray:
         positions = np.arange(cache.n_past, cache.n_past + tokens.size)
         x = self.embed(tokens)  # (n, n_embd)
         for i, layer in enumerate(self.layers):
-            x = x + self._attention_block(i, layer, x, positions, cache)
+            if layer.deltanet is None:
+                x = x + self._attention_block(i, layer, x, positions, cache)
+            else:
+                x = x + self._deltanet_block(i, layer, x, [cache], snapshot)
             x = x + self._ffn_block(layer, x)
         cache.advance(tokens.size)
         return x
 
+    def _deltanet_block(self, i: int, layer: Layer, x: np.ndarray, caches: Sequence[HybridKVCache],
+                        snapshot: bool = False) -> np.ndarray:
+        """A recurrent layer's mixer: ``x`` holds one sequence's consecutive rows (one cache), or one decode
+        row per cache; the projections run once for all rows, the recurrence per sequence."""
+        c, w = self.config, layer.deltanet
+        h = np.ascontiguousarray(rms_norm(x, layer.attn_norm, c.rms_eps), dtype=np.float32)
+        inputs = deltanet_project(h, w, self.matmul)
+        per_row = len(caches) > 1
+        mixed = []
+        for b, cache in enumerate(caches):
+            states = cache.recurrent
+            snapshots = [] if snapshot else None
+            rows = slice(b, b + 1) if per_row else slice(None)
+            mixed.append(deltanet_mix(inputs.rows(rows), w, states.live[i], c, snapshots))
+            for t, state in snapshots or ():
+                states.add_snapshot(cache.n_past + t + 1, i, state)
+        out = np.concatenate(mixed) if per_row else mixed[0]
+        out = self.matmul(out, w.w_out)
+        if c.residual_scale != 1.0:
+            out = out * np.float32(c.residual_scale)
+        return out
+
     def _attention_block(self, i: int, layer: Layer, x: np.ndarray, positions: np.ndarray, cache) -> np.ndarray:
         c = self.config
-        q, k, v = self._project_qkv(i, layer, x, positions)
+        q, k, v, gate = self._project_qkv(i, layer, x, positions)
         cache.store(i, k.transpose(1, 0, 2), v.transpose(1, 0, 2))
         window = c.sliding_window if c.is_sliding(i) else 0
         out = self._attend(q, cache.keys[i], cache.values[i], positions, window, layer.attn_sinks)
-        return self._attention_output(layer, out)
+        return self._attention_output(layer, out, gate)
 
-    def _attention_output(self, layer: Layer, out: np.ndarray) -> np.ndarray:
-        """Output projection of attention rows (n, n_heads * v_head_dim), post-norm and residual scale."""
+    def _attention_output(self, layer: Layer, out: np.ndarray, gate: np.ndarray | None = None) -> np.ndarray:
+        """Output gate (qwen35: ``out * sigmoid(gate)``), projection of attention rows (n, n_heads * v_head_dim),
+        post-norm and residual scale."""
         c = self.config
+        if gate is not None:
+            out = out * (1.0 / (1.0 + np.exp(-gate)))
         out = self.matmul(np.ascontiguousarray(out, dtype=np.float32), layer.wo)
         if layer.bo is not None:
             out = out + layer.bo
@@ -335,9 +378,18 @@ class NumpyBackend(Backend):
             cache.reserve(1)
         positions = np.array([cache.n_past for cache in caches])  # (B,)
         x = self.embed(tokens)  # (B, n_embd)
+        if self.config.is_hybrid:
+            for cache in caches:
+                cache.recurrent.begin_call(1)
         for i, layer in enumerate(self.layers):
-            x = x + self._attention_block_batch(i, layer, x, positions, caches)
+            if layer.deltanet is None:
+                x = x + self._attention_block_batch(i, layer, x, positions, caches)
+            else:
+                x = x + self._deltanet_block(i, layer, x, caches)
             x = x + self._ffn_block(layer, x)
+        if self.config.is_hybrid:
+            for cache, token in zip(caches, tokens):
+                cache.recurrent.end_call([token])
         for cache in caches:
             cache.advance(1)
         return self.logits(x)
@@ -346,17 +398,18 @@ class NumpyBackend(Backend):
                                caches: Sequence[KVCache]) -> np.ndarray:
         """Attention for B decode rows: row ``b`` is at ``positions[b]`` of ``caches[b]``."""
         c = self.config
-        q, k, v = self._project_qkv(i, layer, x, positions)
+        q, k, v, gate = self._project_qkv(i, layer, x, positions)
         window = c.sliding_window if c.is_sliding(i) else 0
         out = np.empty((x.shape[0], c.n_heads * c.v_head_dim), dtype=np.float32)  # (B, n_heads * v_head_dim)
         for b, cache in enumerate(caches):
             cache.store(i, k[b:b + 1].transpose(1, 0, 2), v[b:b + 1].transpose(1, 0, 2))
             out[b] = self._attend(q[b:b + 1], cache.keys[i], cache.values[i], positions[b:b + 1], window,
                                   layer.attn_sinks)[0]
-        return self._attention_output(layer, out)
+        return self._attention_output(layer, out, gate)
 
     def _project_qkv(self, i: int, layer: Layer, x: np.ndarray, positions: np.ndarray):
-        """Normed, biased, rotated queries (n, n_heads, head_dim), keys and values (n, n_kv_heads, ...) of rows ``x``."""
+        """Normed, biased, rotated queries (n, n_heads, head_dim), keys and values (n, n_kv_heads, ...) of rows ``x``,
+        and the output gate (n, n_heads * head_dim) of gated attention (qwen35), else None."""
         c = self.config
         n = x.shape[0]
         h = x if layer.attn_norm is None else rms_norm(x, layer.attn_norm, c.rms_eps)
@@ -364,6 +417,10 @@ class NumpyBackend(Backend):
         q, k, v = self.matmul(h, layer.wq), self.matmul(h, layer.wk), self.matmul(h, layer.wv)
         if layer.bq is not None:
             q, k, v = q + layer.bq, k + layer.bk, v + layer.bv
+        gate = None
+        if c.attn_output_gate:  # per head: the query, then its gate
+            both = q.reshape(n, c.n_heads, 2, c.head_dim)
+            q, gate = both[:, :, 0].reshape(n, c.n_q_embd), both[:, :, 1].reshape(n, c.n_q_embd)
         if c.qk_norm_whole:  # olmo2: one norm over the whole projection, before the split into heads
             q = rms_norm(q, layer.q_norm, c.rms_eps)
             k = rms_norm(k, layer.k_norm, c.rms_eps)
@@ -380,4 +437,4 @@ class NumpyBackend(Backend):
             k = apply_rope(k, positions, inv_freq, c.rope_neox, c.rope_mscale)
         if c.attn_temp_scale:  # mistral3 temperature tuning, after RoPE
             q = q * attn_temperature(c, positions)[:, None, None]
-        return q, k, v
+        return q, k, v, gate

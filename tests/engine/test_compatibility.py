@@ -90,11 +90,11 @@ def test_vectors_of_a_type_no_backend_dequantizes_are_named():
 
 def test_an_unknown_architecture_is_named_in_one_line():
     header = model_header("llama")
-    header.metadata = {k.replace("llama.", "qwen35."): v for k, v in header.metadata.items()}
-    header.metadata["general.architecture"] = "qwen35"
+    header.metadata = {k.replace("llama.", "rwkv7."): v for k, v in header.metadata.items()}
+    header.metadata["general.architecture"] = "rwkv7"
     verdict = check(header_of(header), "cpu")
-    assert not verdict.runs and verdict.architecture == "qwen35"
-    assert one_line(verdict.reasons).startswith("unsupported architecture 'qwen35' (supported: llama")
+    assert not verdict.runs and verdict.architecture == "rwkv7"
+    assert one_line(verdict.reasons).startswith("unsupported architecture 'rwkv7' (supported: llama")
     assert verdict.memory == {}  # no config, no estimate
     assert verdict.parameter_count == sum(t.n_elements for t in header_of(header).tensors.values())
 

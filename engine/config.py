@@ -21,10 +21,10 @@ EXPERT_GATING = ("softmax", "sigmoid", "softmax_weight")
 ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")  # rope.scaling.type values llama.cpp knows (alpha: no)
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "gpt-oss", "gemma2", "gemma3", "phi3", "mistral3", "smollm3",
-                           "granite", "olmo2")
+                           "granite", "olmo2", "gemma4")
 MAX_LAYERS = 1024
 MAX_HEADS = 4096
-NEOX_ROPE_ARCHS = ("qwen2", "qwen2moe", "qwen3", "qwen3moe", "gpt-oss", "gemma2", "gemma3", "phi3", "olmo2")  # llama.cpp's LLAMA_ROPE_TYPE_NEOX
+NEOX_ROPE_ARCHS = ("qwen2", "qwen2moe", "qwen3", "qwen3moe", "gpt-oss", "gemma2", "gemma3", "gemma4", "phi3", "olmo2")  # llama.cpp's LLAMA_ROPE_TYPE_NEOX
 # where llama.cpp's graph asserts rope.dimension_count == head_dim (only phi3 and gemma rotate part of a head)
 FULL_ROTARY_ARCHS = ("llama", "qwen2moe", "qwen3", "qwen3moe", "gpt-oss", "mistral3", "smollm3", "granite", "olmo2")
 
@@ -93,6 +93,12 @@ class ModelConfig:
     # -- attention blocks -----------------------------------------------------------------------------------
     attn_sinks: bool = False  # gpt-oss: a learned per-head logit (attn_sinks) that joins every softmax
     attn_out_bias: bool = False  # gpt-oss: attn_output.bias
+    # -- gemma4 (engine.gemma4): layer geometry by kind, shared KV, per-layer embeddings -------------------
+    head_dim_swa: int = 0  # head width (q, k and v) of the sliding-window layers; 0: head_dim
+    rope_dim_swa: int = 0  # rotated dimensions of the sliding-window layers; 0: rope_dim
+    v_norm: bool = False  # values RMS-normed without a weight; a layer without attn_v uses its raw keys
+    n_kv_shared_layers: int = 0  # the last n layers attend over the cache of the last earlier layer of their kind
+    n_embd_per_layer: int = 0  # width of the per-layer embedding inputs; 0: none
 
     def __post_init__(self):
         if self.attn_scale == 0.0:
@@ -115,6 +121,21 @@ class ModelConfig:
     @property
     def local_rope_scale(self) -> float:
         return self.rope_scale if self.rope_scale_local is None else self.rope_scale_local
+
+    def layer_head_dim(self, layer: int) -> int:
+        """Head width of ``layer``'s queries, keys and values where it depends on the layer kind (gemma4)."""
+        return self.head_dim_swa if self.head_dim_swa and self.is_sliding(layer) else self.head_dim
+
+    def layer_v_head_dim(self, layer: int) -> int:
+        return self.head_dim_swa if self.head_dim_swa and self.is_sliding(layer) else self.v_head_dim
+
+    def kv_layer(self, layer: int) -> int:
+        """The layer whose KV cache ``layer`` attends over: itself, or for gemma4's shared layers the last
+        layer of the same kind that has keys and values (llama.cpp's ``layer_reuse_cb``)."""
+        n_kv = self.n_layers - self.n_kv_shared_layers
+        if layer < n_kv:
+            return layer
+        return n_kv - (2 if self.is_sliding(layer) else 1)
 
     def is_sliding(self, layer: int) -> bool:
         """Whether ``layer`` attends only to the last ``sliding_window`` positions."""
@@ -243,6 +264,14 @@ def _gemma3(gguf: GGUFFile, arch: str, fields: dict) -> dict:
     return out
 
 
+def _gemma4(gguf: GGUFFile, arch: str, fields: dict) -> dict:
+    from .gemma4 import gemma4_fields  # its own module: the geometry checks are long
+
+    out = _gemma_common(gguf, arch, fields, default_window=0, default_pattern=6)
+    out.update(gemma4_fields(gguf, arch, fields, out))
+    return out
+
+
 def _qwen3(gguf: GGUFFile, arch: str, fields: dict) -> dict:
     return dict(qk_norm=True)
 
@@ -336,7 +365,7 @@ def _olmo2(gguf: GGUFFile, arch: str, fields: dict) -> dict:
     return out
 
 
-_ARCH_FIELDS = {"gemma2": _gemma2, "gemma3": _gemma3, "qwen3": _qwen3, "qwen3moe": _qwen3moe, "qwen2moe": _qwen2moe,
+_ARCH_FIELDS = {"gemma2": _gemma2, "gemma3": _gemma3, "gemma4": _gemma4, "qwen3": _qwen3, "qwen3moe": _qwen3moe, "qwen2moe": _qwen2moe,
                 "gpt-oss": _gpt_oss, "phi3": _phi3, "mistral3": _mistral3,
                 "smollm3": _smollm3, "granite": _granite, "olmo2": _olmo2}
 

@@ -1,0 +1,114 @@
+"""Gemma 4's blocks beyond gemma3, as llama.cpp defines them (src/models/gemma4.cpp): the config fields, and the
+per-layer embeddings in NumPy.
+
+What is new against gemma3 (everything else, the post-norms, GELU FFN, q/k norms, sliding layers with their own
+RoPE base and the final soft-capping, is gemma3's):
+
+- sliding and full layers have different head widths (``attention.key_length_swa``) and RoPE dimensions
+  (``rope.dimension_count_swa``); the ``rope_freqs`` tensor divides the full layers' frequencies only;
+- the attention scale is 1 (the q/k norms do the scaling); values are RMS-normed without a weight, and a layer
+  without ``attn_v`` uses its keys (before their norm) as values;
+- the last ``attention.shared_kv_layers`` layers compute no keys or values: each attends over the cache of the
+  last earlier layer of its kind;
+- per-layer embeddings (``embedding_length_per_layer_input``): a second token embedding of
+  ``n_layers * n_embd_per_layer`` per token, mixed with a projection of the scaled input embedding, gives every
+  layer an input that gates a small projection added to the residual after the FFN;
+- an optional scalar ``layer_output_scale`` multiplies each layer's output.
+
+Not implemented: the mixture-of-experts FFN of the 26B-A4B model (``ffn_gate_inp``: refused as an unknown
+tensor), fused ``attn_qkv`` and per-layer head counts or FFN widths (metadata arrays: refused).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .gguf_file import GGUFFile, ModelFormatError
+
+# per-layer tensors only gemma4 has: Layer field -> (tensor suffix, required)
+GEMMA4_LAYER_TENSORS = {
+    "out_scale": ("layer_output_scale.weight", False),  # (1,)
+    "ple_gate": ("inp_gate.weight", True),  # (n_embd_per_layer, n_embd) numpy order
+    "ple_proj": ("proj.weight", True),  # (n_embd, n_embd_per_layer)
+    "ple_norm": ("post_norm.weight", True),  # (n_embd,)
+}
+GEMMA4_GLOBAL_TENSORS = ("per_layer_token_embd.weight", "per_layer_model_proj.weight", "per_layer_proj_norm.weight")
+
+
+def gemma4_fields(gguf: GGUFFile, arch: str, fields: dict, gemma: dict) -> dict:
+    """The ModelConfig fields of a gemma4 file beyond the gemma ones in ``gemma`` (llama.cpp's
+    ``llama_model_gemma4::load_arch_hparams`` and the generic SWA head-size keys)."""
+    n_layers = fields["n_layers"]
+    for key in ("attention.head_count", "attention.head_count_kv", "feed_forward_length"):
+        if not isinstance(gguf.metadata.get(f"{arch}.{key}"), int):
+            raise ModelFormatError(f"metadata {arch}.{key} must be one integer for gemma4 (per-layer arrays are "
+                                   "not supported by this engine)")
+    if gemma["sliding_window"] <= 0:
+        raise ModelFormatError(f"metadata {arch}.attention.sliding_window is required for gemma4")
+    if fields["v_head_dim"] != fields["head_dim"]:
+        raise ModelFormatError("gemma4 requires attention.key_length == attention.value_length")
+    head_dim_swa = gguf.get(f"{arch}.attention.key_length_swa", int, fields["head_dim"])
+    if gguf.get(f"{arch}.attention.value_length_swa", int, fields["v_head_dim"]) != head_dim_swa:
+        raise ModelFormatError("gemma4 requires attention.key_length_swa == attention.value_length_swa")
+    if not 0 < head_dim_swa <= 1 << 14:
+        raise ModelFormatError(f"metadata {arch}.attention.key_length_swa = {head_dim_swa} is out of range")
+    rope_dim_swa = gguf.get(f"{arch}.rope.dimension_count_swa", int, fields["rope_dim"])
+    if not 0 < rope_dim_swa <= head_dim_swa or rope_dim_swa % 2:
+        raise ModelFormatError(f"metadata {arch}.rope.dimension_count_swa = {rope_dim_swa} is out of range")
+    shared = gguf.get(f"{arch}.attention.shared_kv_layers", int, 0)
+    if shared and not 0 <= shared <= n_layers - 2:
+        raise ModelFormatError(f"metadata {arch}.attention.shared_kv_layers = {shared} is out of range")
+    n_embd_per_layer = gguf.get(f"{arch}.embedding_length_per_layer_input", int)  # required by llama.cpp
+    if not 0 <= n_embd_per_layer <= 1 << 16:
+        raise ModelFormatError(f"metadata {arch}.embedding_length_per_layer_input = {n_embd_per_layer} is out of range")
+    out = dict(attn_scale=1.0, qk_norm=True, v_norm=True, head_dim_swa=head_dim_swa, rope_dim_swa=rope_dim_swa,
+               n_kv_shared_layers=shared, n_embd_per_layer=n_embd_per_layer)
+    if shared:
+        _check_shared_layers(gemma["swa_pattern"], gemma["sliding_window"], n_layers, shared)
+    return out
+
+
+def _check_shared_layers(swa_pattern: int, window: int, n_layers: int, shared: int) -> None:
+    """llama.cpp reuses layer n_kv - 2 for shared sliding layers and n_kv - 1 for full ones: they must be of
+    those kinds."""
+    def sliding(il: int) -> bool:
+        return window > 0 and swa_pattern > 0 and il % swa_pattern < swa_pattern - 1
+
+    n_kv = n_layers - shared
+    if n_kv < 2 or sliding(n_kv - 1) or not sliding(n_kv - 2):
+        raise ModelFormatError(f"gemma4 shared_kv_layers = {shared}: layer {n_kv - 1} must be a full-attention "
+                               f"layer and layer {n_kv - 2} a sliding one, whose caches the shared layers read")
+
+
+class PerLayerEmbeddings:
+    """Gemma 4's per-layer inputs (llama.cpp ``build_inp_per_layer`` + ``project_per_layer_inputs``) and the
+    block that adds them to each layer's output.
+
+    Args:
+        token_rows: the packed ``per_layer_token_embd`` rows and their dequantizer ``rows(ids) -> float32``.
+        model_proj: ``per_layer_model_proj`` in the backend's matmul form, (n_layers * n_embd_per_layer, n_embd).
+        proj_norm: ``per_layer_proj_norm`` (n_embd_per_layer,).
+    """
+
+    def __init__(self, token_rows, model_proj, proj_norm: np.ndarray, n_layers: int, n_embd: int,
+                 n_embd_per_layer: int, eps: float):
+        self.token_rows, self.model_proj, self.proj_norm = token_rows, model_proj, proj_norm
+        self.n_layers, self.n_embd, self.width, self.eps = n_layers, n_embd, n_embd_per_layer, eps
+
+    def inputs(self, tokens: np.ndarray, x: np.ndarray, matmul, rms_norm) -> np.ndarray:
+        """Every layer's input for ``tokens`` whose scaled embeddings are ``x`` (n, n_embd):
+        (n_layers, n, n_embd_per_layer) float32."""
+        n = tokens.size
+        tok = self.token_rows(tokens).reshape(n, self.n_layers, self.width) * np.float32(np.sqrt(self.width))
+        proj = matmul(np.ascontiguousarray(x, dtype=np.float32), self.model_proj)
+        proj = proj.reshape(n, self.n_layers, self.width) * np.float32(1.0 / np.sqrt(self.n_embd))
+        proj = rms_norm(proj, self.proj_norm, self.eps)
+        mixed = (proj + tok) * np.float32(1.0 / np.sqrt(2.0))
+        return np.ascontiguousarray(mixed.transpose(1, 0, 2), dtype=np.float32)
+
+    @staticmethod
+    def block(x: np.ndarray, layer_input: np.ndarray, layer, matmul, gelu, rms_norm, eps: float) -> np.ndarray:
+        """The per-layer embedding's addition to the residual ``x`` (n, n_embd) for one layer's input."""
+        gate = gelu(matmul(np.ascontiguousarray(x, dtype=np.float32), layer.ple_gate)) * layer_input
+        out = matmul(np.ascontiguousarray(gate, dtype=np.float32), layer.ple_proj)
+        return rms_norm(out, layer.ple_norm, eps)

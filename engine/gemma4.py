@@ -80,6 +80,12 @@ def _check_shared_layers(swa_pattern: int, window: int, n_layers: int, shared: i
                                f"layer and layer {n_kv - 2} a sliding one, whose caches the shared layers read")
 
 
+def uses_gemma4_blocks(config) -> bool:
+    """Whether ``config`` asks for any block of this module (decoders that lack them must refuse the model)."""
+    return bool(config.head_dim_swa or config.rope_dim_swa or config.v_norm or config.n_kv_shared_layers
+                or config.n_embd_per_layer)
+
+
 class PerLayerEmbeddings:
     """Gemma 4's per-layer inputs (llama.cpp ``build_inp_per_layer`` + ``project_per_layer_inputs``) and the
     block that adds them to each layer's output.

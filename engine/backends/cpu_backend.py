@@ -5,8 +5,8 @@ near zero and resident memory is about the file size. Every forward call runs al
 released; the NumPy reference decoder this class inherits stays available as ``reference_forward`` (the
 same math with the same C matrix products, in NumPy), which the tests hold the C decoder to.
 
-Mixture-of-experts models do not run in the fused C decoder yet: they take that reference path (the C
-products on the packed, memory-mapped expert rows; only the chosen experts' rows are read) with a NumPy
+Mixture-of-experts models and gemma4 do not run in the fused C decoder yet: they take that reference path (the
+C products on the packed, memory-mapped rows; for experts only the chosen experts' rows are read) with a NumPy
 float32 KV cache.
 """
 
@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..config import ModelConfig
+from ..gemma4 import uses_gemma4_blocks
 from ..gguf_file import GGUFFile, ModelFormatError
 from ..kv_cache import NumpyKVCache
 from ..memory_estimate import active_weight_fraction
@@ -58,8 +59,8 @@ class CpuBackend(NumpyBackend):
     def __init__(self, gguf: GGUFFile, config: ModelConfig, kv_dtype=DEFAULT_KV_DTYPE, n_ctx: int | None = None):
         super().__init__(gguf, config, n_ctx)
         self.kv_dtype = np.dtype(kv_dtype)
-        self.decoder: CpuDecoder | None = None  # None: the reference path (mixture-of-experts models)
-        if not config.is_moe:
+        self.decoder: CpuDecoder | None = None  # None: the reference path (mixture-of-experts models, gemma4)
+        if not config.is_moe and not uses_gemma4_blocks(config):
             self.decoder = CpuDecoder(config, self.layers, (self.token_embd, int(self.token_embd_type)), self.output,
                                       self.output_norm, self.rope_inv_freq, self.rope_layer_set)
         self._caches: weakref.WeakSet[CpuKVCache | NumpyKVCache] = weakref.WeakSet()

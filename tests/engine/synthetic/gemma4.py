@@ -122,7 +122,8 @@ def _tensors(rng: np.random.Generator) -> dict[str, np.ndarray]:
         hd = HEAD_DIM_SWA if SWA_LAYERS[il] else HEAD_DIM
         out[p + "attn_norm.weight"] = norm(N_EMBD)
         out[p + "attn_q.weight"] = matrix(N_HEADS * hd, N_EMBD, 1.6)
-        out[p + "attn_q_norm.weight"] = norm(hd)
+        # the attention scale is 1: the q norm's weights make the scores' spread about 2, as trained ones would
+        out[p + "attn_q_norm.weight"] = 2.0 / np.sqrt(hd) * norm(hd)
         if il < n_kv_layers:  # the shared layers read an earlier layer's cache: no k / v of their own
             out[p + "attn_k.weight"] = matrix(N_KV_HEADS * hd, N_EMBD, 1.6)
             out[p + "attn_k_norm.weight"] = norm(hd)

@@ -129,6 +129,9 @@ class ModelConfig:
     def layer_v_head_dim(self, layer: int) -> int:
         return self.head_dim_swa if self.head_dim_swa and self.is_sliding(layer) else self.v_head_dim
 
+    def layer_rope_dim(self, layer: int) -> int:
+        return self.rope_dim_swa if self.rope_dim_swa and self.is_sliding(layer) else self.rope_dim
+
     def kv_layer(self, layer: int) -> int:
         """The layer whose KV cache ``layer`` attends over: itself, or for gemma4's shared layers the last
         layer of the same kind that has keys and values (llama.cpp's ``layer_reuse_cb``)."""

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import engine.backends.mlx_backend
 import engine.backends.numpy_backend
 import engine.model
 from engine.backends.cpu_backend import CpuBackend
@@ -91,6 +92,7 @@ def test_logits_match_llama_cpp(gemma4_dir, backend, ftype, monkeypatch):
     """The issue's criterion (argmax where llama.cpp's top-2 gap >= 0.5, top-10 logits within max(1, 5 % of
     the std)) on 64 teacher-forced tokens; F32 is held to 0.05 on every logit."""
     monkeypatch.setattr(engine.backends.numpy_backend, "PREFILL_CHUNK", SMALL_CHUNK)
+    monkeypatch.setattr(engine.backends.mlx_backend, "MAX_CHUNK", SMALL_CHUNK)
     path = _model_file(gemma4_dir, ftype)
     assert FILE_TYPES[ftype] in tensor_types(path)
     ref = _llama_cpp(path, ftype)
@@ -111,6 +113,29 @@ def test_logits_match_llama_cpp(gemma4_dir, backend, ftype, monkeypatch):
     clear = (top2[:, 1] - top2[:, 0]) >= 0.5
     mismatched = np.flatnonzero(clear & (ours.argmax(axis=1) != ref.argmax(axis=1)))
     assert mismatched.size == 0, f"argmax differs at positions {mismatched.tolist()}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_last_position_only_matches_all_logits(gemma4_dir, backend):
+    """``forward`` without all_logits (MLX runs the last layer for the last query only) gives the last row."""
+    model = _backend(backend, gemma4_dir / "gemma4-F32.gguf")
+    every = model.forward(SEQUENCE[:40], model.new_cache(N_CTX), all_logits=True)
+    last = model.forward(SEQUENCE[:40], model.new_cache(N_CTX))
+    np.testing.assert_allclose(last, every[-1], atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "mlx"])
+def test_batched_decode_matches_one_sequence_at_a_time(gemma4_dir, backend):
+    model = _backend(backend, gemma4_dir / "gemma4-F32.gguf")
+    caches, alone = [], []
+    for prompt in (SEQUENCE[:40], SEQUENCE[10:31]):
+        cache = model.new_cache(N_CTX)
+        model.forward(prompt, cache)
+        caches.append(cache)
+        single = model.new_cache(N_CTX)
+        model.forward(prompt, single)
+        alone.append(model.forward([7], single))
+    np.testing.assert_allclose(model.forward_batch([7, 7], caches), np.stack(alone), atol=2e-3, rtol=1e-4)
 
 
 def test_config_reads_gemma4(gemma4_dir):
@@ -142,22 +167,10 @@ def test_each_gemma4_block_moves_the_logits(gemma4_dir, monkeypatch):
         assert np.abs(logits(model) - full).max() > 0.5, name
 
 
-def test_batched_decode_matches_one_sequence_at_a_time(gemma4_dir):
-    model = _backend("numpy", gemma4_dir / "gemma4-F32.gguf")
-    caches, alone = [], []
-    for prompt in (SEQUENCE[:40], SEQUENCE[10:31]):
-        cache = model.new_cache(N_CTX)
-        model.forward(prompt, cache)
-        caches.append(cache)
-        single = model.new_cache(N_CTX)
-        model.forward(prompt, single)
-        alone.append(model.forward([7], single))
-    np.testing.assert_allclose(model.forward_batch([7, 7], caches), np.stack(alone), atol=2e-3, rtol=1e-4)
-
-
-def test_cache_snapshot_round_trip(gemma4_dir):
+@pytest.mark.parametrize("backend", ["numpy", "mlx"])
+def test_cache_snapshot_round_trip(gemma4_dir, backend):
     """Layers of different head widths export and import their caches; the import continues identically."""
-    model = _backend("numpy", gemma4_dir / "gemma4-F32.gguf")
+    model = _backend(backend, gemma4_dir / "gemma4-F32.gguf")
     cache = model.new_cache(N_CTX)
     model.forward(SEQUENCE[:30], cache)
     state = cache.export_state()

@@ -43,6 +43,8 @@ def gemma4_fields(gguf: GGUFFile, arch: str, fields: dict, gemma: dict) -> dict:
         if not isinstance(gguf.metadata.get(f"{arch}.{key}"), int):
             raise ModelFormatError(f"metadata {arch}.{key} must be one integer for gemma4 (per-layer arrays are "
                                    "not supported by this engine)")
+    if any(name.endswith("attn_qkv.weight") for name in gguf.tensors):
+        raise ModelFormatError("gemma4 with a fused attn_qkv tensor is not supported by this engine")
     if gemma["sliding_window"] <= 0:
         raise ModelFormatError(f"metadata {arch}.attention.sliding_window is required for gemma4")
     if fields["v_head_dim"] != fields["head_dim"]:

@@ -191,11 +191,13 @@ def kv_cache_bytes(config: ModelConfig, n_ctx: int, bytes_per_element: int, slid
                    ring_slots: int | None = None) -> int:
     """Keys and values of every layer; with ``sliding_rings`` a sliding-window layer holds at most
     ``ring_slots`` positions (by default ``sliding_window``)."""
-    per_position = config.n_kv_heads * (config.head_dim + config.v_head_dim) * bytes_per_element
     ring = config.sliding_window if ring_slots is None else ring_slots
-    positions = sum(min(n_ctx, ring) if sliding_rings and config.is_sliding(layer) else n_ctx
-                    for layer in range(config.n_layers))
-    return positions * per_position
+    total = 0
+    for layer in range(config.n_layers):  # head widths differ by layer kind in gemma4
+        per_position = config.n_kv_heads * (config.layer_head_dim(layer) + config.layer_v_head_dim(layer))
+        positions = min(n_ctx, ring) if sliding_rings and config.is_sliding(layer) else n_ctx
+        total += positions * per_position * bytes_per_element
+    return total
 
 
 def metadata_bytes(gguf: GGUFFile) -> int:

@@ -188,6 +188,7 @@ def test_cache_snapshot_round_trip(gemma4_dir, backend):
     (dict(metadata={"gemma4.attention.shared_kv_layers": 2}), r"shared_kv_layers"),
     (dict(extra_tensors={"blk.0.ffn_gate_inp.weight": np.zeros((8, 256))}), r"blk\.0\.ffn_gate_inp\.weight"),
     (dict(extra_tensors={"blk.4.attn_q.weight": np.zeros((512, 256))}), r"blk\.4\.attn_q\.weight"),
+    (dict(extra_tensors={"blk.0.attn_qkv.weight": np.zeros((768, 256))}), r"attn_qkv"),
 ])
 def test_malformed_gemma4_is_refused_by_name(tmp_path, change, message):
     path = g4.write_gemma4(tmp_path / "bad.gguf", **change)
@@ -207,3 +208,12 @@ def test_gemma4_chat_template_renders(tmp_path):
     # without enable_thinking the template closes an empty thought channel itself
     assert prompt.endswith("<|turn>system\nBe brief.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n"
                            "<|channel>thought\n<channel|>"), prompt
+
+
+def test_kv_cache_estimate_counts_each_layer_width(gemma4_dir):
+    """The memory estimate's KV bytes are what the NumPy cache allocates, layer widths differing by kind."""
+    from engine.memory_estimate import kv_cache_bytes
+
+    model = _backend("numpy", gemma4_dir / "gemma4-F32.gguf")
+    cache = model.new_cache(N_CTX)  # one growth step: N_CTX positions of every layer
+    assert cache.nbytes == kv_cache_bytes(model.config, N_CTX, 4, sliding_rings=False)

@@ -99,6 +99,8 @@ class ModelConfig:
     v_norm: bool = False  # values RMS-normed without a weight; a layer without attn_v uses its raw keys
     n_kv_shared_layers: int = 0  # the last n layers attend over the cache of the last earlier layer of their kind
     n_embd_per_layer: int = 0  # width of the per-layer embedding inputs; 0: none
+    n_kv_heads_swa: int = 0  # KV heads of the sliding-window layers where they differ (head_count_kv array); 0: same
+    n_ff_shared: int = 0  # FFN width of the shared-KV layers where it differs (double-wide MLP); 0: n_ff
 
     def __post_init__(self):
         if self.attn_scale == 0.0:
@@ -125,6 +127,12 @@ class ModelConfig:
     def layer_head_dim(self, layer: int) -> int:
         """Head width of ``layer``'s queries, keys and values where it depends on the layer kind (gemma4)."""
         return self.head_dim_swa if self.head_dim_swa and self.is_sliding(layer) else self.head_dim
+
+    def layer_n_kv_heads(self, layer: int) -> int:
+        return self.n_kv_heads_swa if self.n_kv_heads_swa and self.is_sliding(layer) else self.n_kv_heads
+
+    def layer_n_ff(self, layer: int) -> int:
+        return self.n_ff_shared if self.n_ff_shared and self.kv_layer(layer) != layer else self.n_ff
 
     def layer_v_head_dim(self, layer: int) -> int:
         return self.head_dim_swa if self.head_dim_swa and self.is_sliding(layer) else self.v_head_dim
@@ -164,7 +172,11 @@ class ModelConfig:
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ModelFormatError(f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
 
+        arrays = _layer_arrays(gguf, arch)
+
         def num(key: str, default=dataclasses.MISSING, kind=int):
+            if key in arrays:  # gemma4's per-layer values: the largest here, by layer kind in _gemma4
+                return max(arrays[key])
             return gguf.get(f"{arch}.{key}", kind, default)
 
         n_embd = _positive(num("embedding_length"), "embedding_length", 1 << 20)
@@ -211,6 +223,15 @@ class ModelConfig:
         config = cls(**fields)
         _check_rope_mscale(config)
         return config
+
+
+def _layer_arrays(gguf: GGUFFile, arch: str) -> dict[str, list[int]]:
+    """gemma4's per-layer head_count_kv / feed_forward_length arrays, by key; other architectures have none."""
+    if arch != "gemma4":
+        return {}
+    from .gemma4 import layer_arrays
+
+    return layer_arrays(gguf, arch)
 
 
 def _no_fields(gguf: GGUFFile, arch: str, fields: dict) -> dict:

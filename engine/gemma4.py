@@ -15,8 +15,11 @@ RoPE base and the final soft-capping, is gemma3's):
   layer an input that gates a small projection added to the residual after the FFN;
 - an optional scalar ``layer_output_scale`` multiplies each layer's output.
 
+Per-layer ``attention.head_count_kv`` and ``feed_forward_length`` arrays are read as one value per layer kind
+(full / sliding KV heads, ordinary / shared-KV FFN width), the variations the converter writes.
+
 Not implemented: the mixture-of-experts FFN of the 26B-A4B model (``ffn_gate_inp``: refused as an unknown
-tensor), fused ``attn_qkv`` and per-layer head counts or FFN widths (metadata arrays: refused).
+tensor) and a fused ``attn_qkv`` (refused).
 """
 
 from __future__ import annotations
@@ -39,10 +42,6 @@ def gemma4_fields(gguf: GGUFFile, arch: str, fields: dict, gemma: dict) -> dict:
     """The ModelConfig fields of a gemma4 file beyond the gemma ones in ``gemma`` (llama.cpp's
     ``llama_model_gemma4::load_arch_hparams`` and the generic SWA head-size keys)."""
     n_layers = fields["n_layers"]
-    for key in ("attention.head_count", "attention.head_count_kv", "feed_forward_length"):
-        if not isinstance(gguf.metadata.get(f"{arch}.{key}"), int):
-            raise ModelFormatError(f"metadata {arch}.{key} must be one integer for gemma4 (per-layer arrays are "
-                                   "not supported by this engine)")
     if any(name.endswith("attn_qkv.weight") for name in gguf.tensors):
         raise ModelFormatError("gemma4 with a fused attn_qkv tensor is not supported by this engine")
     if gemma["sliding_window"] <= 0:
@@ -67,6 +66,49 @@ def gemma4_fields(gguf: GGUFFile, arch: str, fields: dict, gemma: dict) -> dict:
                n_kv_shared_layers=shared, n_embd_per_layer=n_embd_per_layer)
     if shared:
         _check_shared_layers(gemma["swa_pattern"], gemma["sliding_window"], n_layers, shared)
+    out.update(_by_layer_kind(layer_arrays(gguf, arch), fields, gemma, shared))
+    return out
+
+
+def layer_arrays(gguf: GGUFFile, arch: str) -> dict[str, list[int]]:
+    """``attention.head_count_kv`` and ``feed_forward_length`` where the file gives one value per layer (the
+    converter writes KV heads by layer kind for the 31B model and a double-wide FFN for E2B's shared layers)."""
+    out = {}
+    for key in ("attention.head_count_kv", "feed_forward_length"):
+        value = gguf.metadata.get(f"{arch}.{key}")
+        if value is None or isinstance(value, int):
+            continue
+        values = np.asarray(value) if isinstance(value, (list, tuple, np.ndarray)) else np.zeros(0)
+        if values.ndim != 1 or not len(values) or values.dtype.kind not in "iu" \
+                or not ((values > 0) & (values <= 1 << 20)).all():
+            raise ModelFormatError(f"metadata {arch}.{key} must be a positive integer or one per layer")
+        out[key] = [int(v) for v in values]
+    return out
+
+
+def _by_layer_kind(arrays: dict[str, list[int]], fields: dict, gemma: dict, shared: int) -> dict:
+    """The per-layer arrays as the fields the decoders read: KV heads of the full and of the sliding layers, FFN
+    width of the ordinary and of the shared-KV layers. Any other per-layer variation is refused."""
+    n_layers, out = fields["n_layers"], {}
+    window, pattern = gemma["sliding_window"], gemma["swa_pattern"]
+    sliding = [window > 0 and pattern > 0 and il % pattern < pattern - 1 for il in range(n_layers)]
+    if "attention.head_count_kv" in arrays:
+        kv = arrays["attention.head_count_kv"]
+        full = [kv[il] for il in range(min(n_layers, len(kv))) if not sliding[il]]
+        swa = [kv[il] for il in range(min(n_layers, len(kv))) if sliding[il]]
+        if len(kv) != n_layers or len(set(full)) > 1 or len(set(swa)) > 1 \
+                or any(fields["n_heads"] % h for h in kv):
+            raise ModelFormatError("metadata gemma4.attention.head_count_kv must give one value for the full and one "
+                                   "for the sliding layers, each dividing head_count")
+        out["n_kv_heads"] = full[0] if full else swa[0]
+        out["n_kv_heads_swa"] = swa[0] if swa else 0
+    if "feed_forward_length" in arrays:
+        ff, n_kv = arrays["feed_forward_length"], n_layers - shared
+        if len(ff) != n_layers or len(set(ff[:n_kv])) > 1 or len(set(ff[n_kv:])) > 1:
+            raise ModelFormatError("metadata gemma4.feed_forward_length must give one value for the layers with "
+                                   "their own KV and one for the shared-KV layers")
+        out["n_ff"] = ff[0]
+        out["n_ff_shared"] = ff[-1] if shared else 0
     return out
 
 

@@ -194,7 +194,7 @@ def kv_cache_bytes(config: ModelConfig, n_ctx: int, bytes_per_element: int, slid
     ring = config.sliding_window if ring_slots is None else ring_slots
     total = 0
     for layer in range(config.n_layers):  # head widths differ by layer kind in gemma4
-        per_position = config.n_kv_heads * (config.layer_head_dim(layer) + config.layer_v_head_dim(layer))
+        per_position = config.layer_n_kv_heads(layer) * (config.layer_head_dim(layer) + config.layer_v_head_dim(layer))
         positions = min(n_ctx, ring) if sliding_rings and config.is_sliding(layer) else n_ctx
         total += positions * per_position * bytes_per_element
     return total

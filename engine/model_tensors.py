@@ -193,17 +193,18 @@ def _qkv_part(gguf: GGUFFile, c: ModelConfig, prefix: str, field: str) -> Tensor
 def _check_shapes(gguf: GGUFFile, config: ModelConfig, refs: dict[str, TensorRef | None], layer: int) -> None:
     c = config
     head_dim, v_head_dim = c.layer_head_dim(layer), c.layer_v_head_dim(layer)  # by layer kind (gemma4)
-    n_q_embd, n_kv_embd = c.n_heads * head_dim, c.n_kv_heads * head_dim
+    n_kv_heads, n_ff = c.layer_n_kv_heads(layer), c.layer_n_ff(layer)
+    n_q_embd, n_kv_embd = c.n_heads * head_dim, n_kv_heads * head_dim
     q_norm = (n_q_embd,) if c.qk_norm_whole else (head_dim,)
     k_norm = (n_kv_embd,) if c.qk_norm_whole else (head_dim,)
     expected = {  # GGML order: (row length, rows)
-        "wq": (c.n_embd, n_q_embd), "wk": (c.n_embd, n_kv_embd), "wv": (c.n_embd, c.n_kv_heads * v_head_dim),
-        "wo": (c.n_heads * v_head_dim, c.n_embd), "w_gate": (c.n_embd, c.n_ff), "w_up": (c.n_embd, c.n_ff),
-        "w_down": (c.n_ff, c.n_embd), "attn_norm": (c.n_embd,), "ffn_norm": (c.n_embd,),
+        "wq": (c.n_embd, n_q_embd), "wk": (c.n_embd, n_kv_embd), "wv": (c.n_embd, n_kv_heads * v_head_dim),
+        "wo": (c.n_heads * v_head_dim, c.n_embd), "w_gate": (c.n_embd, n_ff), "w_up": (c.n_embd, n_ff),
+        "w_down": (n_ff, c.n_embd), "attn_norm": (c.n_embd,), "ffn_norm": (c.n_embd,),
         "q_norm": q_norm, "k_norm": k_norm, "bq": (n_q_embd,), "bk": (n_kv_embd,),
         "w_router": (c.n_embd, c.n_expert), "w_gate_exps": (c.n_embd, c.n_ff_exp, c.n_expert),
         "w_up_exps": (c.n_embd, c.n_ff_exp, c.n_expert), "w_down_exps": (c.n_ff_exp, c.n_embd, c.n_expert),
-        "bv": (c.n_kv_heads * v_head_dim,), "post_attn_norm": (c.n_embd,), "post_ffn_norm": (c.n_embd,),
+        "bv": (n_kv_heads * v_head_dim,), "post_attn_norm": (c.n_embd,), "post_ffn_norm": (c.n_embd,),
         "bo": (c.n_embd,), "attn_sinks": (c.n_heads,), "b_router": (c.n_expert,), "exp_probs_b": (c.n_expert,),
         "b_gate_exps": (c.n_ff_exp, c.n_expert), "b_up_exps": (c.n_ff_exp, c.n_expert),
         "b_down_exps": (c.n_embd, c.n_expert), "w_gate_shexp": (c.n_embd, c.n_ff_shexp),

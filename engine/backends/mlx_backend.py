@@ -421,8 +421,8 @@ class MlxBackend(Backend):
         if c.qk_norm_whole:  # OLMo 2: over the whole projection, before the split into heads
             q, k = mx.fast.rms_norm(q, layer.q_norm, c.rms_eps), mx.fast.rms_norm(k, layer.k_norm, c.rms_eps)
         q = q.reshape(b, q.shape[1], c.n_heads, c.layer_head_dim(i)).transpose(0, 2, 1, 3)
-        k = k.reshape(b, n, c.n_kv_heads, c.layer_head_dim(i)).transpose(0, 2, 1, 3)
-        v = v.reshape(b, n, c.n_kv_heads, c.layer_v_head_dim(i)).transpose(0, 2, 1, 3)
+        k = k.reshape(b, n, c.layer_n_kv_heads(i), c.layer_head_dim(i)).transpose(0, 2, 1, 3)
+        v = v.reshape(b, n, c.layer_n_kv_heads(i), c.layer_v_head_dim(i)).transpose(0, 2, 1, 3)
         if layer.q_norm is not None and not c.qk_norm_whole:
             q = mx.fast.rms_norm(q, layer.q_norm, c.rms_eps)
             k = mx.fast.rms_norm(k, layer.k_norm, c.rms_eps)

@@ -311,16 +311,17 @@ class NumpyBackend(Backend):
             return np.concatenate([self._attend(q[r:r + 1], keys, values, positions[r:r + 1], window, sinks)
                                    for r in range(n)])
         k_len = int(positions[-1]) + 1
-        group = c.n_heads // c.n_kv_heads
-        head_dim, v_head_dim = q.shape[-1], values.shape[-1]  # by layer kind in gemma4
-        qg = (q * np.float32(c.attn_scale)).transpose(1, 0, 2).reshape(c.n_kv_heads, group * n, head_dim)
+        n_kv_heads = keys.shape[0]  # heads and widths by layer kind in gemma4
+        group = c.n_heads // n_kv_heads
+        head_dim, v_head_dim = q.shape[-1], values.shape[-1]
+        qg = (q * np.float32(c.attn_scale)).transpose(1, 0, 2).reshape(n_kv_heads, group * n, head_dim)
         scores = qg @ keys[:, :k_len].transpose(0, 2, 1)  # (n_kv_heads, group * n, k_len)
         if c.attn_softcap:
             scores = softcap(scores, c.attn_softcap)
-        scores = scores.reshape(c.n_kv_heads, group, n, k_len) + attention_mask(positions, k_len, window)
+        scores = scores.reshape(n_kv_heads, group, n, k_len) + attention_mask(positions, k_len, window)
         peak = scores.max(axis=-1, keepdims=True)
         if sinks is not None:
-            sink = sinks.reshape(c.n_kv_heads, group, 1, 1).astype(np.float32)
+            sink = sinks.reshape(n_kv_heads, group, 1, 1).astype(np.float32)
             peak = np.maximum(peak, sink)
         scores -= peak
         np.exp(scores, out=scores)
@@ -328,7 +329,7 @@ class NumpyBackend(Backend):
         if sinks is not None:
             total = total + np.exp(sink - peak)
         scores /= total
-        out = scores.reshape(c.n_kv_heads, group * n, k_len) @ values[:, :k_len]  # (n_kv_heads, group * n, v_head_dim)
+        out = scores.reshape(n_kv_heads, group * n, k_len) @ values[:, :k_len]  # (n_kv_heads, group * n, v_head_dim)
         return out.reshape(c.n_heads, n, v_head_dim).transpose(1, 0, 2).reshape(n, c.n_heads * v_head_dim)
 
     def _ffn_block(self, layer: Layer, x: np.ndarray) -> np.ndarray:
@@ -419,8 +420,8 @@ class NumpyBackend(Backend):
             q = rms_norm(q, layer.q_norm, c.rms_eps)
             k = rms_norm(k, layer.k_norm, c.rms_eps)
         q = q.reshape(n, c.n_heads, c.layer_head_dim(i))
-        k = k.reshape(n, c.n_kv_heads, c.layer_head_dim(i))
-        v = v.reshape(n, c.n_kv_heads, c.layer_v_head_dim(i))
+        k = k.reshape(n, c.layer_n_kv_heads(i), c.layer_head_dim(i))
+        v = v.reshape(n, c.layer_n_kv_heads(i), c.layer_v_head_dim(i))
         if c.qk_norm:
             q = rms_norm(q, layer.q_norm, c.rms_eps)
             k = rms_norm(k, layer.k_norm, c.rms_eps)

@@ -1,10 +1,12 @@
 """gemma4 (dense) on a synthetic model: parity with llama.cpp in F32, Q8_0 and Q4_K_M over a prefill split into
-several chunks and decode steps across the sliding window; the config fields and layer geometry; refusal of
-malformed files; batched decode; and the real Gemma 4 chat template.
+several chunks and decode steps across the sliding window on numpy, cpu (the NumPy decoder with the C products)
+and mlx; the config fields and layer geometry; refusal of malformed files; batched decode; cache snapshots; and
+the real Gemma 4 chat template.
 
 The synthetic model (tests/engine/synthetic/gemma4.py) has every block gemma4 adds to gemma3: sliding and full
 layers of different head widths, proportional RoPE on the full layers, the value norm, a layer whose keys are
-its values, shared-KV layers, per-layer embeddings and the layer output scale.
+its values, shared-KV layers, per-layer embeddings, the layer output scale, and KV heads and FFN widths given
+per layer.
 """
 
 from __future__ import annotations
@@ -145,6 +147,8 @@ def test_config_reads_gemma4(gemma4_dir):
     assert [c.kv_layer(il) for il in range(c.n_layers)] == [0, 1, 2, 1, 1, 2]  # llama.cpp's layer_reuse_cb
     assert (c.attn_scale, c.v_norm, c.n_embd_per_layer, c.rope_dim_swa) == (1.0, True, g4.N_EMBD_PER_LAYER, 64)
     assert (c.final_softcap, c.rope_base, c.rope_base_local) == (g4.FINAL_SOFTCAP, 1000000.0, 10000.0)
+    assert [c.layer_n_kv_heads(il) for il in range(c.n_layers)] == [2, 2, 1, 2, 2, 1]  # per-layer arrays
+    assert [c.layer_n_ff(il) for il in range(c.n_layers)] == [512, 512, 512, 1024, 1024, 1024]
 
 
 def test_each_gemma4_block_moves_the_logits(gemma4_dir, monkeypatch):
@@ -174,7 +178,7 @@ def test_cache_snapshot_round_trip(gemma4_dir, backend):
     cache = model.new_cache(N_CTX)
     model.forward(SEQUENCE[:30], cache)
     state = cache.export_state()
-    assert [k.shape[-1] for k in state.keys] == [64, 64, 128, 64, 64, 128]
+    assert [k.shape[::2] for k in state.keys] == [(2, 64), (2, 64), (1, 128), (2, 64), (2, 64), (1, 128)]
     restored = model.new_cache(N_CTX)
     restored.import_state(state)
     np.testing.assert_array_equal(model.forward([5], restored), model.forward([5], cache))
@@ -189,6 +193,9 @@ def test_cache_snapshot_round_trip(gemma4_dir, backend):
     (dict(extra_tensors={"blk.0.ffn_gate_inp.weight": np.zeros((8, 256))}), r"blk\.0\.ffn_gate_inp\.weight"),
     (dict(extra_tensors={"blk.4.attn_q.weight": np.zeros((512, 256))}), r"blk\.4\.attn_q\.weight"),
     (dict(extra_tensors={"blk.0.attn_qkv.weight": np.zeros((768, 256))}), r"attn_qkv"),
+    (dict(metadata={"gemma4.attention.head_count_kv": [2, 1, 1, 2, 2, 1]}), r"head_count_kv"),
+    (dict(metadata={"gemma4.feed_forward_length": [512, 1024, 512, 1024, 1024, 1024]}), r"feed_forward_length"),
+    (dict(extra_tensors={"blk.3.ffn_up.weight": np.zeros((512, 256))}), r"blk\.3\.ffn_up\.weight"),
 ])
 def test_malformed_gemma4_is_refused_by_name(tmp_path, change, message):
     path = g4.write_gemma4(tmp_path / "bad.gguf", **change)

@@ -4,8 +4,10 @@ What it exercises beyond gemma3: sliding and full layers of different head width
 ``rope_freqs`` tensor on the full layers only (proportional RoPE), unit attention scale, values RMS-normed
 without a weight, a full layer without ``attn_v`` (its keys are its values), per-layer embeddings
 (``per_layer_token_embd`` + ``per_layer_model_proj`` and each layer's ``inp_gate`` / ``proj`` / ``post_norm``),
-``layer_output_scale``, the last layers reading the KV cache of earlier ones (``shared_kv_layers``) and the
-final logit soft-capping. Six layers, sliding pattern (sliding, sliding, full) twice; layers 3 to 5 share.
+``layer_output_scale``, the last layers reading the KV cache of earlier ones (``shared_kv_layers``), KV heads
+by layer kind and a double-wide FFN in the shared layers (per-layer ``head_count_kv`` / ``feed_forward_length``
+arrays, as the converter writes for the 31B and E2B models) and the final logit soft-capping. Six layers,
+sliding pattern (sliding, sliding, full) twice; layers 3 to 5 share.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ ARCH = "gemma4"
 N_LAYERS = 6
 N_EMBD = 256
 N_HEADS = 4
-N_KV_HEADS = 2
+N_KV_HEADS = 2  # sliding layers
+N_KV_HEADS_FULL = 1  # full layers
 HEAD_DIM = 128  # full-attention layers
 HEAD_DIM_SWA = 64  # sliding-window layers
 N_FF = 512
+N_FF_SHARED = 1024  # the shared-KV layers' double-wide FFN
 N_EMBD_PER_LAYER = 256  # a multiple of 256, so every K-quant takes the per-layer projections
 N_KV_SHARED = 3
 SLIDING_WINDOW = 16
@@ -70,9 +74,9 @@ def _metadata() -> dict[str, Any]:
         f"{a}.context_length": 4096,
         f"{a}.embedding_length": N_EMBD,
         f"{a}.block_count": N_LAYERS,
-        f"{a}.feed_forward_length": N_FF,
+        f"{a}.feed_forward_length": [N_FF if il < N_LAYERS - N_KV_SHARED else N_FF_SHARED for il in range(N_LAYERS)],
         f"{a}.attention.head_count": N_HEADS,
-        f"{a}.attention.head_count_kv": N_KV_HEADS,
+        f"{a}.attention.head_count_kv": [N_KV_HEADS if swa else N_KV_HEADS_FULL for swa in SWA_LAYERS],
         f"{a}.attention.key_length": HEAD_DIM,
         f"{a}.attention.value_length": HEAD_DIM,
         f"{a}.attention.key_length_swa": HEAD_DIM_SWA,
@@ -120,21 +124,23 @@ def _tensors(rng: np.random.Generator) -> dict[str, np.ndarray]:
     for il in range(N_LAYERS):
         p = f"blk.{il}."
         hd = HEAD_DIM_SWA if SWA_LAYERS[il] else HEAD_DIM
+        n_kv = N_KV_HEADS if SWA_LAYERS[il] else N_KV_HEADS_FULL
+        n_ff = N_FF if il < n_kv_layers else N_FF_SHARED
         out[p + "attn_norm.weight"] = norm(N_EMBD)
         out[p + "attn_q.weight"] = matrix(N_HEADS * hd, N_EMBD, 1.6)
         # the attention scale is 1: the q norm's weights make the scores' spread about 2, as trained ones would
         out[p + "attn_q_norm.weight"] = 2.0 / np.sqrt(hd) * norm(hd)
         if il < n_kv_layers:  # the shared layers read an earlier layer's cache: no k / v of their own
-            out[p + "attn_k.weight"] = matrix(N_KV_HEADS * hd, N_EMBD, 1.6)
+            out[p + "attn_k.weight"] = matrix(n_kv * hd, N_EMBD, 1.6)
             out[p + "attn_k_norm.weight"] = norm(hd)
             if il != NO_V_LAYER:
-                out[p + "attn_v.weight"] = matrix(N_KV_HEADS * hd, N_EMBD, 1.0)
+                out[p + "attn_v.weight"] = matrix(n_kv * hd, N_EMBD, 1.0)
         out[p + "attn_output.weight"] = matrix(N_EMBD, N_HEADS * hd, 0.7)
         out[p + "post_attention_norm.weight"] = norm(N_EMBD)
         out[p + "ffn_norm.weight"] = norm(N_EMBD)
-        out[p + "ffn_gate.weight"] = matrix(N_FF, N_EMBD, 1.0)
-        out[p + "ffn_up.weight"] = matrix(N_FF, N_EMBD, 1.0)
-        out[p + "ffn_down.weight"] = matrix(N_EMBD, N_FF, 0.7)
+        out[p + "ffn_gate.weight"] = matrix(n_ff, N_EMBD, 1.0)
+        out[p + "ffn_up.weight"] = matrix(n_ff, N_EMBD, 1.0)
+        out[p + "ffn_down.weight"] = matrix(N_EMBD, n_ff, 0.7)
         out[p + "post_ffw_norm.weight"] = norm(N_EMBD)
         out[p + "inp_gate.weight"] = matrix(N_EMBD_PER_LAYER, N_EMBD, 1.0)
         out[p + "proj.weight"] = matrix(N_EMBD, N_EMBD_PER_LAYER, 0.7)

@@ -40,6 +40,7 @@ import numpy as np
 import psutil
 
 from .config import ModelConfig
+from .gemma4 import uses_gemma4_blocks
 from .gguf_file import GGUFFile
 from .packed_strings import PackedStrings
 
@@ -134,8 +135,8 @@ def estimate_memory(gguf: GGUFFile, n_ctx: int, backend: str = "cpu") -> MemoryE
     if n_ctx <= 0:
         raise ValueError(f"n_ctx must be positive, got {n_ctx}")
     config = ModelConfig.from_gguf(gguf)
-    if backend == "cpu" and config.is_moe:  # the CPU backend runs MoE models on the reference path's float32 cache
-        layout = KV_LAYOUTS["numpy"]
+    if backend == "cpu" and (config.is_moe or uses_gemma4_blocks(config)):  # these run on the CPU backend's
+        layout = KV_LAYOUTS["numpy"]  # reference path, with its float32 cache
     weights = weights_bytes(gguf, backend)
     return MemoryEstimate(
         weights_bytes=weights,

@@ -217,10 +217,14 @@ def test_gemma4_chat_template_renders(tmp_path):
                            "<|channel>thought\n<channel|>"), prompt
 
 
-def test_kv_cache_estimate_counts_each_layer_width(gemma4_dir):
-    """The memory estimate's KV bytes are what the NumPy cache allocates, layer widths differing by kind."""
-    from engine.memory_estimate import kv_cache_bytes
+@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+def test_kv_cache_estimate_counts_each_layer_width(gemma4_dir, backend):
+    """The memory estimate's KV bytes are what the cache allocates, layer widths and heads differing by kind (the
+    CPU backend runs gemma4 on its reference path, with a float32 cache)."""
+    from engine.memory_estimate import estimate_memory
 
-    model = _backend("numpy", gemma4_dir / "gemma4-F32.gguf")
+    path = gemma4_dir / "gemma4-F32.gguf"
+    model = _backend(backend, path)
     cache = model.new_cache(N_CTX)  # one growth step: N_CTX positions of every layer
-    assert cache.nbytes == kv_cache_bytes(model.config, N_CTX, 4, sliding_rings=False)
+    with read_gguf(path) as gguf:
+        assert cache.nbytes == estimate_memory(gguf, N_CTX, backend).kv_cache_bytes

@@ -101,6 +101,7 @@ class ModelConfig:
     n_embd_per_layer: int = 0  # width of the per-layer embedding inputs; 0: none
     n_kv_heads_swa: int = 0  # KV heads of the sliding-window layers where they differ (head_count_kv array); 0: same
     n_ff_shared: int = 0  # FFN width of the shared-KV layers where it differs (double-wide MLP); 0: n_ff
+    ffn_dense_and_experts: bool = False  # gemma4 26B-A4B: a dense FFN and the experts side by side, own norms
 
     def __post_init__(self):
         if self.attn_scale == 0.0:

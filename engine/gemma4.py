@@ -34,6 +34,12 @@ GEMMA4_LAYER_TENSORS = {
     "ple_gate": ("inp_gate.weight", True),  # (n_embd_per_layer, n_embd) numpy order
     "ple_proj": ("proj.weight", True),  # (n_embd, n_embd_per_layer)
     "ple_norm": ("post_norm.weight", True),  # (n_embd,)
+    # the 26B-A4B model's FFN with experts (ModelConfig.ffn_dense_and_experts)
+    "router_scale": ("ffn_gate_inp.scale", True),  # (n_embd,)
+    "pre_ffn_norm_2": ("pre_ffw_norm_2.weight", True),
+    "post_ffn_norm_1": ("post_ffw_norm_1.weight", True),
+    "post_ffn_norm_2": ("post_ffw_norm_2.weight", True),
+    "down_exps_scale": ("ffn_down_exps.scale", False),  # (n_expert,) each expert's output multiplier
 }
 GEMMA4_GLOBAL_TENSORS = ("per_layer_token_embd.weight", "per_layer_model_proj.weight", "per_layer_proj_norm.weight")
 
@@ -67,7 +73,36 @@ def gemma4_fields(gguf: GGUFFile, arch: str, fields: dict, gemma: dict) -> dict:
     if shared:
         _check_shared_layers(gemma["swa_pattern"], gemma["sliding_window"], n_layers, shared)
     out.update(_by_layer_kind(layer_arrays(gguf, arch), fields, gemma, shared))
+    if gguf.get(f"{arch}.expert_count", int, 0):
+        out.update(_experts(gguf, arch))
     return out
+
+
+def _experts(gguf: GGUFFile, arch: str) -> dict:
+    """The 26B-A4B model's mixture: softmax routing, renormalised top-k weights, beside the dense FFN."""
+    n_expert = gguf.get(f"{arch}.expert_count", int)
+    used = gguf.get(f"{arch}.expert_used_count", int)
+    n_ff_exp = gguf.get(f"{arch}.expert_feed_forward_length", int)
+    if not 0 < used <= n_expert <= 1 << 12 or not 0 < n_ff_exp <= 1 << 20:
+        raise ModelFormatError(f"metadata {arch}.expert_count / expert_used_count / expert_feed_forward_length "
+                               f"= {n_expert} / {used} / {n_ff_exp} are out of range")
+    return dict(n_expert=n_expert, n_expert_used=used, n_ff_exp=n_ff_exp, expert_gating="softmax",
+                expert_norm_weights=True, ffn_dense_and_experts=True)
+
+
+def dense_and_experts_ffn(x: np.ndarray, layer, config, matmul, matrix_rows, gated, rms_norm, moe_ffn) -> np.ndarray:
+    """gemma4's FFN with experts (NumPy and C products): the dense FFN on ``ffn_norm(x)`` and the experts on
+    ``pre_ffw_norm_2(x)``, routed by ``rms_norm(x) / sqrt(n_embd) * ffn_gate_inp.scale``, each post-normed, summed.
+    ``x`` (n, n_embd) is the residual after attention; returns (n, n_embd) before ``post_ffw_norm``."""
+    c = config
+    h = np.ascontiguousarray(rms_norm(x, layer.ffn_norm, c.rms_eps), dtype=np.float32)
+    dense = matmul(np.ascontiguousarray(gated(matmul(h, layer.w_gate), matmul(h, layer.w_up)), dtype=np.float32),
+                   layer.w_down)
+    router_in = rms_norm(x, np.float32(1.0), c.rms_eps) * np.float32(1.0 / np.sqrt(c.n_embd)) * layer.router_scale
+    logits = matmul(np.ascontiguousarray(router_in, dtype=np.float32), layer.w_router)
+    h2 = np.ascontiguousarray(rms_norm(x, layer.pre_ffn_norm_2, c.rms_eps), dtype=np.float32)
+    experts = moe_ffn(h2, layer, c, matmul, matrix_rows, gated, logits=logits, down_scale=layer.down_exps_scale)
+    return rms_norm(dense, layer.post_ffn_norm_1, c.rms_eps) + rms_norm(experts, layer.post_ffn_norm_2, c.rms_eps)
 
 
 def layer_arrays(gguf: GGUFFile, arch: str) -> dict[str, list[int]]:

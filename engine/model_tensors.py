@@ -72,8 +72,12 @@ CONDITIONAL_FIELDS = {
     "ple_gate": lambda c: c.n_embd_per_layer > 0,
     "ple_proj": lambda c: c.n_embd_per_layer > 0,
     "ple_norm": lambda c: c.n_embd_per_layer > 0,
+    "router_scale": lambda c: c.ffn_dense_and_experts,
+    "pre_ffn_norm_2": lambda c: c.ffn_dense_and_experts,
+    "post_ffn_norm_1": lambda c: c.ffn_dense_and_experts,
+    "post_ffn_norm_2": lambda c: c.ffn_dense_and_experts,
 }
-ARCH_ONLY_FIELDS = {"out_scale": "gemma4"}  # optional fields only one architecture reads
+ARCH_ONLY_FIELDS = {"out_scale": "gemma4", "down_exps_scale": "gemma4"}  # optional fields only one architecture reads
 KV_FIELDS = ("wk", "wv", "bk", "bv", "k_norm")  # absent (ignored) in a layer that reads another layer's cache
 # per architecture, fields stored under another tensor name (None: the field is absent). gpt-oss's
 # "post_attention_norm" is the norm before its FFN (llama.cpp's attn_post_norm, applied to the residual)
@@ -155,7 +159,7 @@ def _needed(c: ModelConfig, field: str, required: bool) -> bool:
     if field == "wv" and c.v_norm:  # gemma4: a layer without attn_v uses its keys as values
         return False
     if field in DENSE_FFN_FIELDS:
-        return not c.is_moe
+        return not c.is_moe or c.ffn_dense_and_experts
     if field in EXPERT_FIELDS:
         return c.is_moe
     return required or (field in ("bq", "bk", "bv") and c.qkv_bias) \
@@ -210,7 +214,9 @@ def _check_shapes(gguf: GGUFFile, config: ModelConfig, refs: dict[str, TensorRef
         "b_down_exps": (c.n_embd, c.n_expert), "w_gate_shexp": (c.n_embd, c.n_ff_shexp),
         "w_up_shexp": (c.n_embd, c.n_ff_shexp), "w_down_shexp": (c.n_ff_shexp, c.n_embd),
         "w_gate_inp_shexp": (c.n_embd,), "out_scale": (1,), "ple_gate": (c.n_embd, c.n_embd_per_layer),
-        "ple_proj": (c.n_embd_per_layer, c.n_embd), "ple_norm": (c.n_embd,),
+        "ple_proj": (c.n_embd_per_layer, c.n_embd), "ple_norm": (c.n_embd,), "router_scale": (c.n_embd,),
+        "pre_ffn_norm_2": (c.n_embd,), "post_ffn_norm_1": (c.n_embd,), "post_ffn_norm_2": (c.n_embd,),
+        "down_exps_scale": (c.n_expert,),
     }
     for field, shape in expected.items():
         ref = refs.get(field)
@@ -231,7 +237,8 @@ def _check_no_unknown_tensors(gguf: GGUFFile, config: ModelConfig) -> None:
     known_layer = {suffix for suffix, _ in LAYER_TENSORS.values()} | {"attn_qkv.weight", "attn_qkv.bias"}
     if config.arch == "phi3":
         known_layer -= {"ffn_gate.weight"}
-    skipped = DENSE_FFN_FIELDS if config.is_moe else EXPERT_FIELDS  # one FFN kind per model
+    # one FFN kind per model, but for gemma4's dense FFN beside its experts
+    skipped = (() if config.ffn_dense_and_experts else DENSE_FFN_FIELDS) if config.is_moe else EXPERT_FIELDS
     known_layer -= {LAYER_TENSORS[field][0] for field in skipped}
     known_layer -= {LAYER_TENSORS[field][0] for field, used in CONDITIONAL_FIELDS.items() if not used(config)}
     known_layer -= {LAYER_TENSORS[field][0] for field, arch in ARCH_ONLY_FIELDS.items() if arch != config.arch}

@@ -81,6 +81,11 @@ class LayerWeights:
     ple_gate: Matrix | None = None  # (n_embd_per_layer, n_embd): the per-layer embedding's gate
     ple_proj: Matrix | None = None  # (n_embd, n_embd_per_layer)
     ple_norm: mx.array | None = None  # (n_embd,)
+    router_scale: mx.array | None = None  # (n_embd,) gemma4 with experts: the router input's scale
+    pre_ffn_norm_2: mx.array | None = None  # (n_embd,) the experts' input norm
+    post_ffn_norm_1: mx.array | None = None  # (n_embd,) the dense FFN's output norm
+    post_ffn_norm_2: mx.array | None = None  # (n_embd,) the experts' output norm
+    down_exps_scale: mx.array | None = None  # (n_expert,)
 
 
 MATRIX_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "w_router", "w_gate_exps", "w_up_exps",
@@ -504,6 +509,8 @@ class MlxBackend(Backend):
         return out
 
     def _ffn(self, layer: LayerWeights, x: mx.array) -> mx.array:
+        if self.config.ffn_dense_and_experts:
+            return mx.fast.rms_norm(self._dense_and_experts(layer, x), layer.post_ffn_norm, self.config.rms_eps)
         h = self._norm(x, layer.ffn_norm)
         if self.config.is_moe:
             out = self._moe(layer, h)
@@ -512,6 +519,19 @@ class MlxBackend(Backend):
         if layer.post_ffn_norm is not None:
             out = mx.fast.rms_norm(out, layer.post_ffn_norm, self.config.rms_eps)
         return out
+
+    def _dense_and_experts(self, layer: LayerWeights, x: mx.array) -> mx.array:
+        """gemma4's FFN with experts (``engine.gemma4.dense_and_experts_ffn``), before ``post_ffw_norm``."""
+        c = self.config
+        h = self._norm(x, layer.ffn_norm)
+        dense = layer.w_down.matmul(self.gated_activation(layer.w_gate.matmul(h), layer.w_up.matmul(h)))
+        router_in = mx.fast.rms_norm(x, None, c.rms_eps) * (1.0 / np.sqrt(c.n_embd)) * layer.router_scale
+        logits = layer.w_router.matmul(router_in.astype(self.dtype))
+        scale = None if layer.down_exps_scale is None else np.array(layer.down_exps_scale.astype(mx.float32))
+        experts = moe_ffn(self._norm(x, layer.pre_ffn_norm_2), layer, c, self.gated_activation, row_range, self.dtype,
+                          logits=logits, down_scale=scale)
+        return (mx.fast.rms_norm(dense.astype(RESIDUAL_DTYPE), layer.post_ffn_norm_1, c.rms_eps)
+                + mx.fast.rms_norm(experts, layer.post_ffn_norm_2, c.rms_eps))
 
     def _moe(self, layer: LayerWeights, h: mx.array) -> mx.array:
         """The mixture-of-experts FFN of normed rows h (..., n_embd) (``engine/backends/mlx/moe.py``)."""

@@ -16,7 +16,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from ..config import ModelConfig
-from ..gemma4 import PerLayerEmbeddings
+from ..gemma4 import PerLayerEmbeddings, dense_and_experts_ffn
 from ..gguf_file import GGUFFile, ModelFormatError
 from ..kv_cache import NumpyKVCache
 from ..memory_estimate import active_weight_fraction
@@ -128,6 +128,11 @@ class Layer:
     ple_gate: Any = None  # (n_embd_per_layer, n_embd): the per-layer embedding's gate
     ple_proj: Any = None  # (n_embd, n_embd_per_layer)
     ple_norm: np.ndarray | None = None  # (n_embd,)
+    router_scale: np.ndarray | None = None  # (n_embd,) gemma4 with experts: the router input's scale
+    pre_ffn_norm_2: np.ndarray | None = None  # (n_embd,) the experts' input norm
+    post_ffn_norm_1: np.ndarray | None = None  # (n_embd,) the dense FFN's output norm
+    post_ffn_norm_2: np.ndarray | None = None  # (n_embd,) the experts' output norm
+    down_exps_scale: np.ndarray | None = None  # (n_expert,)
 
 
 class NumpyBackend(Backend):
@@ -334,6 +339,10 @@ class NumpyBackend(Backend):
 
     def _ffn_block(self, layer: Layer, x: np.ndarray) -> np.ndarray:
         c = self.config
+        if c.ffn_dense_and_experts:
+            out = dense_and_experts_ffn(x, layer, c, self.matmul, self.matrix_rows, self.gated_activation, rms_norm,
+                                        moe_ffn)
+            return rms_norm(out, layer.post_ffn_norm, c.rms_eps)
         h = x if layer.ffn_norm is None else rms_norm(x, layer.ffn_norm, c.rms_eps)
         h = np.ascontiguousarray(h, dtype=np.float32)
         if c.is_moe:

@@ -47,32 +47,35 @@ def _pieces(ids: list[int]):
 def gemma4_dir(tmp_path_factory) -> Path:
     directory = tmp_path_factory.mktemp("gemma4")
     g4.write_gemma4(directory / "gemma4-F32.gguf")
+    g4.write_gemma4(directory / "gemma4-moe-F32.gguf", moe=True)
     return directory
 
 
 _FILES: dict[str, Path] = {}
 _REFERENCE: dict[str, np.ndarray] = {}
+VARIANTS = ("gemma4", "gemma4-moe")  # dense, and with experts beside the dense FFN (the 26B-A4B layout)
 
 
-def _model_file(directory: Path, ftype: str) -> Path:
-    if ftype not in _FILES:
-        src = directory / "gemma4-F32.gguf"
-        _FILES[ftype] = src if ftype == "F32" else quantize(src, directory / f"gemma4-{ftype}.gguf", ftype)
-    return _FILES[ftype]
+def _model_file(directory: Path, variant: str, ftype: str) -> Path:
+    key = f"{variant}-{ftype}"
+    if key not in _FILES:
+        src = directory / f"{variant}-F32.gguf"
+        _FILES[key] = src if ftype == "F32" else quantize(src, directory / f"{key}.gguf", ftype)
+    return _FILES[key]
 
 
-def _llama_cpp(path: Path, ftype: str) -> np.ndarray:
-    if ftype not in _REFERENCE:
+def _llama_cpp(path: Path, key: str) -> np.ndarray:
+    if key not in _REFERENCE:
         import llama_cpp
 
         llm = llama_cpp.Llama(model_path=str(path), n_ctx=N_CTX, logits_all=True, n_threads=2, verbose=False)
         try:
             for piece in _pieces(SEQUENCE):
                 llm.eval(piece)
-            _REFERENCE[ftype] = np.array(llm.scores[:len(SEQUENCE)], dtype=np.float32)
+            _REFERENCE[key] = np.array(llm.scores[:len(SEQUENCE)], dtype=np.float32)
         finally:
             llm.close()
-    return _REFERENCE[ftype]
+    return _REFERENCE[key]
 
 
 def _backend(name: str, path: Path):
@@ -90,14 +93,15 @@ def _backend(name: str, path: Path):
 
 @pytest.mark.parametrize("ftype", list(FILE_TYPES))
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_logits_match_llama_cpp(gemma4_dir, backend, ftype, monkeypatch):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_logits_match_llama_cpp(gemma4_dir, variant, backend, ftype, monkeypatch):
     """The issue's criterion (argmax where llama.cpp's top-2 gap >= 0.5, top-10 logits within max(1, 5 % of
     the std)) on 64 teacher-forced tokens; F32 is held to 0.05 on every logit."""
     monkeypatch.setattr(engine.backends.numpy_backend, "PREFILL_CHUNK", SMALL_CHUNK)
     monkeypatch.setattr(engine.backends.mlx_backend, "MAX_CHUNK", SMALL_CHUNK)
-    path = _model_file(gemma4_dir, ftype)
+    path = _model_file(gemma4_dir, variant, ftype)
     assert FILE_TYPES[ftype] in tensor_types(path)
-    ref = _llama_cpp(path, ftype)
+    ref = _llama_cpp(path, f"{variant}-{ftype}")
     model = _backend(backend, path)
     cache = model.new_cache(N_CTX)
     ours = np.concatenate([model.forward(piece, cache, all_logits=True) for piece in _pieces(SEQUENCE)])
@@ -147,25 +151,42 @@ def test_config_reads_gemma4(gemma4_dir):
     assert [c.kv_layer(il) for il in range(c.n_layers)] == [0, 1, 2, 1, 1, 2]  # llama.cpp's layer_reuse_cb
     assert (c.attn_scale, c.v_norm, c.n_embd_per_layer, c.rope_dim_swa) == (1.0, True, g4.N_EMBD_PER_LAYER, 64)
     assert (c.final_softcap, c.rope_base, c.rope_base_local) == (g4.FINAL_SOFTCAP, 1000000.0, 10000.0)
+    assert not c.is_moe and not c.ffn_dense_and_experts
     assert [c.layer_n_kv_heads(il) for il in range(c.n_layers)] == [2, 2, 1, 2, 2, 1]  # per-layer arrays
     assert [c.layer_n_ff(il) for il in range(c.n_layers)] == [512, 512, 512, 1024, 1024, 1024]
 
 
-def test_each_gemma4_block_moves_the_logits(gemma4_dir, monkeypatch):
+def test_config_reads_gemma4_experts(gemma4_dir):
+    c = ModelConfig.from_gguf(read_gguf(gemma4_dir / "gemma4-moe-F32.gguf"))
+    assert (c.n_expert, c.n_expert_used, c.n_ff_exp) == (g4.N_EXPERT, g4.N_EXPERT_USED, g4.N_FF_EXP)
+    assert (c.expert_gating, c.expert_norm_weights, c.ffn_dense_and_experts) == ("softmax", True, True)
+
+
+def _without(field: str, value=None):
+    def change(model):
+        for layer in model.layers:
+            setattr(layer, field, value)
+    return change
+
+
+@pytest.mark.parametrize(("variant", "block", "change"), [
+    ("gemma4", "per-layer embeddings", lambda m: setattr(m, "per_layer", None)),
+    ("gemma4", "layer output scale", _without("out_scale")),
+    ("gemma4", "value norm", lambda m: object.__setattr__(m.config, "v_norm", False)),
+    ("gemma4-moe", "per-expert output scale", _without("down_exps_scale")),
+    ("gemma4-moe", "router input scale", _without("router_scale", np.float32(4.0))),
+    ("gemma4-moe", "experts' output norm", _without("post_ffn_norm_2", np.float32(0.4))),
+])
+def test_each_gemma4_block_moves_the_logits(gemma4_dir, variant, block, change):
     """The F32 tolerance (0.05) is far below what leaving out any gemma4 block changes, so parity checks each."""
-    path = gemma4_dir / "gemma4-F32.gguf"
+    path = gemma4_dir / f"{variant}-F32.gguf"
     ids = SEQUENCE[:40]
 
     def logits(model) -> np.ndarray:
         return model.forward(ids, model.new_cache(N_CTX), all_logits=True)
 
     full = logits(_backend("numpy", path))
-    variants = {
-        "per-layer embeddings": lambda m: setattr(m, "per_layer", None),
-        "layer output scale": lambda m: [setattr(layer, "out_scale", None) for layer in m.layers],
-        "value norm": lambda m: object.__setattr__(m.config, "v_norm", False),
-    }
-    for name, change in variants.items():
+    for name, change in {block: change}.items():
         model = _backend("numpy", path)
         change(model)
         assert np.abs(logits(model) - full).max() > 0.5, name
@@ -193,6 +214,10 @@ def test_cache_snapshot_round_trip(gemma4_dir, backend):
     (dict(extra_tensors={"blk.0.ffn_gate_inp.weight": np.zeros((8, 256))}), r"blk\.0\.ffn_gate_inp\.weight"),
     (dict(extra_tensors={"blk.4.attn_q.weight": np.zeros((512, 256))}), r"blk\.4\.attn_q\.weight"),
     (dict(extra_tensors={"blk.0.attn_qkv.weight": np.zeros((768, 256))}), r"attn_qkv"),
+    (dict(moe=True, drop=("blk.2.ffn_gate_inp.scale",)), r"blk\.2\.ffn_gate_inp\.scale"),
+    (dict(moe=True, drop=("blk.1.pre_ffw_norm_2.weight",)), r"blk\.1\.pre_ffw_norm_2\.weight"),
+    (dict(moe=True, drop=("blk.0.ffn_up.weight",)), r"blk\.0\.ffn_up\.weight"),
+    (dict(moe=True, drop=("gemma4.expert_feed_forward_length",)), r"expert_feed_forward_length"),
     (dict(metadata={"gemma4.attention.head_count_kv": [2, 1, 1, 2, 2, 1]}), r"head_count_kv"),
     (dict(metadata={"gemma4.feed_forward_length": [512, 1024, 512, 1024, 1024, 1024]}), r"feed_forward_length"),
     (dict(extra_tensors={"blk.3.ffn_up.weight": np.zeros((512, 256))}), r"blk\.3\.ffn_up\.weight"),

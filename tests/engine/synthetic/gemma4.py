@@ -37,6 +37,9 @@ SLIDING_WINDOW = 16
 SWA_LAYERS = [True, True, False, True, True, False]
 NO_V_LAYER = 2  # a full layer without attn_v: llama.cpp uses its keys (before the k norm) as values
 FINAL_SOFTCAP = 8.0
+N_EXPERT = 8  # the mixture variant (26B-A4B's FFN): a dense FFN beside 8 experts, 2 used
+N_EXPERT_USED = 2
+N_FF_EXP = 256
 
 
 def rope_freq_factors() -> np.ndarray:
@@ -46,15 +49,18 @@ def rope_freq_factors() -> np.ndarray:
     return np.where(np.arange(n) < n // 4, 1.0, 1.0 + 3.0 * np.arange(n) / n)
 
 
-def write_gemma4(path: str | Path, seed: int = 0, drop: tuple[str, ...] = (),
+def write_gemma4(path: str | Path, seed: int = 0, drop: tuple[str, ...] = (), moe: bool = False,
                  extra_tensors: dict[str, np.ndarray] | None = None, metadata: dict[str, Any] | None = None) -> Path:
-    """Write the synthetic Gemma 4 model (F32) to ``path``; ``drop`` leaves out tensors or keys by name,
-    ``extra_tensors`` / ``metadata`` add or replace them (for tests of malformed files)."""
+    """Write the synthetic Gemma 4 model (F32) to ``path``; ``moe``: every layer's FFN has experts beside the
+    dense one (the 26B-A4B layout); ``drop`` leaves out tensors or keys by name, ``extra_tensors`` /
+    ``metadata`` add or replace them (for tests of malformed files)."""
     writer = GGUFWriter(str(path), ARCH)
-    for key, value in {**_metadata(), **(metadata or {})}.items():
+    moe_keys = {f"{ARCH}.expert_count": N_EXPERT, f"{ARCH}.expert_used_count": N_EXPERT_USED,
+                f"{ARCH}.expert_feed_forward_length": N_FF_EXP} if moe else {}
+    for key, value in {**_metadata(), **moe_keys, **(metadata or {})}.items():
         if key not in drop:
             _add_key(writer, key, value)
-    tensors = {**_tensors(np.random.default_rng(seed)), **(extra_tensors or {})}
+    tensors = {**_tensors(np.random.default_rng(seed), moe), **(extra_tensors or {})}
     for name, values in tensors.items():
         if name not in drop:
             writer.add_tensor(name, np.ascontiguousarray(values, dtype=np.float32))
@@ -103,7 +109,7 @@ def _metadata() -> dict[str, Any]:
     }
 
 
-def _tensors(rng: np.random.Generator) -> dict[str, np.ndarray]:
+def _tensors(rng: np.random.Generator, moe: bool) -> dict[str, np.ndarray]:
     """Every tensor by name, numpy order (rows, row length)."""
     n_vocab = len(tiny_vocab()[0])
 
@@ -142,9 +148,27 @@ def _tensors(rng: np.random.Generator) -> dict[str, np.ndarray]:
         out[p + "ffn_up.weight"] = matrix(n_ff, N_EMBD, 1.0)
         out[p + "ffn_down.weight"] = matrix(N_EMBD, n_ff, 0.7)
         out[p + "post_ffw_norm.weight"] = norm(N_EMBD)
+        if moe:
+            out.update(_expert_tensors(p, matrix, norm, rng))
         out[p + "inp_gate.weight"] = matrix(N_EMBD_PER_LAYER, N_EMBD, 1.0)
         out[p + "proj.weight"] = matrix(N_EMBD, N_EMBD_PER_LAYER, 0.7)
         out[p + "post_norm.weight"] = 0.5 * norm(N_EMBD)
         out[p + "layer_output_scale.weight"] = np.array([0.6 + 0.1 * il])
     out["output_norm.weight"] = norm(N_EMBD)
     return out
+
+
+def _expert_tensors(p: str, matrix, norm, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """The experts beside the dense FFN, with their norms, the router's input scale and the per-expert output
+    scale. The router sees rms_norm(x) / sqrt(n_embd) * scale: its gain makes the logits' spread about 4, so that near-ties are rare."""
+    return {
+        p + "ffn_gate_inp.weight": matrix(N_EXPERT, N_EMBD, 16.0),
+        p + "ffn_gate_inp.scale": 4.0 * norm(N_EMBD),
+        p + "ffn_gate_exps.weight": np.stack([matrix(N_FF_EXP, N_EMBD, 1.0) for _ in range(N_EXPERT)]),
+        p + "ffn_up_exps.weight": np.stack([matrix(N_FF_EXP, N_EMBD, 1.0) for _ in range(N_EXPERT)]),
+        p + "ffn_down_exps.weight": np.stack([matrix(N_EMBD, N_FF_EXP, 0.7) for _ in range(N_EXPERT)]),
+        p + "ffn_down_exps.scale": 1.0 + 0.3 * rng.standard_normal(N_EXPERT),
+        p + "pre_ffw_norm_2.weight": norm(N_EMBD),
+        p + "post_ffw_norm_1.weight": norm(N_EMBD),
+        p + "post_ffw_norm_2.weight": 0.4 * norm(N_EMBD),  # a smaller share: quantized routing near-ties move less
+    }

@@ -1,5 +1,5 @@
 """Gemma 4's blocks beyond gemma3, as llama.cpp defines them (src/models/gemma4.cpp): the config fields, and the
-per-layer embeddings in NumPy.
+per-layer embeddings and the FFN with experts in NumPy (MLX's are in mlx_backend).
 
 What is new against gemma3 (everything else, the post-norms, GELU FFN, q/k norms, sliding layers with their own
 RoPE base and the final soft-capping, is gemma3's):
@@ -18,8 +18,12 @@ RoPE base and the final soft-capping, is gemma3's):
 Per-layer ``attention.head_count_kv`` and ``feed_forward_length`` arrays are read as one value per layer kind
 (full / sliding KV heads, ordinary / shared-KV FFN width), the variations the converter writes.
 
-Not implemented: the mixture-of-experts FFN of the 26B-A4B model (``ffn_gate_inp``: refused as an unknown
-tensor) and a fused ``attn_qkv`` (refused).
+With ``expert_count`` (the 26B-A4B model) every layer's FFN is the dense FFN and a softmax-routed mixture side by
+side, each with its own norms, routed from ``rms_norm(x) / sqrt(n_embd) * ffn_gate_inp.scale``, each expert's
+output times ``ffn_down_exps.scale`` where the file has it.
+
+Not implemented (refused with a message naming them): a fused ``attn_qkv``, fused ``ffn_gate_up_exps``, and a
+model whose layers mix expert and dense-only FFNs (llama.cpp decides per layer by ``ffn_gate_inp``).
 """
 
 from __future__ import annotations

@@ -218,6 +218,8 @@ def test_cache_snapshot_round_trip(gemma4_dir, backend):
     (dict(moe=True, drop=("blk.1.pre_ffw_norm_2.weight",)), r"blk\.1\.pre_ffw_norm_2\.weight"),
     (dict(moe=True, drop=("blk.0.ffn_up.weight",)), r"blk\.0\.ffn_up\.weight"),
     (dict(moe=True, drop=("gemma4.expert_feed_forward_length",)), r"expert_feed_forward_length"),
+    (dict(moe=True, drop=("blk.5.ffn_gate_inp.weight",)), r"blk\.5\.ffn_gate_inp\.weight"),  # a dense-only layer
+    (dict(moe=True, extra_tensors={"blk.0.ffn_gate_up_exps.weight": np.zeros((8, 512, 256))}), r"ffn_gate_up_exps"),
     (dict(metadata={"gemma4.attention.head_count_kv": [2, 1, 1, 2, 2, 1]}), r"head_count_kv"),
     (dict(metadata={"gemma4.feed_forward_length": [512, 1024, 512, 1024, 1024, 1024]}), r"feed_forward_length"),
     (dict(extra_tensors={"blk.3.ffn_up.weight": np.zeros((512, 256))}), r"blk\.3\.ffn_up\.weight"),

@@ -21,13 +21,13 @@ EXPERT_GATING = ("softmax", "sigmoid", "softmax_weight")
 ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")  # rope.scaling.type values llama.cpp knows (alpha: no)
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "gpt-oss", "gemma2", "gemma3", "phi3",
-                           "mistral3", "smollm3", "granite", "olmo2", "qwen35", "qwen35moe")
+                           "mistral3", "smollm3", "granite", "olmo2", "qwen35", "qwen35moe", "gemma4")
 HYBRID_ARCHS = ("qwen35", "qwen35moe")  # Gated DeltaNet layers between gated full-attention layers
 MAX_LAYERS = 1024
 MAX_HEADS = 4096
 # llama.cpp's LLAMA_ROPE_TYPE_NEOX; qwen35's IMROPE rotates as NEOX when every section has the token's position (text)
-NEOX_ROPE_ARCHS = ("qwen2", "qwen2moe", "qwen3", "qwen3moe", "gpt-oss", "gemma2", "gemma3", "phi3", "olmo2", "qwen35",
-                   "qwen35moe")
+NEOX_ROPE_ARCHS = ("qwen2", "qwen2moe", "qwen3", "qwen3moe", "gpt-oss", "gemma2", "gemma3", "gemma4", "phi3", "olmo2",
+                   "qwen35", "qwen35moe")
 # where llama.cpp's graph asserts rope.dimension_count == head_dim (only phi3 and gemma rotate part of a head)
 FULL_ROTARY_ARCHS = ("llama", "qwen2moe", "qwen3", "qwen3moe", "gpt-oss", "mistral3", "smollm3", "granite", "olmo2")
 
@@ -105,6 +105,15 @@ class ModelConfig:
     ssm_n_v_heads: int = 0  # ssm.time_step_rank
     ssm_value_dim: int = 0  # ssm.inner_size = n_v_heads * head_v_dim
     n_mtp_layers: int = 0  # nextn_predict_layers: multi-token-prediction blocks after the n_layers trunk, not run
+    # -- gemma4 (engine.gemma4): layer geometry by kind, shared KV, per-layer embeddings -------------------
+    head_dim_swa: int = 0  # head width (q, k and v) of the sliding-window layers; 0: head_dim
+    rope_dim_swa: int = 0  # rotated dimensions of the sliding-window layers; 0: rope_dim
+    v_norm: bool = False  # values RMS-normed without a weight; a layer without attn_v uses its raw keys
+    n_kv_shared_layers: int = 0  # the last n layers attend over the cache of the last earlier layer of their kind
+    n_embd_per_layer: int = 0  # width of the per-layer embedding inputs; 0: none
+    n_kv_heads_swa: int = 0  # KV heads of the sliding-window layers where they differ (head_count_kv array); 0: same
+    n_ff_shared: int = 0  # FFN width of the shared-KV layers where it differs (double-wide MLP); 0: n_ff
+    ffn_dense_and_experts: bool = False  # gemma4 26B-A4B: a dense FFN and the experts side by side, own norms
 
     def __post_init__(self):
         if self.attn_scale == 0.0:
@@ -145,6 +154,30 @@ class ModelConfig:
     def local_rope_scale(self) -> float:
         return self.rope_scale if self.rope_scale_local is None else self.rope_scale_local
 
+    def layer_head_dim(self, layer: int) -> int:
+        """Head width of ``layer``'s queries, keys and values where it depends on the layer kind (gemma4)."""
+        return self.head_dim_swa if self.head_dim_swa and self.is_sliding(layer) else self.head_dim
+
+    def layer_n_kv_heads(self, layer: int) -> int:
+        return self.n_kv_heads_swa if self.n_kv_heads_swa and self.is_sliding(layer) else self.n_kv_heads
+
+    def layer_n_ff(self, layer: int) -> int:
+        return self.n_ff_shared if self.n_ff_shared and self.kv_layer(layer) != layer else self.n_ff
+
+    def layer_v_head_dim(self, layer: int) -> int:
+        return self.head_dim_swa if self.head_dim_swa and self.is_sliding(layer) else self.v_head_dim
+
+    def layer_rope_dim(self, layer: int) -> int:
+        return self.rope_dim_swa if self.rope_dim_swa and self.is_sliding(layer) else self.rope_dim
+
+    def kv_layer(self, layer: int) -> int:
+        """The layer whose KV cache ``layer`` attends over: itself, or for gemma4's shared layers the last
+        layer of the same kind that has keys and values (llama.cpp's ``layer_reuse_cb``)."""
+        n_kv = self.n_layers - self.n_kv_shared_layers
+        if layer < n_kv:
+            return layer
+        return n_kv - (2 if self.is_sliding(layer) else 1)
+
     def is_sliding(self, layer: int) -> bool:
         """Whether ``layer`` attends only to the last ``sliding_window`` positions."""
         return self.sliding_window > 0 and self.swa_pattern > 0 and layer % self.swa_pattern < self.swa_pattern - 1
@@ -169,7 +202,11 @@ class ModelConfig:
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ModelFormatError(f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
 
+        arrays = _layer_arrays(gguf, arch)
+
         def num(key: str, default=dataclasses.MISSING, kind=int):
+            if key in arrays:  # gemma4's per-layer values: the largest here, by layer kind in _gemma4
+                return max(arrays[key])
             return gguf.get(f"{arch}.{key}", kind, default)
 
         n_embd = _positive(num("embedding_length"), "embedding_length", 1 << 20)
@@ -216,6 +253,15 @@ class ModelConfig:
         config = cls(**fields)
         _check_rope_mscale(config)
         return config
+
+
+def _layer_arrays(gguf: GGUFFile, arch: str) -> dict[str, list[int]]:
+    """gemma4's per-layer head_count_kv / feed_forward_length arrays, by key; other architectures have none."""
+    if arch != "gemma4":
+        return {}
+    from .gemma4 import layer_arrays
+
+    return layer_arrays(gguf, arch)
 
 
 def _no_fields(gguf: GGUFFile, arch: str, fields: dict) -> dict:
@@ -269,6 +315,14 @@ def _gemma2(gguf: GGUFFile, arch: str, fields: dict) -> dict:
 def _gemma3(gguf: GGUFFile, arch: str, fields: dict) -> dict:
     out = _gemma_common(gguf, arch, fields, default_window=0, default_pattern=6)
     out.update(qk_norm=True, rope_scale_local=1.0)  # llama.cpp: the sliding layers are never scaled
+    return out
+
+
+def _gemma4(gguf: GGUFFile, arch: str, fields: dict) -> dict:
+    from .gemma4 import gemma4_fields  # its own module: the geometry checks are long
+
+    out = _gemma_common(gguf, arch, fields, default_window=0, default_pattern=6)
+    out.update(gemma4_fields(gguf, arch, fields, out))
     return out
 
 
@@ -407,7 +461,7 @@ def _qwen35(gguf: GGUFFile, arch: str, fields: dict) -> dict:
 
 _ARCH_FIELDS = {"gemma2": _gemma2, "gemma3": _gemma3, "qwen3": _qwen3, "qwen3moe": _qwen3moe, "qwen2moe": _qwen2moe,
                 "gpt-oss": _gpt_oss, "phi3": _phi3, "mistral3": _mistral3, "qwen35": _qwen35, "qwen35moe": _qwen35,
-                "smollm3": _smollm3, "granite": _granite, "olmo2": _olmo2}
+                "gemma4": _gemma4, "smollm3": _smollm3, "granite": _granite, "olmo2": _olmo2}
 
 
 def _swa_pattern(gguf: GGUFFile, arch: str, n_layers: int, default: int) -> int:

@@ -41,6 +41,7 @@ import psutil
 
 from .config import ModelConfig
 from .deltanet import recurrent_state_bytes
+from .gemma4 import uses_gemma4_blocks
 from .gguf_file import GGUFFile
 from .hybrid_cache import MAX_ANCHORS
 from .packed_strings import PackedStrings
@@ -139,8 +140,8 @@ def estimate_memory(gguf: GGUFFile, n_ctx: int, backend: str = "cpu") -> MemoryE
     if n_ctx <= 0:
         raise ValueError(f"n_ctx must be positive, got {n_ctx}")
     config = ModelConfig.from_gguf(gguf)
-    if backend == "cpu" and (config.is_moe or config.is_hybrid):  # these run on the reference path's float32 cache
-        layout = KV_LAYOUTS["numpy"]
+    if backend == "cpu" and (config.is_moe or config.is_hybrid or uses_gemma4_blocks(config)):  # these run on the
+        layout = KV_LAYOUTS["numpy"]  # CPU backend's reference path, with its float32 cache
     weights = weights_bytes(gguf, backend)
     return MemoryEstimate(
         weights_bytes=weights,
@@ -197,11 +198,15 @@ def kv_cache_bytes(config: ModelConfig, n_ctx: int, bytes_per_element: int, slid
                    ring_slots: int | None = None) -> int:
     """Keys and values of every attention layer (a hybrid model's recurrent layers hold none); with
     ``sliding_rings`` a sliding-window layer holds at most ``ring_slots`` positions (by default ``sliding_window``)."""
-    per_position = config.n_kv_heads * (config.head_dim + config.v_head_dim) * bytes_per_element
     ring = config.sliding_window if ring_slots is None else ring_slots
-    positions = sum(min(n_ctx, ring) if sliding_rings and config.is_sliding(layer) else n_ctx
-                    for layer in range(config.n_layers) if not config.is_recurrent(layer))
-    return positions * per_position
+    total = 0
+    for layer in range(config.n_layers):  # head widths differ by layer kind in gemma4
+        if config.is_recurrent(layer):
+            continue
+        per_position = config.layer_n_kv_heads(layer) * (config.layer_head_dim(layer) + config.layer_v_head_dim(layer))
+        positions = min(n_ctx, ring) if sliding_rings and config.is_sliding(layer) else n_ctx
+        total += positions * per_position * bytes_per_element
+    return total
 
 
 def metadata_bytes(gguf: GGUFFile) -> int:

@@ -79,7 +79,8 @@ def expert_groups(experts: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.nda
 
 
 def moe_ffn(h: np.ndarray, layer: Any, config: ModelConfig, matmul: Callable, matrix_rows: Callable,
-            gated: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
+            gated: Callable[[np.ndarray, np.ndarray], np.ndarray], logits: np.ndarray | None = None,
+            down_scale: np.ndarray | None = None) -> np.ndarray:
     """The mixture-of-experts FFN of normed rows ``h`` (n, n_embd) on the NumPy and C backends.
 
     Only the chosen experts run, each once for all the rows that chose it (one product per expert and matrix);
@@ -91,12 +92,16 @@ def moe_ffn(h: np.ndarray, layer: Any, config: ModelConfig, matmul: Callable, ma
             and shared expert.
         matmul: ``(x, w) -> x @ w.T`` on the backend's matrices; matrix_rows: ``(w, slice) -> rows of w``.
         gated: the gated activation ``(gate, up) -> hidden``.
+        logits: the router's logits (n, n_expert) where the model computes them from another input (gemma4);
+            None: ``h`` times the router.
+        down_scale: (n_expert,) each expert's output multiplier (gemma4's ``ffn_down_exps.scale``), or None.
 
     Returns:
         (n, n_embd) float32.
     """
     c = config
-    logits = matmul(h, layer.w_router)  # (n, n_expert)
+    if logits is None:
+        logits = matmul(h, layer.w_router)  # (n, n_expert)
     if layer.b_router is not None:
         logits = logits + layer.b_router
     experts, weights = route(logits, c, layer.exp_probs_b)  # (n, n_expert_used) each
@@ -111,6 +116,8 @@ def moe_ffn(h: np.ndarray, layer: Any, config: ModelConfig, matmul: Callable, ma
         if layer.b_gate_exps is not None:
             gate, up = gate + layer.b_gate_exps[ff], up + layer.b_up_exps[ff]
         y = matmul(np.ascontiguousarray(gated(gate, up), dtype=np.float32), matrix_rows(layer.w_down_exps, down))
+        if down_scale is not None:
+            y = y * down_scale[expert]
         if layer.b_down_exps is not None:
             y = y + layer.b_down_exps[down]
         np.add.at(out, rows, y if c.expert_weights_before else y * weight)

@@ -5,9 +5,9 @@ near zero and resident memory is about the file size. Every forward call runs al
 released; the NumPy reference decoder this class inherits stays available as ``reference_forward`` (the
 same math with the same C matrix products, in NumPy), which the tests hold the C decoder to.
 
-Mixture-of-experts and hybrid (Gated DeltaNet) models do not run in the fused C decoder yet: they take that
-reference path (the C products on the packed, memory-mapped rows; only the chosen experts' rows are read;
-the DeltaNet conv and recurrence in NumPy) with a NumPy float32 KV cache (``HybridKVCache`` for hybrids).
+Mixture-of-experts, hybrid (Gated DeltaNet) and gemma4 models do not run in the fused C decoder yet: they take
+that reference path (the C products on the packed, memory-mapped rows; only the chosen experts' rows are read; the
+DeltaNet conv and recurrence in NumPy) with a NumPy float32 KV cache (``HybridKVCache`` for hybrids).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..config import ModelConfig
+from ..gemma4 import uses_gemma4_blocks
 from ..gguf_file import GGUFFile, ModelFormatError
 from ..kv_cache import NumpyKVCache
 from ..memory_estimate import active_weight_fraction
@@ -58,8 +59,8 @@ class CpuBackend(NumpyBackend):
     def __init__(self, gguf: GGUFFile, config: ModelConfig, kv_dtype=DEFAULT_KV_DTYPE, n_ctx: int | None = None):
         super().__init__(gguf, config, n_ctx)
         self.kv_dtype = np.dtype(kv_dtype)
-        self.decoder: CpuDecoder | None = None  # None: the reference path (mixture-of-experts models)
-        if not (config.is_moe or config.is_hybrid):
+        self.decoder: CpuDecoder | None = None  # None: the reference path (MoE, hybrid and gemma4 models)
+        if not (config.is_moe or config.is_hybrid or uses_gemma4_blocks(config)):
             self.decoder = CpuDecoder(config, self.layers, (self.token_embd, int(self.token_embd_type)), self.output,
                                       self.output_norm, self.rope_inv_freq, self.rope_layer_set)
         self._caches: weakref.WeakSet[CpuKVCache | NumpyKVCache] = weakref.WeakSet()

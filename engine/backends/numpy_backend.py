@@ -17,7 +17,8 @@ from gguf.quants import dequantize
 
 from ..config import ModelConfig
 from ..deltanet import deltanet_mix, deltanet_project, load_deltanet
-from ..gguf_file import GGUFFile
+from ..gemma4 import PerLayerEmbeddings, dense_and_experts_ffn
+from ..gguf_file import GGUFFile, ModelFormatError
 from ..hybrid_cache import HybridKVCache
 from ..kv_cache import NumpyKVCache
 from ..memory_estimate import active_weight_fraction
@@ -126,6 +127,16 @@ class Layer:
     attn_sinks: np.ndarray | None = None  # (n_heads,) per-head sink logits
     # a hybrid model's recurrent layer: its Gated DeltaNet mixer in place of attention (wq ... are None)
     deltanet: Any = None  # engine.deltanet.DeltaNetWeights
+    # gemma4 (engine.gemma4): wk / wv / k_norm are None in a layer that reads another layer's cache
+    out_scale: np.ndarray | None = None  # (1,) the layer's output multiplier
+    ple_gate: Any = None  # (n_embd_per_layer, n_embd): the per-layer embedding's gate
+    ple_proj: Any = None  # (n_embd, n_embd_per_layer)
+    ple_norm: np.ndarray | None = None  # (n_embd,)
+    router_scale: np.ndarray | None = None  # (n_embd,) gemma4 with experts: the router input's scale
+    pre_ffn_norm_2: np.ndarray | None = None  # (n_embd,) the experts' input norm
+    post_ffn_norm_1: np.ndarray | None = None  # (n_embd,) the dense FFN's output norm
+    post_ffn_norm_2: np.ndarray | None = None  # (n_embd,) the experts' output norm
+    down_exps_scale: np.ndarray | None = None  # (n_expert,)
 
 
 class NumpyBackend(Backend):
@@ -152,6 +163,25 @@ class NumpyBackend(Backend):
         self.inv_freq = {config.layer_rope_base(i): self.rope_inv_freq[s]
                          for i, s in enumerate(self.rope_layer_set) if s >= 0}
         self.gated_activation = GATED_ACTIVATIONS[config.activation]
+        self.per_layer = None  # gemma4's per-layer embeddings
+        if config.n_embd_per_layer:
+            self.per_layer = self._load_per_layer_embeddings()
+
+    def _load_per_layer_embeddings(self) -> PerLayerEmbeddings:
+        c, name = self.config, "per_layer_token_embd.weight"
+        width = c.n_layers * c.n_embd_per_layer
+        for tensor, shape in ((name, (width, c.n_vocab)), ("per_layer_model_proj.weight", (c.n_embd, width)),
+                              ("per_layer_proj_norm.weight", (c.n_embd_per_layer,))):
+            if self.gguf.tensor(tensor).shape != shape:
+                raise ModelFormatError(f"tensor {tensor!r} has shape {self.gguf.tensor(tensor).shape}, expected {shape}")
+        packed, qtype = self.gguf.raw(name), self.gguf.tensor(name).qtype
+
+        def rows(tokens: np.ndarray) -> np.ndarray:  # dequantized on lookup, as the token embedding
+            return dequantize(packed[tokens], qtype).astype(np.float32)
+
+        return PerLayerEmbeddings(rows, self.load_matrix("per_layer_model_proj.weight"),
+                                  self.load_vector("per_layer_proj_norm.weight"), c.n_layers, c.n_embd,
+                                  c.n_embd_per_layer, c.rms_eps)
 
     # -- weights: overridden by backends that keep the packed blocks ----------------------------------
     def load_matrix(self, name: str) -> Any:
@@ -245,12 +275,13 @@ class NumpyBackend(Backend):
     def _forward_chunk(self, tokens: np.ndarray, cache: NumpyKVCache, snapshot: bool = False) -> np.ndarray:
         positions = np.arange(cache.n_past, cache.n_past + tokens.size)
         x = self.embed(tokens)  # (n, n_embd)
+        layer_inputs = self._per_layer_inputs(tokens, x)
         for i, layer in enumerate(self.layers):
             if layer.deltanet is None:
                 x = x + self._attention_block(i, layer, x, positions, cache)
             else:
                 x = x + self._deltanet_block(i, layer, x, [cache], snapshot)
-            x = x + self._ffn_block(layer, x)
+            x = self._layer_output(i, layer, x + self._ffn_block(layer, x), layer_inputs)
         cache.advance(tokens.size)
         return x
 
@@ -276,12 +307,29 @@ class NumpyBackend(Backend):
             out = out * np.float32(c.residual_scale)
         return out
 
+    def _per_layer_inputs(self, tokens: np.ndarray, x: np.ndarray) -> np.ndarray | None:
+        """gemma4's per-layer inputs (n_layers, n, n_embd_per_layer) of embedded rows ``x``; None without."""
+        if self.per_layer is None:
+            return None
+        return self.per_layer.inputs(tokens, x, self.matmul, rms_norm)
+
+    def _layer_output(self, i: int, layer: Layer, x: np.ndarray, layer_inputs: np.ndarray | None) -> np.ndarray:
+        """A layer's residual after its FFN, plus gemma4's per-layer embedding block and output scale."""
+        if layer_inputs is not None:
+            x = x + PerLayerEmbeddings.block(x, layer_inputs[i], layer, self.matmul, gelu_tanh, rms_norm,
+                                             self.config.rms_eps)
+        if layer.out_scale is not None:
+            x = x * layer.out_scale[0]
+        return x
+
     def _attention_block(self, i: int, layer: Layer, x: np.ndarray, positions: np.ndarray, cache) -> np.ndarray:
         c = self.config
         q, k, v, gate = self._project_qkv(i, layer, x, positions)
-        cache.store(i, k.transpose(1, 0, 2), v.transpose(1, 0, 2))
+        if k is not None:  # None: a gemma4 layer that reads an earlier layer's cache
+            cache.store(i, k.transpose(1, 0, 2), v.transpose(1, 0, 2))
         window = c.sliding_window if c.is_sliding(i) else 0
-        out = self._attend(q, cache.keys[i], cache.values[i], positions, window, layer.attn_sinks)
+        src = c.kv_layer(i)
+        out = self._attend(q, cache.keys[src], cache.values[src], positions, window, layer.attn_sinks)
         return self._attention_output(layer, out, gate)
 
     def _attention_output(self, layer: Layer, out: np.ndarray, gate: np.ndarray | None = None) -> np.ndarray:
@@ -311,15 +359,17 @@ class NumpyBackend(Backend):
             return np.concatenate([self._attend(q[r:r + 1], keys, values, positions[r:r + 1], window, sinks)
                                    for r in range(n)])
         k_len = int(positions[-1]) + 1
-        group = c.n_heads // c.n_kv_heads
-        qg = (q * np.float32(c.attn_scale)).transpose(1, 0, 2).reshape(c.n_kv_heads, group * n, c.head_dim)
+        n_kv_heads = keys.shape[0]  # heads and widths by layer kind in gemma4
+        group = c.n_heads // n_kv_heads
+        head_dim, v_head_dim = q.shape[-1], values.shape[-1]
+        qg = (q * np.float32(c.attn_scale)).transpose(1, 0, 2).reshape(n_kv_heads, group * n, head_dim)
         scores = qg @ keys[:, :k_len].transpose(0, 2, 1)  # (n_kv_heads, group * n, k_len)
         if c.attn_softcap:
             scores = softcap(scores, c.attn_softcap)
-        scores = scores.reshape(c.n_kv_heads, group, n, k_len) + attention_mask(positions, k_len, window)
+        scores = scores.reshape(n_kv_heads, group, n, k_len) + attention_mask(positions, k_len, window)
         peak = scores.max(axis=-1, keepdims=True)
         if sinks is not None:
-            sink = sinks.reshape(c.n_kv_heads, group, 1, 1).astype(np.float32)
+            sink = sinks.reshape(n_kv_heads, group, 1, 1).astype(np.float32)
             peak = np.maximum(peak, sink)
         scores -= peak
         np.exp(scores, out=scores)
@@ -327,11 +377,15 @@ class NumpyBackend(Backend):
         if sinks is not None:
             total = total + np.exp(sink - peak)
         scores /= total
-        out = scores.reshape(c.n_kv_heads, group * n, k_len) @ values[:, :k_len]  # (n_kv_heads, group * n, v_head_dim)
-        return out.reshape(c.n_heads, n, c.v_head_dim).transpose(1, 0, 2).reshape(n, c.n_heads * c.v_head_dim)
+        out = scores.reshape(n_kv_heads, group * n, k_len) @ values[:, :k_len]  # (n_kv_heads, group * n, v_head_dim)
+        return out.reshape(c.n_heads, n, v_head_dim).transpose(1, 0, 2).reshape(n, c.n_heads * v_head_dim)
 
     def _ffn_block(self, layer: Layer, x: np.ndarray) -> np.ndarray:
         c = self.config
+        if c.ffn_dense_and_experts:
+            out = dense_and_experts_ffn(x, layer, c, self.matmul, self.matrix_rows, self.gated_activation, rms_norm,
+                                        moe_ffn)
+            return rms_norm(out, layer.post_ffn_norm, c.rms_eps)
         h = x if layer.ffn_norm is None else rms_norm(x, layer.ffn_norm, c.rms_eps)
         h = np.ascontiguousarray(h, dtype=np.float32)
         if c.is_moe:
@@ -378,6 +432,7 @@ class NumpyBackend(Backend):
             cache.reserve(1)
         positions = np.array([cache.n_past for cache in caches])  # (B,)
         x = self.embed(tokens)  # (B, n_embd)
+        layer_inputs = self._per_layer_inputs(tokens, x)
         if self.config.is_hybrid:
             for cache in caches:
                 cache.recurrent.begin_call(1)
@@ -386,7 +441,7 @@ class NumpyBackend(Backend):
                 x = x + self._attention_block_batch(i, layer, x, positions, caches)
             else:
                 x = x + self._deltanet_block(i, layer, x, caches)
-            x = x + self._ffn_block(layer, x)
+            x = self._layer_output(i, layer, x + self._ffn_block(layer, x), layer_inputs)
         if self.config.is_hybrid:
             for cache, token in zip(caches, tokens):
                 cache.recurrent.end_call([token])
@@ -400,21 +455,27 @@ class NumpyBackend(Backend):
         c = self.config
         q, k, v, gate = self._project_qkv(i, layer, x, positions)
         window = c.sliding_window if c.is_sliding(i) else 0
-        out = np.empty((x.shape[0], c.n_heads * c.v_head_dim), dtype=np.float32)  # (B, n_heads * v_head_dim)
+        src = c.kv_layer(i)
+        out = np.empty((x.shape[0], c.n_heads * c.layer_v_head_dim(i)), dtype=np.float32)  # (B, n_heads * v_head_dim)
         for b, cache in enumerate(caches):
-            cache.store(i, k[b:b + 1].transpose(1, 0, 2), v[b:b + 1].transpose(1, 0, 2))
-            out[b] = self._attend(q[b:b + 1], cache.keys[i], cache.values[i], positions[b:b + 1], window,
+            if k is not None:
+                cache.store(i, k[b:b + 1].transpose(1, 0, 2), v[b:b + 1].transpose(1, 0, 2))
+            out[b] = self._attend(q[b:b + 1], cache.keys[src], cache.values[src], positions[b:b + 1], window,
                                   layer.attn_sinks)[0]
         return self._attention_output(layer, out, gate)
 
     def _project_qkv(self, i: int, layer: Layer, x: np.ndarray, positions: np.ndarray):
         """Normed, biased, rotated queries (n, n_heads, head_dim), keys and values (n, n_kv_heads, ...) of rows ``x``,
-        and the output gate (n, n_heads * head_dim) of gated attention (qwen35), else None."""
+        and the output gate (n, n_heads * head_dim) of gated attention (qwen35), else None; keys and values are None
+        in a layer that reads another layer's cache (gemma4)."""
         c = self.config
         n = x.shape[0]
         h = x if layer.attn_norm is None else rms_norm(x, layer.attn_norm, c.rms_eps)
         h = np.ascontiguousarray(h, dtype=np.float32)
-        q, k, v = self.matmul(h, layer.wq), self.matmul(h, layer.wk), self.matmul(h, layer.wv)
+        if layer.wk is None:
+            return self._project_q_only(i, layer, h, positions), None, None, None
+        q, k = self.matmul(h, layer.wq), self.matmul(h, layer.wk)
+        v = k if layer.wv is None else self.matmul(h, layer.wv)  # gemma4: no attn_v, the keys are the values
         if layer.bq is not None:
             q, k, v = q + layer.bq, k + layer.bk, v + layer.bv
         gate = None
@@ -424,12 +485,14 @@ class NumpyBackend(Backend):
         if c.qk_norm_whole:  # olmo2: one norm over the whole projection, before the split into heads
             q = rms_norm(q, layer.q_norm, c.rms_eps)
             k = rms_norm(k, layer.k_norm, c.rms_eps)
-        q = q.reshape(n, c.n_heads, c.head_dim)
-        k = k.reshape(n, c.n_kv_heads, c.head_dim)
-        v = v.reshape(n, c.n_kv_heads, c.v_head_dim)
+        q = q.reshape(n, c.n_heads, c.layer_head_dim(i))
+        k = k.reshape(n, c.layer_n_kv_heads(i), c.layer_head_dim(i))
+        v = v.reshape(n, c.layer_n_kv_heads(i), c.layer_v_head_dim(i))
         if c.qk_norm:
             q = rms_norm(q, layer.q_norm, c.rms_eps)
             k = rms_norm(k, layer.k_norm, c.rms_eps)
+        if c.v_norm:
+            v = rms_norm(v, np.float32(1.0), c.rms_eps)
         rope_set = self.rope_layer_set[i]
         if rope_set >= 0:
             inv_freq = self.rope_inv_freq[rope_set]
@@ -438,3 +501,11 @@ class NumpyBackend(Backend):
         if c.attn_temp_scale:  # mistral3 temperature tuning, after RoPE
             q = q * attn_temperature(c, positions)[:, None, None]
         return q, k, v, gate
+
+    def _project_q_only(self, i: int, layer: Layer, h: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Normed, rotated queries (n, n_heads, head_dim) of normed rows ``h``: a gemma4 shared-KV layer."""
+        c = self.config
+        q = rms_norm(self.matmul(h, layer.wq).reshape(h.shape[0], c.n_heads, c.layer_head_dim(i)), layer.q_norm,
+                     c.rms_eps)
+        rope_set = self.rope_layer_set[i]
+        return apply_rope(q, positions, self.rope_inv_freq[rope_set], c.rope_neox, c.rope_mscale)

@@ -67,6 +67,7 @@ LAYER_TENSORS: dict[str, dict] = {
                 "attn_output.bias": lambda E, H, K, D, F: (E,), **_EXPERTS, **_EXPERT_BIASES},
     "gemma2": {**_LLAMA, **_POST_NORMS},
     "gemma3": {**_LLAMA, **_POST_NORMS, **_QK_NORM},
+    "gemma4": {**_LLAMA, **_POST_NORMS, **_QK_NORM},  # without per-layer embeddings or shared KV layers
     # OLMo 2 normalises after attention and FFN only, and its q/k norms span all heads
     "olmo2": {**_ATTN, **_FFN, **_POST_NORMS, "attn_q_norm.weight": lambda E, H, K, D, F: (H * D,),
               "attn_k_norm.weight": lambda E, H, K, D, F: (K * D,)},
@@ -92,9 +93,11 @@ RECURRENT_LAYER_TENSORS = {
 }
 ALWAYS_F32 = ("ssm_conv1d.weight",)  # llama.cpp never quantizes these (rows of the conv kernel's width)
 TIED = {"gemma2", "gemma3"}  # files of these have no output.weight
+TIED = {"gemma2", "gemma3", "gemma4"}  # files of these have no output.weight
 EXTRA_METADATA: dict[str, dict[str, Any]] = {
     "gemma2": {"attention.sliding_window": 4096, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
     "gemma3": {"attention.sliding_window": 512},
+    "gemma4": {"attention.sliding_window": 512, "embedding_length_per_layer_input": 0},
     "qwen3moe": {"expert_count": _N_EXPERT, "expert_used_count": 2},  # expert_feed_forward_length: n_ff / used
     "qwen2moe": {"expert_count": _N_EXPERT, "expert_used_count": 2},  # shared expert: n_ff wide
     "gpt-oss": {"expert_count": _N_EXPERT, "expert_used_count": 2, "attention.sliding_window": 128,

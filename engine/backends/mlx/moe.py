@@ -26,8 +26,8 @@ def swiglu_oai_gated(gate: mx.array, up: mx.array) -> mx.array:
     return (x * mx.sigmoid(float(SWIGLU_OAI_ALPHA) * x) * (y + 1.0)).astype(gate.dtype)
 
 
-def moe_ffn(h: mx.array, layer: Any, config: ModelConfig, gated: Callable, rows_of: Callable, dtype: mx.Dtype
-            ) -> mx.array:
+def moe_ffn(h: mx.array, layer: Any, config: ModelConfig, gated: Callable, rows_of: Callable, dtype: mx.Dtype,
+            logits: mx.array | None = None, down_scale: np.ndarray | None = None) -> mx.array:
     """The mixture-of-experts FFN of normed rows ``h`` (..., n_embd) -> (..., n_embd) float32.
 
     Args:
@@ -36,11 +36,15 @@ def moe_ffn(h: mx.array, layer: Any, config: ModelConfig, gated: Callable, rows_
         gated: the gated activation ``(gate, up) -> hidden``.
         rows_of: ``(matrix, TensorRef) -> the matrix's rows`` (views).
         dtype: the backend's matmul dtype.
+        logits: the router's logits (..., n_expert) where the model computes them from another input (gemma4).
+        down_scale: (n_expert,) each expert's output multiplier (gemma4's ``ffn_down_exps.scale``), or None.
     """
     c = config
     shape = h.shape
     rows_in = h.reshape(-1, c.n_embd)  # (n, n_embd)
-    logits = layer.w_router.matmul(rows_in).astype(mx.float32)  # (n, n_expert)
+    if logits is None:
+        logits = layer.w_router.matmul(rows_in)
+    logits = logits.reshape(-1, c.n_expert).astype(mx.float32)  # (n, n_expert)
     if layer.b_router is not None:
         logits = logits + layer.b_router.astype(mx.float32)
     selection_bias = None if layer.exp_probs_b is None else np.array(layer.exp_probs_b.astype(mx.float32))
@@ -60,6 +64,8 @@ def moe_ffn(h: mx.array, layer: Any, config: ModelConfig, gated: Callable, rows_
             gate, up = gate + layer.b_gate_exps[ff], up + layer.b_up_exps[ff]
         act = gated(gate, up).astype(dtype)
         y = rows_of(layer.w_down_exps, TensorRef("", down.start, down.stop)).matmul(act).astype(mx.float32)
+        if down_scale is not None:
+            y = y * float(down_scale[expert])
         if layer.b_down_exps is not None:
             y = y + layer.b_down_exps[down].astype(mx.float32)
         out = out.at[index].add(y if c.expert_weights_before else y * weight)

@@ -36,7 +36,8 @@ from tests.engine.gguf_builders import write_tiny_llama
 REPO = Path(__file__).resolve().parents[2]
 WAIT_S = 120  # for a child to reach a point it always reaches; generous on a loaded machine
 
-# A child's preamble: argv[1] names a file whose atomic rename (os.replace) waits to be killed, or is "-".
+# A child's preamble: argv[1] names a file whose atomic rename (os.replace) waits to be killed ("NAME": before the
+# rename, "after:NAME": right after it), or is "-".
 PAUSE = """
 import os, sys, time
 _replace = os.replace
@@ -44,7 +45,11 @@ def _paused_replace(src, dst, *args, **kwargs):
     if os.path.basename(dst) == sys.argv[1]:
         print("paused", flush=True)
         time.sleep(600)
-    return _replace(src, dst, *args, **kwargs)
+    result = _replace(src, dst, *args, **kwargs)
+    if "after:" + os.path.basename(dst) == sys.argv[1]:
+        print("paused", flush=True)
+        time.sleep(600)
+    return result
 os.replace = _paused_replace
 """
 
@@ -400,6 +405,46 @@ def test_kill_mid_download_then_resume_in_a_new_manager(tmp_path, monkeypatch):
         assert resumed[0] is None and resumed[-1] == f"bytes={got}-" and len(resumed) == 4
     library = ModelLibrary(data, scan_dirs=[], builtin=None).list()
     assert [e.name for e in library] == [f"{REPO_ID}/{FILENAME}"]
+    leftovers = [p.name for p in (data / "downloads").iterdir() if not p.name.endswith(".lock")]
+    assert all(name.startswith(".") and name.endswith(".tmp") for name in leftovers), leftovers
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["before", "after"])
+def test_kill_at_a_downloads_final_move_leaves_it_complete_or_resumable(tmp_path, monkeypatch, moment):
+    """Killed with the verified file about to be renamed into the library, or just renamed (its state file not yet
+    removed): the next run has it either resumable (and it completes without downloading again) or complete."""
+    from app.models.downloads import DownloadManager
+    from app.models.hub import HubClient
+
+    body = write_tiny_gguf(tmp_path / FILENAME, name="Tiny Download", extra_bytes=1 << 20).read_bytes()
+    data = tmp_path / "data"
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    with FakeHub() as hub:  # a local HTTP server on loopback
+        hub.add_file(REPO_ID, FILENAME, body)
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        child = Child(DOWNLOAD_CHILD, data, REPO_ID, FILENAME,
+                      pause_at=FILENAME if moment == "before" else f"after:{FILENAME}")
+        child.wait_for(lambda line: line == "paused")
+        lines = child.kill()
+        assert any(line.startswith("verifying ") for line in lines)  # size and sha256 were checked first
+        assert not any(line.startswith("end") for line in lines)  # never acknowledged as completed
+        requests = len(hub.file_requests())
+        manager = DownloadManager(data, HubClient())  # the next run of Hearth
+        library = lambda: [e.name for e in ModelLibrary(data, scan_dirs=[], builtin=None).list()]  # noqa: E731
+        if moment == "before":
+            (saved,) = manager.list()
+            assert saved.state == "paused" and saved.downloaded == len(body) and library() == []
+            done = manager.wait(manager.start(REPO_ID, FILENAME), timeout=WAIT_S)
+            assert done.state == "completed" and done.path.read_bytes() == body
+            assert hub.file_requests()[requests:] == []  # nothing was downloaded again
+        else:
+            assert manager.list() == []  # the file is in the library: no stale paused download is left listed
+            assert manager.notices == []
+        assert library() == [f"{REPO_ID}/{FILENAME}"]
+        assert manager.destination(REPO_ID, FILENAME).read_bytes() == body
     leftovers = [p.name for p in (data / "downloads").iterdir() if not p.name.endswith(".lock")]
     assert all(name.startswith(".") and name.endswith(".tmp") for name in leftovers), leftovers
 

@@ -557,6 +557,8 @@ def test_kill_while_answers_stream_in_the_real_app(tmp_path):
               f"{kinds.count('finished')} finished events; the last was {kinds[-1] if kinds else 'none'}")
         assert integrity(db_path) == "ok"
         check_acknowledged(db_path, events)
+        lost, last_half_second = streamed_loss(run, db_path)
+        assert lost <= last_half_second, f"{lost} characters lost, {last_half_second} streamed in the last 0.5 s"
     store, notice = ConversationStore.open(db_path)  # the next start: cut replies are marked interrupted
     try:
         assert notice is None

@@ -95,7 +95,7 @@ def run_soak(work: Path, replies: int, conversations: int, every: int = 10,
     from tests.engine.gguf_builders import write_tiny_llama
 
     app = QApplication.instance() or QApplication([])
-    models = [str(write_tiny_llama(work / f"tiny-{seed}.gguf", n_ctx=1024, seed=seed)) for seed in (1, 2)]
+    models = [str(write_tiny_llama(work / f"tiny-{seed}.gguf", n_ctx=8192, seed=seed)) for seed in (1, 2)]
     data = work / "data"
     data.mkdir(parents=True, exist_ok=True)
     session = AppSession(data, models[0])
@@ -137,10 +137,11 @@ def one_step(session, i: int, models: list[str], work: Path) -> None:
     if i % 25 == 24:
         assert session.actions.export_json(str(work / "export.json"))
     if i % 10 == 9:
-        path = str(work / "state.hearth")
+        path, notices = str(work / "state.hearth"), []
+        session.actions.notice.connect(lambda kind, text: notices.append(text))
         ok = wait_for(session.actions.state_done, lambda: session.actions.save_state(path),
                       accept=lambda p, _ok: p == path)[1]
-        assert ok, "the KV snapshot was not saved"
+        assert ok, f"the KV snapshot was not saved: {notices}"
 
 
 def growth(samples: list[Sample], replies: int) -> dict[str, float]:

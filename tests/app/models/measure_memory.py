@@ -1,9 +1,10 @@
 """Measure the RSS a real CPU-backend load adds at full context, next to ``estimate_memory``'s figure.
 
-In a fresh interpreter (so nothing else is counted): load the model with the CPU backend, touch every weight
-page (they are memory-mapped), reserve and write a KV cache of ``n_ctx`` positions, and run one short forward
-pass so the decoder's scratch arena exists. Run ``python -m tests.app.models.measure_memory`` to print the table;
-the tests assert the 15 % bar.
+In a fresh interpreter (so nothing else is counted): load the model on a backend, touch every page of the file
+(memory-mapped), reserve and write a KV cache of ``n_ctx`` positions, and run the last prompt chunk that fills the
+context, so the scratch exists at its largest. ``peak`` is the growth of the process's peak RSS (the NumPy
+backend's attention scores are freed before the end). Run ``python -m tests.app.models.measure_memory [cpu|numpy]``
+to print the table; the tests assert the 8 % bar.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ before = proc.memory_info().rss
 model = engine.model.load(path, backend=backend, n_ctx=n_ctx)
 g = model.gguf
 checksum = 0
-if backend == "cpu":  # it computes on the memory-mapped file: every page of it becomes resident
+# cpu computes on the memory-mapped file; numpy read all of it to dequantize. Touching every page again makes the
+# figure not depend on whether the system reclaimed some of those clean pages meanwhile (under memory pressure)
+if True:
     for name in g.tensors:
         flat = g.raw(name).reshape(-1)
         checksum += int(flat[::4096].sum()) + int(flat[-1])  # one byte per page makes every page resident

@@ -1,4 +1,4 @@
-"""Measure the RSS a real CPU-backend load adds at full context, next to ``estimate_memory``'s figure.
+"""Measure the RSS a real load (CPU or NumPy backend) adds at full context, beside ``estimate_memory``'s figure.
 
 In a fresh interpreter (so nothing else is counted): load the model on a backend, touch every page of the file
 (memory-mapped), reserve and write a KV cache of ``n_ctx`` positions, and run the last prompt chunk that fills the
@@ -31,10 +31,9 @@ g = model.gguf
 checksum = 0
 # cpu computes on the memory-mapped file; numpy read all of it to dequantize. Touching every page again makes the
 # figure not depend on whether the system reclaimed some of those clean pages meanwhile (under memory pressure)
-if True:
-    for name in g.tensors:
-        flat = g.raw(name).reshape(-1)
-        checksum += int(flat[::4096].sum()) + int(flat[-1])  # one byte per page makes every page resident
+for name in g.tensors:
+    flat = g.raw(name).reshape(-1)
+    checksum += int(flat[::4096].sum()) + int(flat[-1])  # one byte per page makes every page resident
 full = model.backend.new_cache(n_ctx)
 full.reserve(n_ctx)
 keys, values = full.layers() if hasattr(full, "layers") else ([full.k], [full.v])

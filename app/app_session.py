@@ -20,6 +20,7 @@ from .downloads_bridge import DownloadsBridge
 from .model_choices import ModelChoices
 from .models.downloads import DownloadManager
 from .models.remote_endpoints import RemoteEndpoints
+from .models.library import ModelLibrary
 from .snapshot_cache import SnapshotCache, default_memory_budget, default_memory_dir
 from .store import DB_FILENAME, ConversationStore
 from .telemetry import SystemSampler, Telemetry
@@ -74,7 +75,8 @@ class AppSession:
         if pending:
             self.controller.pending_model = self.controller.builtin_path
         self.controller.start()
-        problems = [self.recovery_notice, *self.downloads.manager.notices]
+        problems = [self.recovery_notice, *self.downloads.manager.notices, *self.snapshots.notices,
+                    *ModelLibrary(self.data, scan_dirs=[], builtin=None).check_registry()]
         if any(problems):
             self.window.notice_bar.show_notice("error", " ".join(p for p in problems if p))
         elif self.builtin_problem:

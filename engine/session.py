@@ -90,6 +90,29 @@ def read_header(path: str | os.PathLike) -> dict[str, str]:
     return header
 
 
+def check_file(path: str | os.PathLike) -> dict[str, str]:
+    """Cheap whole-file check (no payload read): a valid header and exactly the bytes its arrays need.
+
+    Returns:
+        The header, as ``read_header``.
+
+    Raises:
+        SessionError: a garbled header or a file shorter or longer than its arrays (a truncated write).
+    """
+    header = read_header(path)
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        table = json.loads(f.read(n))
+    try:
+        end = max((int(t["data_offsets"][1]) for k, t in table.items() if k != "__metadata__"), default=0)
+    except (TypeError, KeyError, IndexError, ValueError) as e:
+        raise SessionError(f"the session's array table is damaged ({e!r})") from None
+    size = os.path.getsize(path)
+    if size != 8 + n + end:
+        raise SessionError(f"the session file is truncated or damaged ({size} bytes, its arrays need {8 + n + end})")
+    return header
+
+
 def read_conversation(path: str | os.PathLike) -> Any:
     """The conversation stored in a snapshot, for a text-only import when the engine state cannot be used."""
     try:

@@ -43,6 +43,11 @@ class PackedMatrix:
         return self.blocks.nbytes
 
 
+
+def runs_in_c_decoder(config: ModelConfig) -> bool:
+    """Whether the fused C decoder runs this model; MoE, hybrid and gemma4 models take the reference path."""
+    return not (config.is_moe or config.is_hybrid or uses_gemma4_blocks(config))
+
 class CpuBackend(NumpyBackend):
     """The C decoder: one call per prompt chunk or decode step, for one sequence or a batch of them.
 
@@ -60,7 +65,7 @@ class CpuBackend(NumpyBackend):
         super().__init__(gguf, config, n_ctx)
         self.kv_dtype = np.dtype(kv_dtype)
         self.decoder: CpuDecoder | None = None  # None: the reference path (MoE, hybrid and gemma4 models)
-        if not (config.is_moe or config.is_hybrid or uses_gemma4_blocks(config)):
+        if runs_in_c_decoder(config):
             self.decoder = CpuDecoder(config, self.layers, (self.token_embd, int(self.token_embd_type)), self.output,
                                       self.output_norm, self.rope_inv_freq, self.rope_layer_set)
         self._caches: weakref.WeakSet[CpuKVCache | NumpyKVCache] = weakref.WeakSet()

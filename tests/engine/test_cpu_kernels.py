@@ -9,7 +9,6 @@ assert; a wrong nibble order, scale or offset misses it by orders of magnitude. 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal

@@ -97,3 +97,17 @@ def test_a_llama_bench_that_prints_no_report_is_a_clear_error(tiny_model_path, t
 def test_the_bandwidth_command_reports_its_method(tmp_path):
     report = bench_json("bandwidth", "--threads", "1", "--passes", "2", "--json")
     assert report["gbps"] >= report["gbps_median"] > 0 and report["passes"] == 2
+
+
+def test_with_an_output_matrix_of_its_own_a_token_reads_one_row_of_the_embedding_table(tmp_path):
+    from tests.llama_cpp_sources import vocab_file
+
+    [written] = bench_json("make-models", "--out", tmp_path, "--models", "tiny-llama", "--types", "Q8_0",
+                           "--vocab-from", vocab_file("llama-bpe"))
+    report = bench_json(written["file"], "--backend", "cpu", *SMALL)
+    with read_gguf(written["file"]) as g:
+        assert "output.weight" in g.tensors
+        embedding = g.raw("token_embd.weight")
+        weights = sum(g.raw(n).nbytes for n in g.tensors) - embedding.nbytes + embedding.nbytes // embedding.shape[0]
+    assert report["weight_bytes_per_token"] == weights
+    assert report["engines"].keys() == {"hearth"} and "ratio.decode" not in report

@@ -17,6 +17,9 @@ _ARRAY_PREVIEW = 8
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # its own command line, with sub-forms (make-models, kernels, bandwidth)
+        return _bench(argv[1:])
     args = _parser().parse_args(argv)
     try:
         return args.func(args)
@@ -83,25 +86,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --remote: end the answer when nothing arrives for S seconds (default 60)")
     p.set_defaults(func=cmd_generate)
 
-    p = sub.add_parser("bench", help="prefill/decode tokens per second, load time and memory, optionally beside a peer")
-    p.add_argument("model", type=Path)
-    p.add_argument("--backend", choices=BACKENDS, default="cpu")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: physical cores)")
-    p.add_argument("--prompt-tokens", type=int, default=512)
-    p.add_argument("--gen-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3, help="interleaved runs; medians are reported")
-    p.add_argument("--compare", choices=["llama.cpp", "mlx-lm"], default=None)
-    p.add_argument("--concurrency", type=int, default=None, help="decode N sequences batched; report aggregate and single tok/s")
-    p.add_argument("--thermal-script", type=Path, default=None, help="replay a JSON trace of [t_seconds, state] through the thermal policy")
-    p.add_argument("--session-restore", action="store_true",
-                   help="time restoring a snapshot of --prompt-tokens tokens against processing them again")
-    p.add_argument("--draft", type=Path, default=None, metavar="DRAFT_MODEL",
-                   help="speculative decoding with this draft model beside plain decoding (greedy, interleaved)")
-    p.add_argument("--lookup", action="store_true", help="speculative decoding by prompt lookup beside plain decoding")
-    p.add_argument("--prompt-file", type=Path, default=None, metavar="FILE",
-                   help="with --draft/--lookup: the prompt, as a user message in the chat template")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_bench)
+    p = sub.add_parser("bench", add_help=False,
+                       help="prefill/decode speed, load time and memory beside peers; bench models and kernels "
+                            "(python -m engine bench --help)")
+    p.set_defaults(func=lambda args: _bench([]))
     return parser
 
 
@@ -258,31 +246,7 @@ def _stats(event) -> dict:
             "finish_reason": event.finish_reason}
 
 
-def cmd_bench(args) -> int:
-    if args.session_restore:
-        from .bench import run_session_bench
+def _bench(argv: list[str]) -> int:
+    from .bench.cli import main as bench_main  # the bench package: measurement apart from the product
 
-        report = run_session_bench(args.model, args.backend, args.prompt_tokens, args.repeats)
-    elif args.draft or args.lookup:
-        from .bench_speculative import run_speculative_bench
-
-        report = run_speculative_bench(args.model, args.backend, args.threads, args.prompt_file, args.prompt_tokens,
-                                       args.gen_tokens, args.draft, args.lookup, args.repeats)
-    elif args.compare == "mlx-lm" or args.backend == "mlx":
-        from .backends.mlx_bench import run_mlx_bench
-
-        report = run_mlx_bench(args.model, prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens,
-                               compare=args.compare == "mlx-lm", repeats=args.repeats)
-    elif args.concurrency or args.thermal_script:
-        from .bench_concurrency import run_concurrency_bench
-
-        report = run_concurrency_bench(args.model, args.backend, args.threads, args.prompt_tokens, args.gen_tokens,
-                                       args.concurrency or 1, args.repeats, args.thermal_script)
-    else:
-        from .bench import run_bench
-
-        report = run_bench(args.model, args.backend, args.threads, args.prompt_tokens, args.gen_tokens,
-                           args.compare, args.repeats)
-    text = "\n".join(f"{k}: {v}" for k, v in report.items())
-    _emit(args, report, text)
-    return 0
+    return bench_main(argv)

@@ -18,7 +18,7 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 PAGE = 4096
 
 _CHILD = r"""
-import json, resource, sys
+import json, sys
 import numpy as np
 import psutil
 import engine.model
@@ -45,7 +45,8 @@ full.truncate(n_ctx - rows)  # the last chunk of a prompt that fills the context
 token = model.tokenize("The")[-1]
 model.backend.forward([token] * rows, full)
 after = proc.memory_info().rss
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+# this process's own high-water mark: ru_maxrss would carry the parent's (pytest's) RSS across fork and exec
+peak = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")) * 1024
 est = estimate_memory(g, n_ctx, backend=model.backend.name)
 print(json.dumps({"backend": model.backend.name, "measured": after - before, "peak": peak - before,
                   "weights": est.weights_bytes, "kv": est.kv_cache_bytes, "kv_measured": full.nbytes,

@@ -43,10 +43,10 @@ class PackedMatrix:
         return self.blocks.nbytes
 
 
-
 def runs_in_c_decoder(config: ModelConfig) -> bool:
     """Whether the fused C decoder runs this model; MoE, hybrid and gemma4 models take the reference path."""
     return not (config.is_moe or config.is_hybrid or uses_gemma4_blocks(config))
+
 
 class CpuBackend(NumpyBackend):
     """The C decoder: one call per prompt chunk or decode step, for one sequence or a batch of them.

@@ -48,12 +48,14 @@ import psutil
 from .config import ModelConfig
 from .deltanet import recurrent_state_bytes
 from .gguf_file import GGUFFile
-from .hybrid_cache import MAX_ANCHORS
+from .hybrid_cache import MAX_ANCHORS, ROLLBACK_TOKENS
 from .packed_strings import PackedStrings
 
-# a hybrid sequence's recurrent states: the live one, the checkpoint before the latest call, the prompt anchors
-# (a verify pass's per-token snapshots come and go with it and are not counted)
-RECURRENT_STATE_COPIES = 2 + MAX_ANCHORS
+# a hybrid sequence's recurrent states at their most: the live one, the prompt anchors, and what a short call (a
+# speculative verify pass, a short message) keeps until the next call (engine.hybrid_cache): the state before it
+# and after each of its tokens but the last (that one is the live state); about 60 MB each on a real
+# Qwen3.5-35B-A3B
+RECURRENT_STATE_COPIES = 1 + MAX_ANCHORS + ROLLBACK_TOKENS
 MICRO_BATCH = 512  # tokens per prefill step assumed for the scratch buffers (NumPy's PREFILL_CHUNK, MLX)
 FLOAT32_BYTES = 4
 # What a load adds besides weights, KV cache, metadata and scratch (the backend's modules and C extension, the

@@ -220,6 +220,25 @@ def test_memory_figures_count_kv_of_attention_layers_and_the_recurrent_states(mo
     assert estimate.kv_cache_bytes == usage.bytes_per_position * N_CTX + state * RECURRENT_STATE_COPIES
 
 
+def test_the_estimate_counts_the_recurrent_states_a_cache_holds_at_its_most(model, hybrid_path):
+    """Held to what the cache really keeps: after more long prompts than it anchors, a call of ROLLBACK_TOKENS tokens
+    leaves every checkpoint the estimate counts (a miscount either way fails)."""
+    from engine.deltanet import recurrent_state_bytes
+    from engine.gguf_file import read_gguf
+    from engine.hybrid_cache import ROLLBACK_TOKENS
+    from engine.memory_estimate import RECURRENT_STATE_COPIES, estimate_memory
+
+    cache = model.backend.new_cache(N_CTX)
+    for i in range(6):  # long calls: each end becomes an anchor, the oldest ones are dropped
+        model.backend.forward([(7 * i + j) % 50 + 3 for j in range(ROLLBACK_TOKENS + 4)], cache)
+    held_after_prompts = cache.recurrent.nbytes()
+    model.backend.forward([5] * ROLLBACK_TOKENS, cache)  # a verify pass of the longest kept kind
+    state = recurrent_state_bytes(model.config)
+    assert cache.recurrent.nbytes() == state * RECURRENT_STATE_COPIES > held_after_prompts
+    estimate = estimate_memory(read_gguf(hybrid_path), N_CTX, "numpy")
+    assert estimate.kv_cache_bytes - model.kv_cache_usage.bytes_per_position * N_CTX == state * RECURRENT_STATE_COPIES
+
+
 def test_a_session_whose_recurrent_states_do_not_fit_is_refused(model, tmp_path):
     from engine.deltanet import recurrent_state_shapes
     from engine.session import SessionError, load_session

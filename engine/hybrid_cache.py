@@ -97,6 +97,23 @@ class RecurrentStates:
         return int(sum(sizes))
 
 
+def truncate_by_replay(cache, n_past: int) -> None:
+    """``truncate`` of a hybrid cache on any backend: go back to ``n_past`` positions from the nearest checkpoint
+    of ``cache.recurrent`` and replay the tokens after it through ``cache._replay`` (module docstring). The
+    cache's KV positions are ``cache._n_past``; a backend that also keeps the ids of its KV positions
+    (``cache.tokens``, a list or None) has them cut to match."""
+    if not 0 <= n_past <= cache._n_past:
+        raise ValueError(f"cannot truncate a cache of {cache._n_past} positions to {n_past}")
+    if n_past == cache._n_past:
+        return
+    replay = cache.recurrent.rewind(n_past)
+    cache._n_past = n_past - len(replay)
+    if getattr(cache, "tokens", None) is not None:
+        del cache.tokens[cache._n_past:]
+    if replay:
+        cache._replay(cache, replay)
+
+
 class HybridKVCache(NumpyKVCache):
     """NumPy KV arrays for the attention layers (recurrent layers hold none) plus ``recurrent`` states.
 
@@ -132,16 +149,7 @@ class HybridKVCache(NumpyKVCache):
     def nbytes(self) -> int:
         return super().nbytes + self.recurrent.nbytes()
 
-    def truncate(self, n_past: int) -> None:
-        """Go back to ``n_past`` positions: from a checkpoint, replaying the tokens after it (module docstring)."""
-        if not 0 <= n_past <= self._n_past:
-            raise ValueError(f"cannot truncate a cache of {self._n_past} positions to {n_past}")
-        if n_past == self._n_past:
-            return
-        replay = self.recurrent.rewind(n_past)
-        self._n_past = n_past - len(replay)
-        if replay:
-            self._replay(self, replay)
+    truncate = truncate_by_replay
 
     def export_state(self) -> KVState:
         state = super().export_state()

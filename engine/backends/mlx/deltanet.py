@@ -15,7 +15,7 @@ import numpy as np
 
 from ...config import ModelConfig
 from ...deltanet import DELTANET_MATRICES, SOFTPLUS_LINEAR_ABOVE, deltanet_tensor_names, recurrent_state_shapes
-from ...hybrid_cache import RecurrentStates, recurrent_from_arrays
+from ...hybrid_cache import RecurrentStates, recurrent_from_arrays, truncate_by_replay
 from ..base import KVState
 from .kv_cache import LayerKV, MlxKVCache
 from .weights import Matrix, TensorReader, load_matrix, load_vector
@@ -163,18 +163,7 @@ class MlxHybridCache(MlxKVCache):
         super().record(ids)
         self.recurrent.end_call(ids)
 
-    def truncate(self, n_past: int) -> None:
-        """Go back to ``n_past``: from a checkpoint, replaying the tokens after it (engine.hybrid_cache)."""
-        if not 0 <= n_past <= self._n_past:
-            raise ValueError(f"cannot truncate a cache of {self._n_past} positions to {n_past}")
-        if n_past == self._n_past:
-            return
-        replay = self.recurrent.rewind(n_past)
-        self._n_past = n_past - len(replay)
-        if self.tokens is not None:
-            del self.tokens[self._n_past:]
-        if replay:
-            self._replay(self, replay)
+    truncate = truncate_by_replay
 
     def export_state(self) -> KVState:
         n, c = self._n_past, self.config

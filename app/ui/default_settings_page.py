@@ -8,10 +8,7 @@ from PySide6.QtWidgets import QFrame, QLabel, QSizePolicy, QVBoxLayout, QWidget
 from ..chat_settings import ChatSettings
 from ..qt_compat import emit
 from .settings_panel import SettingsPanel
-
-# The page's column of labels and fields stops growing here (logical pixels): a form stretched across a wide window
-# puts each label far from its field and makes a spin box as wide as a paragraph.
-MAX_CONTENT_WIDTH = 640
+from .theme import MAX_CONTENT_WIDTH
 
 
 class DefaultSettingsPage(QFrame):

@@ -12,6 +12,7 @@ from PySide6.QtWidgets import (QCheckBox, QFormLayout, QFrame, QHBoxLayout, QHea
 
 from ..api_server import RequestRecord, ServerSettings, new_api_key
 from ..qt_compat import emit
+from .theme import MAX_CONTENT_WIDTH
 
 LOG_ROWS = 200  # the most recent requests shown
 COLUMNS = ("Time", "Endpoint", "Model", "Prompt", "Generated", "TTFT", "tok/s", "Status")
@@ -101,7 +102,11 @@ class ServerPage(QFrame):
         layout.setSpacing(10)
         for widget in (title, note):
             layout.addWidget(widget)
-        layout.addLayout(form)
+        form_box = QWidget()  # the fields stop growing at the content width; the request log takes the whole page
+        form_box.setLayout(form)
+        form_box.setMaximumWidth(MAX_CONTENT_WIDTH)
+        form.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(form_box)
         layout.addWidget(self.status)
         layout.addWidget(QLabel("Requests"))
         layout.addWidget(self.log, 1)

@@ -11,6 +11,9 @@ from PySide6.QtWidgets import QApplication
 
 RESOURCES = Path(__file__).resolve().parents[2] / "resources"
 ICON_SIZES = (16, 24, 32, 48, 64, 128, 256, 512)
+# A page's column of labels and fields stops growing here (logical pixels): a form stretched across a wide window
+# puts each label far from its field and makes a spin box as wide as a paragraph.
+MAX_CONTENT_WIDTH = 640
 NOTICE_COLORS = {"info": "#2f7dd1", "warning": "#c98a00", "error": "#c5322a"}
 
 

@@ -3,7 +3,8 @@
 import pytest
 
 from app.chat_settings import ChatSettings
-from app.ui.default_settings_page import MAX_CONTENT_WIDTH, DefaultSettingsPage
+from app.ui.default_settings_page import DefaultSettingsPage
+from app.ui.theme import MAX_CONTENT_WIDTH
 
 pytestmark = [pytest.mark.gui,
               pytest.mark.qt_log_ignore("does not support propagateSizeHints")]  # the offscreen plugin, top level

@@ -10,6 +10,7 @@ import pytest
 from app.api_server import ApiServer, AppSequences, ServerSettings
 from app.engine_host import EngineHost
 from app.ui.server_page import ServerPage, record_cells
+from app.ui.theme import MAX_CONTENT_WIDTH
 from app.worker import load_engine_model, make_sampling_params
 from engine.serve.errors import APIError
 from engine.serve.host import RequestRecord
@@ -75,6 +76,18 @@ def test_the_page_round_trips_its_settings_and_logs_requests_newest_first(qtbot)
     assert page.log.item(0, 7).text() == "404" and page.log.item(1, 7).text() == "200 eos"
     assert record_cells(RequestRecord(1, "chat", "m", 30, 8, 12, 0.25, 40.0, "eos", 0.0))[3:7] == \
         ["30 (8 cached)", "12", "250 ms", "40.0"]
+
+
+@pytest.mark.qt_log_ignore("does not support propagateSizeHints")  # the offscreen plugin, a top-level page
+def test_on_a_wide_window_the_fields_stop_at_the_content_width_and_the_request_log_takes_the_page(qtbot):
+    page = ServerPage()
+    qtbot.addWidget(page)
+    page.resize(1600, 800)
+    page.show()
+    qtbot.waitExposed(page)
+    for field in (page.address, page.api_key, page.origins, page.base_url, page.copy_button):
+        assert field.mapTo(page, field.rect().topRight()).x() <= 24 + MAX_CONTENT_WIDTH, field.objectName()
+    assert page.log.width() > 1400
 
 
 def test_a_port_in_use_is_an_error_on_the_page_not_a_crash(qtbot):

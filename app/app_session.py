@@ -118,6 +118,7 @@ class AppSession:
         self._close_progress()
         self.controller.stop_and_forget()
         self.api_server.stop()
+        self.actions.wait_for_exports()
         self.host.shutdown()
         self.snapshots.close()
         self.downloads.shutdown()

@@ -192,6 +192,7 @@ def test_no_file_hearth_writes_holds_the_key(qtbot, make_session, tmp_path, fake
     assert session.actions.export_json(str(exports / "c.json"))
     assert session.actions.export_markdown(str(exports / "c.md"))
     assert session.actions.export_all(str(exports / "all.zip"))
+    session.actions.wait_for_exports()
     session.window.grab().save(str(exports / "window.png"))
     session.close()
     key_file = data / secrets.SECRETS_FILE

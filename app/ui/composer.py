@@ -46,7 +46,9 @@ class MessageEdit(QPlainTextEdit):
         super().keyPressEvent(event)
 
     def _fit(self, *_) -> None:
-        lines = min(max(1, self.document().lineCount()), MAX_LINES)
+        document = self.document()
+        # every block is one line or more: a long paste is MAX_LINES without laying out all of its lines
+        lines = MAX_LINES if document.blockCount() >= MAX_LINES else min(max(1, document.lineCount()), MAX_LINES)
         margins = self.contentsMargins()
         height = lines * self.fontMetrics().lineSpacing() + 2 * int(self.document().documentMargin()) \
             + margins.top() + margins.bottom() + 4

@@ -56,6 +56,7 @@ class TintedSvgIconEngine(QIconEngine):
         super().__init__()
         self.name, self.tone_name = name, tone_name
         self.renderer = QSvgRenderer(str(RESOURCES / "icons" / f"{name}.svg"))
+        self._pixmaps: dict[tuple, QPixmap] = {}  # (width, height, scale, colour) -> the icon drawn so
 
     def paint(self, painter: QPainter, rect: QRect, mode: QIcon.Mode, state: QIcon.State) -> None:
         scale = painter.device().devicePixelRatioF() if painter.device() else 1.0
@@ -76,6 +77,12 @@ class TintedSvgIconEngine(QIconEngine):
         if mode == QIcon.Mode.Disabled:
             color = mix(palette.color(QPalette.ColorRole.Window), color, 0.4)
         w, h = max(1, round(size.width() * scale)), max(1, round(size.height() * scale))
+        key = (w, h, scale, color.rgba())
+        if key not in self._pixmaps:  # every paint of every button asks again: drawing the SVG each time is slow
+            self._pixmaps[key] = self._draw(w, h, scale, color)
+        return self._pixmaps[key]
+
+    def _draw(self, w: int, h: int, scale: float, color: QColor) -> QPixmap:
         image = QImage(w, h, QImage.Format.Format_ARGB32_Premultiplied)
         image.fill(Qt.GlobalColor.transparent)
         painter = QPainter(image)

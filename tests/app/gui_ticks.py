@@ -46,15 +46,18 @@ class StallSampler:
         self._thread.join()
 
     def _run(self) -> None:
-        me = threading.get_ident()
+        me, woke = threading.get_ident(), time.monotonic() * 1000
         while not self._stop.wait(0.005):
             now = time.monotonic() * 1000
-            if now - self._last_tick() < LATE_MS:
+            blocked, woke = now - woke - 5, now
+            if now - self._last_tick() < LATE_MS and blocked < LATE_MS:
                 continue
             frames = sys._current_frames()
             gui = frames.get(self._gui)
             others = [f"{_name(ident)}: {frame_lines(f, 4)}" for ident, f in frames.items()
                       if ident not in (self._gui, me)]
+            if blocked >= LATE_MS:  # this thread waited too: the GIL was held (or the machine gave it no CPU)
+                others.insert(0, f"(the sampler itself waited {blocked:.0f} ms; threads are where they resumed)")
             self.samples.append((now, frame_lines(gui) if gui else "(no Python frame)", others))
 
 
@@ -104,15 +107,19 @@ class Ticks:
         return max(b - a for a, b in zip(self.times, self.times[1:]))
 
     def min_per_second(self) -> int:
-        """The fewest ticks in any 1 s window starting at a tick (windows reaching past the end are left out)."""
-        times, end, fewest, j = self.times[1:-1], self.times[-1], None, 0
-        for i, t in enumerate(times):
+        """The fewest ticks in any sliding 1 s window (one starting at each tick); a run shorter than 1 s counts
+        as its ticks scaled to a second."""
+        times, end = self.times[1:-1], self.times[-1]
+        if end < 1000:
+            return round(len(times) * 1000 / max(end, 1))
+        fewest, j = len(times), 0
+        for i, t in enumerate([0, *times]):
             if t + 1000 > end:
                 break
             while j < len(times) and times[j] < t + 1000:
                 j += 1
-            fewest = j - i if fewest is None else min(fewest, j - i)
-        return fewest if fewest is not None else len(times)
+            fewest = min(fewest, j - max(i - 1, 0) if i else j)
+        return fewest
 
     def culprits(self, gaps: int = 3) -> str:
         """What every thread was doing during the longest ``gaps`` gaps (sampled every ~5 ms once 40 ms late)."""

@@ -23,11 +23,13 @@ from engine.sampling import SamplingParams
 from tests.engine.remote.fake_server import KEY
 from tests.engine.remote.servers import SERVED_NAME, FakeServer, hearth_serve, llama_serve
 
-from .test_responsiveness import LONGEST_GAP_MS, Ticks
+from .gui_ticks import Ticks
+from .test_responsiveness import LONGEST_GAP_MS
 
 pytestmark = [pytest.mark.gui, pytest.mark.slow]
 
 TIMEOUT_MS = 120000
+MIN_TICKS_PER_S = 30  # issue #24: the event loop runs at 30 Hz or more throughout (and no gap over LONGEST_GAP_MS)
 
 
 @pytest.fixture(autouse=True)
@@ -160,6 +162,9 @@ def test_faults_are_clear_keep_the_partial_answer_and_the_window_responsive(mode
         c.reply_text.connect(lambda message_id, text: fake.kill() if len(text) > 30 and fake.process.poll() is None
                              else None)
     ticks = Ticks()
+    qtbot.waitExposed(session.window)  # the window's first paint and the remote model's load are not the fault
+    qtbot.waitUntil(lambda: bool(c.model_info), timeout=TIMEOUT_MS)
+    qtbot.wait(200)
     ticks.start()
     message_id, stats = send(qtbot, session, "Hello?")
     gap = ticks.stop()
@@ -168,8 +173,8 @@ def test_faults_are_clear_keep_the_partial_answer_and_the_window_responsive(mode
     assert any(kind == "error" and words in text for kind, text in notices)
     if kept:
         assert message.content.startswith("Hello") and "The answer so far is kept." in stats["error"]
-    print(f"{mode}: longest GUI-thread gap {gap} ms")
-    assert gap <= LONGEST_GAP_MS, gap
+    assert gap <= LONGEST_GAP_MS and ticks.min_per_second() >= MIN_TICKS_PER_S, (
+        f"{mode}: longest gap {gap} ms, {ticks.min_per_second()} ticks in the slowest second\n{ticks.culprits()}")
     widget = session.window.chat_view.widgets[message_id]
     assert widget.body.markdown == message.content
 

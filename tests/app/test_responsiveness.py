@@ -1,6 +1,7 @@
 """The GUI thread's longest pause, not its average rate: a 10 ms timer on it never waits more than LONGEST_GAP_MS between
 ticks while a model loads, a model is switched, a long prompt is prefilled, a KV snapshot is saved, a long
-conversation is exported and a big text is pasted."""
+conversation is exported and a big text is pasted. A failure names what every thread was doing while ticks were
+late (``gui_ticks.Ticks.culprits``)."""
 
 import pytest
 from PySide6.QtCore import QTimer
@@ -11,10 +12,10 @@ from .gui_ticks import Ticks
 
 pytestmark = pytest.mark.slow
 
-# Issue #25 asks for 100 ms. Not held yet: with other processes on the machine a first model load paused the GUI for
-# 233 ms, a switch to Qwen2.5-Coder 225 ms and an export 114 ms (16-78 ms otherwise); the bound is where a real
-# freeze (a second or more, as before the worker split) still fails.
-LONGEST_GAP_MS = 400
+# Issue #25's bound. Measured on a 2-core machine shared with other test runs: load 78, switch 41, prefill 86,
+# snapshot 40, export 30-50, paste 53 ms. Before the causes were moved off the GUI thread: a switch 340-631 ms (the
+# base-model label parsed the GGUF), an export 100-280 ms (JSON encoding and fsync), a first load 130-220 ms.
+LONGEST_GAP_MS = 100
 LOADS = 300000
 PROMPT = "Summarise this text. " + "The quick brown fox jumps over the lazy dog near the river bank. " * 40
 
@@ -24,22 +25,29 @@ def ticks():
     return Ticks()
 
 
+def check(gaps: dict[str, int], name: str, ticks: Ticks) -> None:
+    """Record ``name``'s longest gap; fail at once, naming what the threads did during its longest gaps."""
+    gaps[name] = ticks.stop()
+    assert gaps[name] <= LONGEST_GAP_MS, f"{name}: {gaps}\n{ticks.culprits()}"
+
+
 def test_model_load_switch_prefill_and_snapshot_save(qtbot, make_session, ticks, tmp_path):
     session = make_session(start=False)
     c = session.controller
+    gaps = {}
     ticks.start()
     session.start()  # the built-in model loads
     qtbot.waitUntil(lambda: bool(c.model_info), timeout=LOADS)
-    gaps = {"load": ticks.stop()}; print("LOAD", gaps, "\n"+ticks.culprits())
+    check(gaps, "load", ticks)
     other = str(model_path("qwen25coder"))
     ticks.start()
     c.set_model(other)
     qtbot.waitUntil(lambda: c.model_info.get("path") == other, timeout=LOADS)
-    gaps["switch"] = ticks.stop(); print("SWITCH", gaps, "\n"+ticks.culprits())
+    check(gaps, "switch", ticks)
     ticks.start()
     with qtbot.waitSignal(c.reply_text, timeout=LOADS):
         c.send(PROMPT)
-    gaps["prefill"] = ticks.stop(); print("PREFILL", gaps, "\n"+ticks.culprits())
+    check(gaps, "prefill", ticks)
     with qtbot.waitSignal(c.reply_finished, timeout=LOADS):
         c.stop()
     saved = tmp_path / "state.hearth"
@@ -47,9 +55,8 @@ def test_model_load_switch_prefill_and_snapshot_save(qtbot, make_session, ticks,
     with qtbot.waitSignal(session.actions.notice, timeout=LOADS,
                           check_params_cb=lambda kind, text: str(saved) in text or kind == "error") as notice:
         assert session.actions.save_state(str(saved))
-    gaps["snapshot"] = ticks.stop(); print("SNAP", gaps, "\n"+ticks.culprits())
+    check(gaps, "snapshot", ticks)
     assert notice.args[0] != "error", notice.args
-    assert max(gaps.values()) <= LONGEST_GAP_MS, gaps
 
 
 def test_exporting_a_long_conversation_and_a_big_paste(qtbot, make_session, ticks, tmp_path):
@@ -64,16 +71,17 @@ def test_exporting_a_long_conversation_and_a_big_paste(qtbot, make_session, tick
     qtbot.waitUntil(lambda: bool(c.model_info), timeout=LOADS)
     qtbot.wait(1000)  # its 1,000 messages laid out and painted (opening it is not what is measured here)
     gaps = {}
+    target = tmp_path / "long.json"
     ticks.start()
-    QTimer.singleShot(20, lambda: session.actions.export_json(str(tmp_path / "long.json")))
-    qtbot.waitUntil(lambda: (tmp_path / "long.json").exists(), timeout=60000)
+    with qtbot.waitSignal(session.actions.exported, timeout=60000) as exported:
+        QTimer.singleShot(20, lambda: session.actions.export_json(str(target)))
     qtbot.wait(50)
-    gaps["export"] = ticks.stop(); print("EXPORT", gaps, "\n"+ticks.culprits())
+    check(gaps, "export", ticks)
+    assert exported.args == [str(target), True] and target.read_text().count('"role"') == 1000
     edit = session.window.composer.edit
     big = "pasted text, line after line\n" * 20000  # ~600 KB
     ticks.start()
     QTimer.singleShot(20, lambda: edit.insertPlainText(big))
     qtbot.waitUntil(lambda: len(edit.toPlainText()) == len(big), timeout=60000)
     qtbot.wait(50)
-    gaps["paste"] = ticks.stop(); print("PASTE", gaps, "\n"+ticks.culprits())
-    assert max(gaps.values()) <= LONGEST_GAP_MS, gaps
+    check(gaps, "paste", ticks)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections import Counter
 
 from PySide6.QtCore import QElapsedTimer, QTimer
 

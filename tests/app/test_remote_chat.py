@@ -7,7 +7,6 @@ file Hearth writes holding the API key."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import openai
@@ -58,10 +57,10 @@ def fake():
 
 
 def add_endpoint(data: Path, url: str, key: str | None = None, probe: bool = True, stall_timeout_s: float = 60.0,
-                 later_key: str | None = None):
+                 later_key: str | None = None, headers: tuple[tuple[str, str], ...] = ()):
     """Add the endpoint as the Models page does; ``later_key`` replaces its key afterwards (revoked on the server)."""
     endpoints = RemoteEndpoints(data)
-    endpoint = endpoints.add(url, key, probe=probe, stall_timeout_s=stall_timeout_s)
+    endpoint = endpoints.add(url, key, headers, probe=probe, stall_timeout_s=stall_timeout_s)
     if later_key:
         endpoints.secrets.set(endpoint.id, later_key)
     return remote_ref(endpoint.id, endpoint.models[0])
@@ -189,7 +188,9 @@ def test_429_then_success(qtbot, make_session, tmp_path, fake):
 def test_no_file_hearth_writes_holds_the_key(qtbot, make_session, tmp_path, fake):
     data = tmp_path / "data"
     setup_logging(data / "logs", debug=True)  # the most a log can say
-    session, ref = remote_session(make_session, tmp_path, fake.url("auth"), key=KEY, probe=False)
+    header = "hdr-secret-7f3a9c"  # an Authorization-like custom header: kept beside the key, like it
+    session, ref = remote_session(make_session, tmp_path, fake.url("auth"), key=KEY, probe=False,
+                                  headers=(("X-Api-Token", header),))
     message_id, _ = send(qtbot, session, "Hello?")
     assert session.controller.store.message(message_id).content == "Hello, partial world!"
     exports = tmp_path / "exports"
@@ -201,11 +202,11 @@ def test_no_file_hearth_writes_holds_the_key(qtbot, make_session, tmp_path, fake
     session.window.grab().save(str(exports / "window.png"))
     session.close()
     key_file = data / secrets.SECRETS_FILE
-    assert json.loads(key_file.read_text())  # the fallback store holds it, readable by this user only
+    assert header in key_file.read_text() and KEY in key_file.read_text()  # the fallback store, this user's only
     assert key_file.stat().st_mode & 0o777 == 0o600
     written = [p for p in tmp_path.rglob("*") if p.is_file() and p != key_file]
     assert len(written) > 5
-    leaks = [str(p) for p in written if KEY.encode() in p.read_bytes()]
+    leaks = [str(p) for p in written if KEY.encode() in p.read_bytes() or header.encode() in p.read_bytes()]
     assert not leaks
 
 

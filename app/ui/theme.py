@@ -7,7 +7,7 @@ from pathlib import Path
 from PySide6.QtCore import QEvent, QObject, QRect, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QGuiApplication, QIcon, QIconEngine, QImage, QPainter, QPalette, QPixmap
 from PySide6.QtSvg import QSvgRenderer
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QWidget
 
 RESOURCES = Path(__file__).resolve().parents[2] / "resources"
 ICON_SIZES = (16, 24, 32, 48, 64, 128, 256, 512)
@@ -178,7 +178,10 @@ class ThemeKeeper(QObject):
         self.app = app
         self._sheet = ""
         self.apply()
-        app.installEventFilter(self)
+        # Qt tells every widget when the application palette changes: one never shown is watched, not the whole
+        # application (a filter on it ran Python, taking the GIL, for every event of every object)
+        self._watched = QWidget()
+        self._watched.installEventFilter(self)
 
     def apply(self) -> None:
         sheet = style_sheet(self.app.palette())
@@ -187,7 +190,7 @@ class ThemeKeeper(QObject):
             self.app.setStyleSheet(sheet)
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802
-        if watched is self.app and event.type() == QEvent.Type.ApplicationPaletteChange:
+        if watched is self._watched and event.type() == QEvent.Type.ApplicationPaletteChange:
             self.apply()
         return False
 

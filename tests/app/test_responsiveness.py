@@ -35,14 +35,14 @@ def test_model_load_switch_prefill_and_snapshot_save(qtbot, make_session, ticks,
     session = make_session(start=False)
     c = session.controller
     gaps = {}
-    ticks.start()
-    session.start()  # the built-in model loads
-    qtbot.waitUntil(lambda: bool(c.model_info), timeout=LOADS)
+    ticks.start()  # (waiting on signals, not polling in Python, so the test itself takes the GIL seldom)
+    with qtbot.waitSignal(c.model_changed, timeout=LOADS, check_params_cb=bool):
+        session.start()  # the built-in model loads
     check(gaps, "load", ticks)
     other = str(model_path("qwen25coder"))
     ticks.start()
-    c.set_model(other)
-    qtbot.waitUntil(lambda: c.model_info.get("path") == other, timeout=LOADS)
+    with qtbot.waitSignal(c.model_changed, timeout=LOADS, check_params_cb=lambda info: info.get("path") == other):
+        c.set_model(other)
     check(gaps, "switch", ticks)
     ticks.start()
     with qtbot.waitSignal(c.reply_text, timeout=LOADS):

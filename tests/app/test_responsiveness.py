@@ -4,7 +4,8 @@ conversation is exported and a big text is pasted. A failure names what every th
 late (``gui_ticks.Ticks.culprits``)."""
 
 import pytest
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtGui import QGuiApplication
 
 from tests.model_store import model_path
 
@@ -80,8 +81,13 @@ def test_exporting_a_long_conversation_and_a_big_paste(qtbot, make_session, tick
     assert exported.args == [str(target), True] and target.read_text().count('"role"') == 1000
     edit = session.window.composer.edit
     big = "pasted text, line after line\n" * 20000  # ~600 KB
+    QGuiApplication.clipboard().setText(big)
+    edit.setFocus()
     ticks.start()
-    QTimer.singleShot(20, lambda: edit.insertPlainText(big))
-    qtbot.waitUntil(lambda: len(edit.toPlainText()) == len(big), timeout=60000)
+    with qtbot.waitSignal(edit.pasted, timeout=60000):
+        QTimer.singleShot(20, lambda: qtbot.keyClick(edit, Qt.Key.Key_V, Qt.KeyboardModifier.ControlModifier))
     qtbot.wait(50)
     check(gaps, "paste", ticks)
+    assert edit.toPlainText() == big  # all of it, in order
+    qtbot.keyClick(session.window.composer.edit, Qt.Key.Key_Z, Qt.KeyboardModifier.ControlModifier)
+    assert edit.toPlainText() == ""  # the paste is one step to undo

@@ -20,7 +20,7 @@ class MessageEdit(QPlainTextEdit):
     Signals:
         submitted(): Enter (without Shift) was pressed.
         escape_pressed(): Esc was pressed.
-        pasted(): a long paste is all in (it goes in slice by slice; the box is read-only meanwhile).
+        pasted(): a paste is all in (a long one goes in slice by slice; the box is read-only meanwhile).
     """
 
     submitted = Signal()
@@ -57,6 +57,7 @@ class MessageEdit(QPlainTextEdit):
         text = source.text() if source.hasText() else ""
         if len(text) <= PASTE_SLICE_CHARS or self.is_pasting():
             super().insertFromMimeData(source)
+            emit(self.pasted)
             return
         self._paste_cursor, self._unpasted = self.textCursor(), text
         self.setReadOnly(True)

@@ -211,8 +211,8 @@ def test_thinking_sent_apart_is_written_between_think_tags(fake_server: FakeServ
 
 
 def test_https_clients_share_one_verifying_context_and_http_needs_none():
-    """The CA bundle is loaded once per process (loading it holds the GIL for 70-300 ms, which froze the app's
-    window on every request); https is still verified, unless the endpoint allows self-signed certificates."""
+    """The CA bundle is loaded once per process (loading it took 70-110 ms of CPU on every request); https is
+    still verified, unless the endpoint allows self-signed certificates."""
     import ssl
 
     first, second = Endpoint("https://a.example/v1")._verify(), Endpoint("https://b.example", api_key="k")._verify()

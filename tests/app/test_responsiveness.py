@@ -26,29 +26,35 @@ def ticks():
     return Ticks()
 
 
-def check(gaps: dict[str, int], name: str, ticks: Ticks) -> None:
-    """Record ``name``'s longest gap; fail at once, naming what the threads did during its longest gaps."""
+def check(gaps: dict[str, int], culprits: dict[str, str], name: str, ticks: Ticks) -> None:
+    """Record ``name``'s longest gap, and what the threads did during its longest gaps when it is over the bound."""
     gaps[name] = ticks.stop()
-    assert gaps[name] <= LONGEST_GAP_MS, f"{name}: {gaps}\n{ticks.culprits()}"
+    if gaps[name] > LONGEST_GAP_MS:
+        culprits[name] = ticks.culprits()
+
+
+def assert_responsive(gaps: dict[str, int], culprits: dict[str, str]) -> None:
+    """Every operation measured (one over the bound does not hide another), then the bound for each."""
+    assert max(gaps.values()) <= LONGEST_GAP_MS, f"{gaps}\n" + "\n".join(f"{k}: {v}" for k, v in culprits.items())
 
 
 def test_model_load_switch_prefill_and_snapshot_save(qtbot, make_session, ticks, tmp_path):
     session = make_session(start=False)
     c = session.controller
-    gaps = {}
+    gaps, culprits = {}, {}
     ticks.start()  # (waiting on signals, not polling in Python, so the test itself takes the GIL seldom)
     with qtbot.waitSignal(c.model_changed, timeout=LOADS, check_params_cb=bool):
         session.start()  # the built-in model loads
-    check(gaps, "load", ticks)
+    check(gaps, culprits, "load", ticks)
     other = str(model_path("qwen25coder"))
     ticks.start()
     with qtbot.waitSignal(c.model_changed, timeout=LOADS, check_params_cb=lambda info: info.get("path") == other):
         c.set_model(other)
-    check(gaps, "switch", ticks)
+    check(gaps, culprits, "switch", ticks)
     ticks.start()
     with qtbot.waitSignal(c.reply_text, timeout=LOADS):
         c.send(PROMPT)
-    check(gaps, "prefill", ticks)
+    check(gaps, culprits, "prefill", ticks)
     with qtbot.waitSignal(c.reply_finished, timeout=LOADS):
         c.stop()
     saved = tmp_path / "state.hearth"
@@ -56,8 +62,9 @@ def test_model_load_switch_prefill_and_snapshot_save(qtbot, make_session, ticks,
     with qtbot.waitSignal(session.actions.notice, timeout=LOADS,
                           check_params_cb=lambda kind, text: str(saved) in text or kind == "error") as notice:
         assert session.actions.save_state(str(saved))
-    check(gaps, "snapshot", ticks)
+    check(gaps, culprits, "snapshot", ticks)
     assert notice.args[0] != "error", notice.args
+    assert_responsive(gaps, culprits)
 
 
 def test_exporting_a_long_conversation_and_a_big_paste(qtbot, make_session, ticks, tmp_path):
@@ -71,13 +78,13 @@ def test_exporting_a_long_conversation_and_a_big_paste(qtbot, make_session, tick
     c.open_conversation(conv.id)
     qtbot.waitUntil(lambda: bool(c.model_info), timeout=LOADS)
     qtbot.wait(1000)  # its 1,000 messages laid out and painted (opening it is not what is measured here)
-    gaps = {}
+    gaps, culprits = {}, {}
     target = tmp_path / "long.json"
     ticks.start()
     with qtbot.waitSignal(session.actions.exported, timeout=60000) as exported:
         QTimer.singleShot(20, lambda: session.actions.export_json(str(target)))
     qtbot.wait(50)
-    check(gaps, "export", ticks)
+    check(gaps, culprits, "export", ticks)
     assert exported.args == [str(target), True] and target.read_text().count('"role"') == 1000
     edit = session.window.composer.edit
     big = "pasted text, line after line\n" * 20000  # ~600 KB
@@ -87,7 +94,8 @@ def test_exporting_a_long_conversation_and_a_big_paste(qtbot, make_session, tick
     with qtbot.waitSignal(edit.pasted, timeout=60000):
         QTimer.singleShot(20, lambda: qtbot.keyClick(edit, Qt.Key.Key_V, Qt.KeyboardModifier.ControlModifier))
     qtbot.wait(50)
-    check(gaps, "paste", ticks)
+    check(gaps, culprits, "paste", ticks)
     assert edit.toPlainText() == big  # all of it, in order
     qtbot.keyClick(session.window.composer.edit, Qt.Key.Key_Z, Qt.KeyboardModifier.ControlModifier)
     assert edit.toPlainText() == ""  # the paste is one step to undo
+    assert_responsive(gaps, culprits)

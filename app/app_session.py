@@ -9,6 +9,7 @@ assembles the built-in model on a background thread with a progress dialog, and 
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from .api_server import ApiServer
@@ -30,12 +31,19 @@ from .engine_host import EngineHost
 from .worker import load_engine_model
 
 
+# How often a thread running Python hands the GIL to one waiting for it. The GUI thread takes and releases the GIL
+# many times per event-loop turn (every slot, paint and event filter written in Python); with the default 5 ms each of
+# those waits while the engine thread parses a model in Python, and one turn took 100-200 ms.
+GIL_SWITCH_INTERVAL_S = 0.001
+
+
 class AppSession:
     """Everything one window needs, built in start-up order and torn down in reverse."""
 
     def __init__(self, data: Path, model: str | None = None, engine_factory=None, builtin: BuiltinModel | None = None):
         self.data = data
         self.closed = False
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         self.store, self.recovery_notice = ConversationStore.open(data / DB_FILENAME)
         self.builtin = builtin or BuiltinModel()
         self.assembly: BuiltinAssembly | None = None
@@ -118,6 +126,7 @@ class AppSession:
         self._close_progress()
         self.controller.stop_and_forget()
         self.api_server.stop()
+        self.actions.wait_for_exports()
         self.host.shutdown()
         self.snapshots.close()
         self.downloads.shutdown()

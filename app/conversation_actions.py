@@ -1,7 +1,11 @@
-"""Export, import and state snapshots of conversations: the store work here, the engine work through the host."""
+"""Export, import and state snapshots of conversations: the store work here (exports on a thread of their own, so
+the GUI thread never waits on encoding a long conversation or on fsync), the engine work through the host."""
 
 from __future__ import annotations
 
+import sqlite3
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal, Slot
@@ -13,7 +17,7 @@ from .chat_controller import ChatController
 from .builtin_model import BUILTIN_MODEL_NAME
 from .model_names import display_name
 from .qt_compat import emit
-from .store import Conversation
+from .store import Conversation, ConversationStore
 
 
 class ConversationActions(QObject):
@@ -22,16 +26,19 @@ class ConversationActions(QObject):
     Signals:
         notice(str, str): kind ("info", "warning", "error") and a message for the user.
         state_done(str, bool): a snapshot path and whether saving or restoring its state worked.
+        exported(str, bool): an export's path and whether it was written (after its notice).
     """
 
     notice = Signal(str, str)
     state_done = Signal(str, bool)
+    exported = Signal(str, bool)
 
     def __init__(self, controller: ChatController, parent: QObject | None = None):
         super().__init__(parent)
         self.controller = controller
         self.store = controller.store
         self._pending: dict[str, tuple[str, int]] = {}  # snapshot path -> ("save" | "restore", conversation id)
+        self._exports: list[threading.Thread] = []
         host = controller.host
         host.state_saved.connect(self._on_saved)
         host.state_restored.connect(self._on_restored)
@@ -64,31 +71,59 @@ class ConversationActions(QObject):
 
     # -- export ----------------------------------------------------------------------------------------
     def export_json(self, path: str) -> bool:
-        return self._export("JSON", path, lambda cid, ident: ce.export_json(self.store, cid, path, ident))
+        """Start exporting the shown conversation as JSON; False when none is shown. ``exported`` follows."""
+        return self._export("JSON", path, ce.export_json)
 
     def export_markdown(self, path: str) -> bool:
-        return self._export("Markdown", path, lambda cid, ident: ce.export_markdown(self.store, cid, path, ident))
+        """Start exporting the shown conversation as Markdown; False when none is shown. ``exported`` follows."""
+        return self._export("Markdown", path, ce.export_markdown)
 
     def _export(self, kind: str, path: str, write) -> bool:
         cid = self.controller.current_id
         if cid is None:
             return False
-        try:
-            write(cid, self.model_identity(self.store.conversation(cid)))
-        except OSError as e:
-            emit(self.notice, "error", f"Could not export to {path}: {e.strerror or e}")
-            return False
-        emit(self.notice, "info", f"Exported the conversation as {kind} to {path}.")
+        identity = self.model_identity(self.store.conversation(cid))
+
+        def job(store: ConversationStore) -> str:
+            write(store, cid, path, identity)
+            return f"Exported the conversation as {kind} to {path}."
+        self._start_export(path, job)
         return True
 
     def export_all(self, path: str) -> bool:
-        try:
-            n = ce.export_archive(self.store, path, self.model_identity)
-        except OSError as e:
-            emit(self.notice, "error", f"Could not export to {path}: {e.strerror or e}")
-            return False
-        emit(self.notice, "info", f"Exported {n} conversations to {path}.")
+        """Start exporting every conversation as one archive; ``exported`` follows."""
+        identities = {conv.id: self.model_identity(conv) for conv in self.store.conversations()}
+
+        def job(store: ConversationStore) -> str:
+            n = ce.export_archive(store, path, lambda conv: identities.get(conv.id))
+            return f"Exported {n} conversations to {path}."
+        self._start_export(path, job)
         return True
+
+    def _start_export(self, path: str, job: Callable[[ConversationStore], str]) -> None:
+        """Run ``job`` on a thread with its own connection to the store (WAL: it reads while replies are written)."""
+        def run() -> None:
+            try:
+                store = ConversationStore(self.store.path)
+                try:
+                    message = job(store)
+                finally:
+                    store.close()
+            except (OSError, sqlite3.Error) as e:
+                emit(self.notice, "error", f"Could not export to {path}: {getattr(e, 'strerror', None) or e}")
+                emit(self.exported, path, False)
+                return
+            emit(self.notice, "info", message)
+            emit(self.exported, path, True)
+        self._exports = [t for t in self._exports if t.is_alive()]
+        thread = threading.Thread(target=run, name="hearth-export", daemon=True)
+        self._exports.append(thread)
+        thread.start()
+
+    def wait_for_exports(self) -> None:
+        """Wait until every export started so far is written (at shutdown, so none is cut off)."""
+        for thread in self._exports:
+            thread.join()
 
     # -- import ----------------------------------------------------------------------------------------
     def import_file(self, path: str) -> int | None:

@@ -96,6 +96,17 @@ class ModelChoices:
         """
         return self._row(self._library().import_file(Path(path), mode="link", keep_unrunnable=True))
 
+    def base_model_if_known(self, path: str | None, loaded: dict) -> bool | None:
+        """``is_base_model`` without reading the file: from ``loaded`` (the loaded model's info, whose
+        ``chat_template`` says whether its file has one) or the metadata cache; None when neither knows."""
+        if not path or is_remote_ref(path) or (self.builtin is not None and Path(path) == self.builtin):
+            return False
+        if loaded.get("path") == path and "chat_template" in loaded:
+            return not loaded["chat_template"]
+        from .models.metadata_cache import MetadataCache
+        info = MetadataCache(self.data_dir / METADATA_CACHE_FILE).cached(Path(path))
+        return None if info is None else info.error is None and not info.has_chat_template
+
     def is_base_model(self, path: str | None) -> bool:
         """Whether the GGUF at ``path`` is a base model: readable, but without a chat template (read once, cached)."""
         if not path or is_remote_ref(path) or (self.builtin is not None and Path(path) == self.builtin):

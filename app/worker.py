@@ -398,7 +398,8 @@ class EngineWorker(QObject):
         emit(self.loaded, {"path": path, "name": model.name, "n_ctx": model.n_ctx,
                           "arch": getattr(model.config, "arch", ""), "notices": list(model.notices),
                           "backend": getattr(model.backend, "name", ""), "sha256": model.sha256,
-                          "reasoning": model.reasoning.to_dict(), **memory, **remote_info(model)})
+                          "reasoning": model.reasoning.to_dict(), **memory, **remote_info(model),
+                          **chat_template_info(model)})
         self._probe.model_changed(model)
         self._switch(self._shown)
 
@@ -436,6 +437,16 @@ def measure_load(model, rss_before: int) -> dict:
     except Exception:  # noqa: BLE001 - an estimate is information; it never fails a load (MLX is not modelled)
         estimate = None
     return {"rss_before": rss_before, "rss_after": _rss(), "estimate": estimate}
+
+
+def chat_template_info(model) -> dict:
+    """For a model read from a GGUF file, whether the file has a chat template (the window labels a base model
+    from it without reading the file again on the GUI thread); nothing for other models."""
+    import engine.model
+    if not isinstance(model, engine.model.Model):
+        return {}
+    return {"chat_template": any(k == "tokenizer.chat_template" or k.startswith("tokenizer.chat_template.")
+                                 for k in model.gguf.metadata)}
 
 
 def remote_info(model) -> dict:

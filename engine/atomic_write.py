@@ -31,6 +31,28 @@ def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
     _fsync_dir(path.parent)
 
 
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """``atomic_write`` for writers that take a path: yields the temporary file's path; it is synced and renamed
+    over ``path`` only when the block completes."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        fd = os.open(tmp, os.O_RDWR)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
 def _fsync_dir(folder: Path) -> None:
     """Make the rename itself durable (POSIX); a no-op where directories cannot be opened."""
     try:

@@ -136,6 +136,7 @@ def one_step(session, i: int, models: list[str], work: Path) -> None:
         wait_for(finished, lambda: c.send(f"Question {i}: what comes next?"))
     if i % 25 == 24:
         assert session.actions.export_json(str(work / "export.json"))
+        session.actions.wait_for_exports()
     if i % 10 == 9:
         path, notices = str(work / "state.hearth"), []
         session.actions.notice.connect(lambda kind, text: notices.append(text))

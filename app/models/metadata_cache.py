@@ -123,6 +123,25 @@ class MetadataCache:
             return result
 
 
+    def cached(self, path: Path) -> ModelFileInfo | None:
+        """The cached info for ``path`` while it is valid (same engine, size and mtime), else None; never parses."""
+        from engine.compatibility import engine_signature
+
+        with self._lock:
+            stored = read_json(self.path, {})
+        if not (isinstance(stored, dict) and stored.get("version") == CACHE_VERSION
+                and stored.get("engine") == engine_signature() and isinstance(stored.get("files"), dict)):
+            return None
+        record = stored["files"].get(str(path))
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        if not (_usable(record) and record["size"] == st.st_size and record["mtime_ns"] == st.st_mtime_ns):
+            return None
+        return ModelFileInfo(**record["info"])
+
+
 def _usable(record: object) -> bool:
     """A cached record of the shape ``lookup`` writes; anything else (a hand-edited or damaged cache) is re-read."""
     if not (isinstance(record, dict) and isinstance(record.get("size"), int)

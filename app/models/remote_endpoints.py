@@ -1,5 +1,6 @@
 """Remote endpoints the user added on the Models page: their address, extra headers, TLS switch, the models they
-list and what each supports. Kept in ``remote-endpoints.json`` in the data folder; keys live in ``SecretStore``.
+list and what each supports. Kept in ``remote-endpoints.json`` in the data folder; keys and the values of the extra
+headers (which may carry a token) live in ``SecretStore``, the list keeps only the headers' names.
 
 A remote model is named in conversations by ``engine.remote.remote_ref(endpoint_id, model_id)``; the app's engine
 factory (``RemoteEndpoints.engine_factory``) turns that name into an ``engine.remote.RemoteModel``.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -28,11 +30,12 @@ MAX_PROBED = 4  # models probed when an endpoint is listed: a probe makes each a
 
 @dataclasses.dataclass(frozen=True)
 class RemoteEndpoint:
-    """One endpoint as saved (never its key: ``has_key`` says whether one is stored)."""
+    """One endpoint as saved (never its key: ``has_key`` says whether one is stored; nor its extra headers' values,
+    kept beside the key: ``header_names`` says which are stored)."""
 
     id: str
     base_url: str
-    headers: tuple[tuple[str, str], ...] = ()
+    header_names: tuple[str, ...] = ()
     allow_self_signed: bool = False
     has_key: bool = False
     models: tuple[str, ...] = ()
@@ -42,13 +45,13 @@ class RemoteEndpoint:
 
     def to_json(self) -> dict:
         data = dataclasses.asdict(self)
-        data["headers"] = [list(h) for h in self.headers]
+        data["header_names"] = list(self.header_names)
         data["models"] = list(self.models)
         return data
 
     @classmethod
     def from_json(cls, data: dict) -> RemoteEndpoint:
-        return cls(str(data["id"]), str(data["base_url"]), tuple((str(n), str(v)) for n, v in data.get("headers", [])),
+        return cls(str(data["id"]), str(data["base_url"]), tuple(str(n) for n in data.get("header_names", [])),
                    bool(data.get("allow_self_signed")), bool(data.get("has_key")),
                    tuple(str(m) for m in data.get("models", [])), dict(data.get("capabilities", {})),
                    str(data.get("problem", "")), float(data.get("stall_timeout_s", DEFAULT_STALL_TIMEOUT_S)))
@@ -88,6 +91,7 @@ class RemoteEndpoints:
     def __init__(self, data_dir: Path, secrets: SecretStore | None = None):
         self.path = data_dir / ENDPOINTS_FILE
         self.secrets = secrets or SecretStore(data_dir)
+        self._move_header_values()
 
     def list(self) -> list[RemoteEndpoint]:
         data = read_json(self.path, [])
@@ -113,20 +117,22 @@ class RemoteEndpoints:
         and RemoteError when it cannot be listed (then nothing is saved)."""
         Endpoint(base_url, None, headers, allow_self_signed, stall_timeout_s)  # validates before anything is stored
         endpoint_id = hashlib.sha256(base_url.strip().rstrip("/").removesuffix("/v1").encode()).hexdigest()[:12]
-        saved = RemoteEndpoint(endpoint_id, base_url.strip(), headers, allow_self_signed, bool(api_key),
-                               stall_timeout_s=stall_timeout_s)
-        probed = self._probe(saved, api_key, probe)
+        saved = RemoteEndpoint(endpoint_id, base_url.strip(), tuple(name for name, _ in headers), allow_self_signed,
+                               bool(api_key), stall_timeout_s=stall_timeout_s)
+        probed = self._probe(saved, api_key, headers, probe)
         if probed.problem:
             raise RemoteError(probed.problem)
         if api_key:
             self.secrets.set(endpoint_id, api_key)
+        self._set_headers(endpoint_id, headers)
         self._save([e for e in self.list() if e.id != endpoint_id] + [probed])
         return probed
 
     def refresh(self, endpoint_id: str) -> RemoteEndpoint:
         """List and probe an endpoint again (it came back, or its models changed); its problem is kept if not."""
         endpoint = self.get(endpoint_id)
-        refreshed = self._probe(endpoint, self.secrets.get(endpoint_id) if endpoint.has_key else None)
+        refreshed = self._probe(endpoint, self.secrets.get(endpoint_id) if endpoint.has_key else None,
+                                self._headers(endpoint))
         if refreshed.problem:
             refreshed = dataclasses.replace(endpoint, problem=refreshed.problem)
         self._save([refreshed if e.id == endpoint_id else e for e in self.list()])
@@ -134,6 +140,7 @@ class RemoteEndpoints:
 
     def remove(self, endpoint_id: str) -> None:
         self.secrets.delete(endpoint_id)
+        self.secrets.delete(headers_secret(endpoint_id))
         self._save([e for e in self.list() if e.id != endpoint_id])
 
     def models(self) -> list[RemoteModelEntry]:
@@ -149,8 +156,8 @@ class RemoteEndpoints:
     def endpoint(self, endpoint_id: str) -> Endpoint:
         """The engine's ``Endpoint`` for a saved endpoint, with its key from the secret store."""
         saved = self.get(endpoint_id)
-        return Endpoint(saved.base_url, self.secrets.get(endpoint_id) if saved.has_key else None, saved.headers,
-                        saved.allow_self_signed, saved.stall_timeout_s)
+        return Endpoint(saved.base_url, self.secrets.get(endpoint_id) if saved.has_key else None,
+                        self._headers(saved), saved.allow_self_signed, saved.stall_timeout_s)
 
     def open_model(self, ref: str, n_ctx: int) -> RemoteModel:
         endpoint_id, model_id = parse_remote_ref(ref)
@@ -169,8 +176,9 @@ class RemoteEndpoints:
         return factory
 
     # -- internals ---------------------------------------------------------------------------------------
-    def _probe(self, endpoint: RemoteEndpoint, api_key: str | None, probe: bool = True) -> RemoteEndpoint:
-        client = RemoteClient(Endpoint(endpoint.base_url, api_key, endpoint.headers, endpoint.allow_self_signed,
+    def _probe(self, endpoint: RemoteEndpoint, api_key: str | None, headers: tuple[tuple[str, str], ...],
+               probe: bool = True) -> RemoteEndpoint:
+        client = RemoteClient(Endpoint(endpoint.base_url, api_key, headers, endpoint.allow_self_signed,
                                        endpoint.stall_timeout_s))
         try:
             models = client.list_models()
@@ -181,3 +189,40 @@ class RemoteEndpoints:
 
     def _save(self, endpoints: list[RemoteEndpoint]) -> None:
         write_json(self.path, [e.to_json() for e in endpoints])
+
+    def _headers(self, endpoint: RemoteEndpoint) -> tuple[tuple[str, str], ...]:
+        """The endpoint's extra headers with their values, from the secret store."""
+        if not endpoint.header_names:
+            return ()
+        try:
+            stored = json.loads(self.secrets.get(headers_secret(endpoint.id)) or "[]")
+            return tuple((str(name), str(value)) for name, value in stored)
+        except (ValueError, TypeError) as e:
+            raise OSError(f"the extra headers of {endpoint.base_url} in {self.secrets.where} are damaged ({e}); "
+                          "remove the endpoint and add it again") from None
+
+    def _set_headers(self, endpoint_id: str, headers: tuple[tuple[str, str], ...]) -> None:
+        if headers:
+            self.secrets.set(headers_secret(endpoint_id), json.dumps([list(h) for h in headers]))
+        else:
+            self.secrets.delete(headers_secret(endpoint_id))
+
+    def _move_header_values(self) -> None:
+        """An endpoint list written before header values moved to the secret store: move them there, once."""
+        data = read_json(self.path, [])
+        old = [item for item in data if isinstance(item, dict) and item.get("headers")] if isinstance(data, list) else []
+        if not old:
+            return
+        for item in old:
+            try:
+                headers = tuple((str(name), str(value)) for name, value in item.pop("headers"))
+            except (TypeError, ValueError):
+                continue
+            item["header_names"] = [name for name, _ in headers]
+            self._set_headers(str(item.get("id")), headers)
+        write_json(self.path, data)
+
+
+def headers_secret(endpoint_id: str) -> str:
+    """The name an endpoint's extra headers are kept under in the secret store (beside its key)."""
+    return f"{endpoint_id}.headers"

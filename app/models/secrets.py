@@ -1,6 +1,6 @@
-"""API keys of remote endpoints: in the OS keyring through ``keyring`` where a real backend exists, else in a file
-only this user can read (0600) in Hearth's data folder. Keys never go anywhere else (not the endpoint list, logs,
-exports or crash reports)."""
+"""API keys of remote endpoints, and the values of their extra headers (which may carry a token): in the OS keyring
+through ``keyring`` where a real backend exists, else in a file only this user can read (0600) in Hearth's data
+folder. They never go anywhere else (not the endpoint list, logs, exports or crash reports)."""
 
 from __future__ import annotations
 

@@ -66,7 +66,8 @@ class ChatView(QScrollArea):
                 widget = self._make(message, assistant_name)
             widget.set_message(message, streaming=message.id == streaming_id)
             widget.set_author(assistant_name)
-            self._messages.insertWidget(index, widget)
+            if self._messages.indexOf(widget) != index:  # (re-inserting every widget of a long chat takes long)
+                self._messages.insertWidget(index, widget)
             self.widgets[message.id] = widget
         for widget in old.values():
             widget.deleteLater()

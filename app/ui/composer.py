@@ -1,8 +1,9 @@
-"""The message box: Enter sends, Shift+Enter adds a line; its button sends or stops."""
+"""The message box: Enter sends, Shift+Enter adds a line; its button sends or stops. A long paste goes in slice by
+slice, one per event-loop turn, so the window never waits on laying out all of it at once."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtCore import QSize, Qt, QTimer, Signal
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QProgressBar, QSizePolicy, QToolButton,
                                QVBoxLayout, QWidget)
 
@@ -10,6 +11,7 @@ from ..qt_compat import emit
 from .theme import icon
 
 MAX_LINES = 8
+PASTE_SLICE_CHARS = 32_000  # inserted and laid out in a few ms; a longer paste goes in over several event-loop turns
 
 
 class MessageEdit(QPlainTextEdit):
@@ -18,10 +20,12 @@ class MessageEdit(QPlainTextEdit):
     Signals:
         submitted(): Enter (without Shift) was pressed.
         escape_pressed(): Esc was pressed.
+        pasted(): a paste is all in (a long one goes in slice by slice; the box is read-only meanwhile).
     """
 
     submitted = Signal()
     escape_pressed = Signal()
+    pasted = Signal()
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -30,11 +34,15 @@ class MessageEdit(QPlainTextEdit):
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.document().documentLayout().documentSizeChanged.connect(self._fit)
         self.viewport().setAutoFillBackground(False)
+        self._unpasted = ""  # the rest of a long paste, going in slice by slice
+        self._paste_cursor = self.textCursor()
         self._fit()
 
     def keyPressEvent(self, event) -> None:  # noqa: N802
         if event.key() == Qt.Key.Key_Escape:  # reaches here when the window's Esc shortcut did not take it
             emit(self.escape_pressed)
+            return
+        if self.is_pasting():  # nothing is typed or sent into half a paste
             return
         enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
         if enter and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
@@ -45,8 +53,40 @@ class MessageEdit(QPlainTextEdit):
             return
         super().keyPressEvent(event)
 
+    def insertFromMimeData(self, source) -> None:  # noqa: N802 - Qt override
+        text = source.text() if source.hasText() else ""
+        if len(text) <= PASTE_SLICE_CHARS or self.is_pasting():
+            super().insertFromMimeData(source)
+            emit(self.pasted)
+            return
+        self._paste_cursor, self._unpasted = self.textCursor(), text
+        self.setReadOnly(True)
+        self._paste_slice(first=True)
+
+    def is_pasting(self) -> bool:
+        """Whether a long paste is still going in."""
+        return bool(self._unpasted)
+
+    def _paste_slice(self, first: bool = False) -> None:
+        piece, self._unpasted = self._unpasted[:PASTE_SLICE_CHARS], self._unpasted[PASTE_SLICE_CHARS:]
+        cursor = self._paste_cursor
+        if first:  # each slice in its own edit block (one block would defer all layout to its end), undone as one
+            cursor.beginEditBlock()
+        else:
+            cursor.joinPreviousEditBlock()
+        cursor.insertText(piece)
+        cursor.endEditBlock()
+        if self._unpasted:
+            QTimer.singleShot(0, self, self._paste_slice)
+            return
+        self.setReadOnly(False)
+        self.setTextCursor(cursor)
+        emit(self.pasted)
+
     def _fit(self, *_) -> None:
-        lines = min(max(1, self.document().lineCount()), MAX_LINES)
+        document = self.document()
+        # every block is one line or more: a long paste is MAX_LINES without laying out all of its lines
+        lines = MAX_LINES if document.blockCount() >= MAX_LINES else min(max(1, document.lineCount()), MAX_LINES)
         margins = self.contentsMargins()
         height = lines * self.fontMetrics().lineSpacing() + 2 * int(self.document().documentMargin()) \
             + margins.top() + margins.bottom() + 4
@@ -141,7 +181,7 @@ class Composer(QFrame):
         self.button.setEnabled(self.generating or bool(self.edit.toPlainText().strip()))
 
     def _on_submit(self) -> None:
-        if self.generating:
+        if self.generating or self.edit.is_pasting():
             return
         text = self.edit.toPlainText().strip()
         if text:

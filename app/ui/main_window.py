@@ -13,6 +13,7 @@ from ..conversation_actions import ConversationActions
 from ..downloads_bridge import DownloadsBridge
 from ..draft_models import DraftCompatibility
 from ..generation_history import recent_generations
+from ..base_model_labels import BaseModelLabels
 from ..model_choices import BASE_MODEL_LABEL, ModelChoices
 from ..remote_bridge import RemoteBridge
 from ..telemetry import Telemetry
@@ -61,7 +62,8 @@ class MainWindow(QMainWindow):
         self.confirm = lambda title, text: QMessageBox.question(self, title, text) == QMessageBox.StandardButton.Yes
         self._deleted: tuple[int, str] | None = None
         self._model_info: dict = {}  # the loaded model's name, backend, ... as the controller last reported
-        self._base_models: dict[str | None, bool] = {}  # model path -> no chat template
+        self.base_models = BaseModelLabels(model_choices, self)  # model path -> no chat template
+        self.base_models.learned.connect(self._on_base_model_learned)
         self.setWindowIcon(app_icon())
         self.resize(1180, 760)
         self.setMinimumSize(720, 480)
@@ -435,14 +437,13 @@ class MainWindow(QMainWindow):
         return f"<h2>Start a conversation</h2><p>{state}</p><p>Everything stays on this computer.</p>"
 
     def _is_base_model(self) -> bool:
-        """Whether the shown conversation's model has no chat template (read from the file once per path)."""
-        path = self.controller.model_path()
-        if path not in self._base_models:
-            try:
-                self._base_models[path] = self.model_choices.is_base_model(path)
-            except Exception:  # noqa: BLE001 - an unreadable file is reported when it loads; no label then
-                self._base_models[path] = False
-        return self._base_models[path]
+        """Whether the shown conversation's model has no chat template (False until known; read off this thread)."""
+        return self.base_models.is_base_model(self.controller.model_path(), self.controller.model_info)
+
+    def _on_base_model_learned(self, path: str) -> None:
+        if path == self.controller.model_path():
+            self._show_model_text()
+            self._on_messages_changed(self.controller.current_id)
 
     def _on_model_changed(self, info: dict) -> None:
         self._model_info = dict(info or {})

@@ -155,6 +155,7 @@ class MessageWidget(QFrame):
         self.thinking = ThinkingBlock()
         self.thinking.hide()
         self._thinking_now = False
+        self._shown: tuple[Message, bool] | None = None  # what set_message last showed (None: changed since)
         self.body = MarkdownView()
         self._stats = QLabel()
         self._stats.setObjectName("stats")
@@ -222,6 +223,9 @@ class MessageWidget(QFrame):
         return button
 
     def set_message(self, message: Message, streaming: bool = False) -> None:
+        if (message, streaming) == self._shown:  # nothing changed (a long conversation is shown again)
+            return
+        self._shown = (message, streaming)
         self.message = message
         self._thinking_now = streaming and self._thinking_now  # (set_thinking says, while the reply streams)
         self._show_thinking(message.thinking, self._thinking_now, has_answer=bool(message.content))
@@ -255,6 +259,7 @@ class MessageWidget(QFrame):
     def set_text(self, text: str) -> None:
         """New streamed answer text for this (assistant) message."""
         self.message = dataclasses.replace(self.message, content=text)
+        self._shown = None
         placeholder = "" if self.message.thinking else "*Thinking…*"
         self.body.set_markdown(text or placeholder)
         self.body.setVisible(bool(text or placeholder))
@@ -264,6 +269,7 @@ class MessageWidget(QFrame):
     def set_thinking(self, thinking: str, thinking_now: bool) -> None:
         """New streamed thinking for this (assistant) message; ``thinking_now``: the model is still thinking."""
         self.message = dataclasses.replace(self.message, thinking=thinking)
+        self._shown = None
         self._thinking_now = thinking_now
         self._show_thinking(thinking, thinking_now, has_answer=bool(self.message.content))
         if self.message.thinking and not self.message.content:

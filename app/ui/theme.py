@@ -7,7 +7,7 @@ from pathlib import Path
 from PySide6.QtCore import QEvent, QObject, QRect, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QGuiApplication, QIcon, QIconEngine, QImage, QPainter, QPalette, QPixmap
 from PySide6.QtSvg import QSvgRenderer
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QWidget
 
 RESOURCES = Path(__file__).resolve().parents[2] / "resources"
 ICON_SIZES = (16, 24, 32, 48, 64, 128, 256, 512)
@@ -59,6 +59,7 @@ class TintedSvgIconEngine(QIconEngine):
         super().__init__()
         self.name, self.tone_name = name, tone_name
         self.renderer = QSvgRenderer(str(RESOURCES / "icons" / f"{name}.svg"))
+        self._pixmaps: dict[tuple, QPixmap] = {}  # (width, height, scale, colour) -> the icon drawn so
 
     def paint(self, painter: QPainter, rect: QRect, mode: QIcon.Mode, state: QIcon.State) -> None:
         scale = painter.device().devicePixelRatioF() if painter.device() else 1.0
@@ -79,6 +80,12 @@ class TintedSvgIconEngine(QIconEngine):
         if mode == QIcon.Mode.Disabled:
             color = mix(palette.color(QPalette.ColorRole.Window), color, 0.4)
         w, h = max(1, round(size.width() * scale)), max(1, round(size.height() * scale))
+        key = (w, h, scale, color.rgba())
+        if key not in self._pixmaps:  # every paint of every button asks again: drawing the SVG each time is slow
+            self._pixmaps[key] = self._draw(w, h, scale, color)
+        return self._pixmaps[key]
+
+    def _draw(self, w: int, h: int, scale: float, color: QColor) -> QPixmap:
         image = QImage(w, h, QImage.Format.Format_ARGB32_Premultiplied)
         image.fill(Qt.GlobalColor.transparent)
         painter = QPainter(image)
@@ -174,7 +181,10 @@ class ThemeKeeper(QObject):
         self.app = app
         self._sheet = ""
         self.apply()
-        app.installEventFilter(self)
+        # Qt tells every widget when the application palette changes: one never shown is watched, not the whole
+        # application (a filter on it ran Python, taking the GIL, for every event of every object)
+        self._watched = QWidget()
+        self._watched.installEventFilter(self)
 
     def apply(self) -> None:
         sheet = style_sheet(self.app.palette())
@@ -183,7 +193,7 @@ class ThemeKeeper(QObject):
             self.app.setStyleSheet(sheet)
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802
-        if watched is self.app and event.type() == QEvent.Type.ApplicationPaletteChange:
+        if watched is self._watched and event.type() == QEvent.Type.ApplicationPaletteChange:
             self.apply()
         return False
 

@@ -185,3 +185,37 @@ def test_code_blocks_are_coloured_and_their_scrollbar_follows_the_theme(qtbot):
         app.setStyleSheet(old_sheet)
         app.setStyle(old_style)
         app.setPalette(old_palette)
+
+
+def test_the_theme_keeper_follows_palette_changes_without_filtering_every_event(qtbot):
+    """It must not run Python for every event of every object (each call takes the GIL the engine thread
+    wants): only palette changes reach it."""
+    from PySide6.QtWidgets import QPushButton
+
+    from app.ui.theme import ThemeKeeper, dark_palette
+
+    class Counting(ThemeKeeper):
+        def eventFilter(self, watched, event):  # noqa: N802
+            self.calls += 1
+            return super().eventFilter(watched, event)
+
+    app = QApplication.instance()
+    old_palette, old_sheet = app.palette(), app.styleSheet()
+    Counting.calls = 0
+    keeper = Counting(app)
+    try:
+        button = QPushButton("busy")
+        qtbot.addWidget(button)
+        button.show()
+        qtbot.waitExposed(button)
+        for _ in range(20):
+            button.setText(button.text() + "!")
+            qtbot.wait(5)
+        assert keeper.calls < 10, keeper.calls  # an application-wide filter sees hundreds here
+        light = app.styleSheet()
+        app.setPalette(dark_palette())
+        qtbot.waitUntil(lambda: app.styleSheet() != light, timeout=2000)  # the sheet followed the palette
+    finally:
+        keeper.setParent(None)
+        app.setPalette(old_palette)
+        app.setStyleSheet(old_sheet)

@@ -10,6 +10,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from PySide6.QtCore import QCoreApplication
 
 from app import conversation_export as ce
 from app.builtin_model import BUILTIN_MODEL_NAME
@@ -288,6 +289,9 @@ def fake_dialog(session, path):
 
 def trigger(session, name):
     session.window.conversation_menu.actions_by_name[name].trigger()
+    if name.startswith("export"):  # written on a thread of its own
+        session.actions.wait_for_exports()
+        QCoreApplication.processEvents()  # its notice
 
 
 @pytest.mark.gui

@@ -7,7 +7,6 @@ file Hearth writes holding the API key."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import openai
@@ -23,11 +22,13 @@ from engine.sampling import SamplingParams
 from tests.engine.remote.fake_server import KEY
 from tests.engine.remote.servers import SERVED_NAME, FakeServer, hearth_serve, llama_serve
 
-from .test_responsiveness import LONGEST_GAP_MS, Ticks
+from .gui_ticks import Ticks
+from .test_responsiveness import LONGEST_GAP_MS
 
 pytestmark = [pytest.mark.gui, pytest.mark.slow]
 
 TIMEOUT_MS = 120000
+MIN_TICKS_PER_S = 30  # issue #24: the event loop runs at 30 Hz or more throughout (and no gap over LONGEST_GAP_MS)
 
 
 @pytest.fixture(autouse=True)
@@ -56,10 +57,10 @@ def fake():
 
 
 def add_endpoint(data: Path, url: str, key: str | None = None, probe: bool = True, stall_timeout_s: float = 60.0,
-                 later_key: str | None = None):
+                 later_key: str | None = None, headers: tuple[tuple[str, str], ...] = ()):
     """Add the endpoint as the Models page does; ``later_key`` replaces its key afterwards (revoked on the server)."""
     endpoints = RemoteEndpoints(data)
-    endpoint = endpoints.add(url, key, probe=probe, stall_timeout_s=stall_timeout_s)
+    endpoint = endpoints.add(url, key, headers, probe=probe, stall_timeout_s=stall_timeout_s)
     if later_key:
         endpoints.secrets.set(endpoint.id, later_key)
     return remote_ref(endpoint.id, endpoint.models[0])
@@ -160,16 +161,20 @@ def test_faults_are_clear_keep_the_partial_answer_and_the_window_responsive(mode
         c.reply_text.connect(lambda message_id, text: fake.kill() if len(text) > 30 and fake.process.poll() is None
                              else None)
     ticks = Ticks()
+    qtbot.waitExposed(session.window)  # the window's first paint and the remote model's load are not the fault
+    qtbot.waitUntil(lambda: bool(c.model_info), timeout=TIMEOUT_MS)
+    qtbot.wait(200)
     ticks.start()
     message_id, stats = send(qtbot, session, "Hello?")
+    qtbot.wait(max(0, 1100 - ticks.clock.elapsed()))  # at least one whole second around the fault, for the rate
     gap = ticks.stop()
     message = c.store.message(message_id)
     assert message.state == "error" and words in stats["error"]
     assert any(kind == "error" and words in text for kind, text in notices)
     if kept:
         assert message.content.startswith("Hello") and "The answer so far is kept." in stats["error"]
-    print(f"{mode}: longest GUI-thread gap {gap} ms")
-    assert gap <= LONGEST_GAP_MS, gap
+    assert gap <= LONGEST_GAP_MS and ticks.min_per_second() >= MIN_TICKS_PER_S, (
+        f"{mode}: longest gap {gap} ms, {ticks.min_per_second()} ticks in the slowest second\n{ticks.culprits()}")
     widget = session.window.chat_view.widgets[message_id]
     assert widget.body.markdown == message.content
 
@@ -184,7 +189,9 @@ def test_429_then_success(qtbot, make_session, tmp_path, fake):
 def test_no_file_hearth_writes_holds_the_key(qtbot, make_session, tmp_path, fake):
     data = tmp_path / "data"
     setup_logging(data / "logs", debug=True)  # the most a log can say
-    session, ref = remote_session(make_session, tmp_path, fake.url("auth"), key=KEY, probe=False)
+    header = "hdr-secret-7f3a9c"  # an Authorization-like custom header: kept beside the key, like it
+    session, ref = remote_session(make_session, tmp_path, fake.url("auth"), key=KEY, probe=False,
+                                  headers=(("X-Api-Token", header),))
     message_id, _ = send(qtbot, session, "Hello?")
     assert session.controller.store.message(message_id).content == "Hello, partial world!"
     exports = tmp_path / "exports"
@@ -192,14 +199,15 @@ def test_no_file_hearth_writes_holds_the_key(qtbot, make_session, tmp_path, fake
     assert session.actions.export_json(str(exports / "c.json"))
     assert session.actions.export_markdown(str(exports / "c.md"))
     assert session.actions.export_all(str(exports / "all.zip"))
+    session.actions.wait_for_exports()
     session.window.grab().save(str(exports / "window.png"))
     session.close()
     key_file = data / secrets.SECRETS_FILE
-    assert json.loads(key_file.read_text())  # the fallback store holds it, readable by this user only
+    assert header in key_file.read_text() and KEY in key_file.read_text()  # the fallback store, this user's only
     assert key_file.stat().st_mode & 0o777 == 0o600
     written = [p for p in tmp_path.rglob("*") if p.is_file() and p != key_file]
     assert len(written) > 5
-    leaks = [str(p) for p in written if KEY.encode() in p.read_bytes()]
+    leaks = [str(p) for p in written if KEY.encode() in p.read_bytes() or header.encode() in p.read_bytes()]
     assert not leaks
 
 

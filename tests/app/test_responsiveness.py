@@ -1,41 +1,24 @@
 """The GUI thread's longest pause, not its average rate: a 10 ms timer on it never waits more than LONGEST_GAP_MS between
 ticks while a model loads, a model is switched, a long prompt is prefilled, a KV snapshot is saved, a long
-conversation is exported and a big text is pasted."""
+conversation is exported and a big text is pasted. A failure names what every thread was doing while ticks were
+late (``gui_ticks.Ticks.culprits``)."""
 
 import pytest
-from PySide6.QtCore import QElapsedTimer, QTimer
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtGui import QGuiApplication
 
 from tests.model_store import model_path
 
+from .gui_ticks import Ticks
+
 pytestmark = pytest.mark.slow
 
-# Issue #25 asks for 100 ms. Not held yet: with other processes on the machine a first model load paused the GUI for
-# 233 ms, a switch to Qwen2.5-Coder 225 ms and an export 114 ms (16-78 ms otherwise); the bound is where a real
-# freeze (a second or more, as before the worker split) still fails.
-LONGEST_GAP_MS = 400
+# Issue #25's bound. Measured on a 2-core machine shared with other test runs: load 78, switch 41, prefill 86,
+# snapshot 40, export 30-50, paste 53 ms. Before the causes were moved off the GUI thread: a switch 340-631 ms (the
+# base-model label parsed the GGUF), an export 100-280 ms (JSON encoding and fsync), a first load 130-220 ms.
+LONGEST_GAP_MS = 100
 LOADS = 300000
 PROMPT = "Summarise this text. " + "The quick brown fox jumps over the lazy dog near the river bank. " * 40
-
-
-class Ticks:
-    """A 10 ms QTimer on the GUI thread; ``gaps()`` are the waits between its ticks since ``start()``."""
-
-    def __init__(self):
-        self.clock, self.times = QElapsedTimer(), []
-        self.timer = QTimer(interval=10)
-        self.timer.timeout.connect(lambda: self.times.append(self.clock.elapsed()))
-
-    def start(self):
-        self.times.clear()
-        self.clock.start()
-        self.times.append(0)
-        self.timer.start()
-
-    def stop(self) -> int:
-        """The longest gap in ms (the last tick to now included)."""
-        self.timer.stop()
-        self.times.append(self.clock.elapsed())
-        return max(b - a for a, b in zip(self.times, self.times[1:]))
 
 
 @pytest.fixture
@@ -43,22 +26,35 @@ def ticks():
     return Ticks()
 
 
+def check(gaps: dict[str, int], culprits: dict[str, str], name: str, ticks: Ticks) -> None:
+    """Record ``name``'s longest gap, and what the threads did during its longest gaps when it is over the bound."""
+    gaps[name] = ticks.stop()
+    if gaps[name] > LONGEST_GAP_MS:
+        culprits[name] = ticks.culprits()
+
+
+def assert_responsive(gaps: dict[str, int], culprits: dict[str, str]) -> None:
+    """Every operation measured (one over the bound does not hide another), then the bound for each."""
+    assert max(gaps.values()) <= LONGEST_GAP_MS, f"{gaps}\n" + "\n".join(f"{k}: {v}" for k, v in culprits.items())
+
+
 def test_model_load_switch_prefill_and_snapshot_save(qtbot, make_session, ticks, tmp_path):
     session = make_session(start=False)
     c = session.controller
-    ticks.start()
-    session.start()  # the built-in model loads
-    qtbot.waitUntil(lambda: bool(c.model_info), timeout=LOADS)
-    gaps = {"load": ticks.stop()}
+    gaps, culprits = {}, {}
+    ticks.start()  # (waiting on signals, not polling in Python, so the test itself takes the GIL seldom)
+    with qtbot.waitSignal(c.model_changed, timeout=LOADS, check_params_cb=bool):
+        session.start()  # the built-in model loads
+    check(gaps, culprits, "load", ticks)
     other = str(model_path("qwen25coder"))
     ticks.start()
-    c.set_model(other)
-    qtbot.waitUntil(lambda: c.model_info.get("path") == other, timeout=LOADS)
-    gaps["switch"] = ticks.stop()
+    with qtbot.waitSignal(c.model_changed, timeout=LOADS, check_params_cb=lambda info: info.get("path") == other):
+        c.set_model(other)
+    check(gaps, culprits, "switch", ticks)
     ticks.start()
     with qtbot.waitSignal(c.reply_text, timeout=LOADS):
         c.send(PROMPT)
-    gaps["prefill"] = ticks.stop()
+    check(gaps, culprits, "prefill", ticks)
     with qtbot.waitSignal(c.reply_finished, timeout=LOADS):
         c.stop()
     saved = tmp_path / "state.hearth"
@@ -66,9 +62,9 @@ def test_model_load_switch_prefill_and_snapshot_save(qtbot, make_session, ticks,
     with qtbot.waitSignal(session.actions.notice, timeout=LOADS,
                           check_params_cb=lambda kind, text: str(saved) in text or kind == "error") as notice:
         assert session.actions.save_state(str(saved))
-    gaps["snapshot"] = ticks.stop()
+    check(gaps, culprits, "snapshot", ticks)
     assert notice.args[0] != "error", notice.args
-    assert max(gaps.values()) <= LONGEST_GAP_MS, gaps
+    assert_responsive(gaps, culprits)
 
 
 def test_exporting_a_long_conversation_and_a_big_paste(qtbot, make_session, ticks, tmp_path):
@@ -80,18 +76,26 @@ def test_exporting_a_long_conversation_and_a_big_paste(qtbot, make_session, tick
         store.add_message(conv.id, "user" if i % 2 == 0 else "assistant", f"line {i}: " + "words and more words " * 40)
     session.start()
     c.open_conversation(conv.id)
-    qtbot.wait(3000)  # its 1,000 messages laid out and painted (opening it is not what is measured here)
-    gaps = {}
+    qtbot.waitUntil(lambda: bool(c.model_info), timeout=LOADS)
+    qtbot.wait(1000)  # its 1,000 messages laid out and painted (opening it is not what is measured here)
+    gaps, culprits = {}, {}
+    target = tmp_path / "long.json"
     ticks.start()
-    QTimer.singleShot(20, lambda: session.actions.export_json(str(tmp_path / "long.json")))
-    qtbot.waitUntil(lambda: (tmp_path / "long.json").exists(), timeout=60000)
+    with qtbot.waitSignal(session.actions.exported, timeout=60000) as exported:
+        QTimer.singleShot(20, lambda: session.actions.export_json(str(target)))
     qtbot.wait(50)
-    gaps["export"] = ticks.stop()
+    check(gaps, culprits, "export", ticks)
+    assert exported.args == [str(target), True] and target.read_text().count('"role"') == 1000
     edit = session.window.composer.edit
     big = "pasted text, line after line\n" * 20000  # ~600 KB
+    QGuiApplication.clipboard().setText(big)
+    edit.setFocus()
     ticks.start()
-    QTimer.singleShot(20, lambda: edit.insertPlainText(big))
-    qtbot.waitUntil(lambda: len(edit.toPlainText()) == len(big), timeout=60000)
+    with qtbot.waitSignal(edit.pasted, timeout=60000):
+        QTimer.singleShot(20, lambda: qtbot.keyClick(edit, Qt.Key.Key_V, Qt.KeyboardModifier.ControlModifier))
     qtbot.wait(50)
-    gaps["paste"] = ticks.stop()
-    assert max(gaps.values()) <= LONGEST_GAP_MS, gaps
+    check(gaps, culprits, "paste", ticks)
+    assert edit.toPlainText() == big  # all of it, in order
+    qtbot.keyClick(session.window.composer.edit, Qt.Key.Key_Z, Qt.KeyboardModifier.ControlModifier)
+    assert edit.toPlainText() == ""  # the paste is one step to undo
+    assert_responsive(gaps, culprits)

@@ -1,5 +1,5 @@
-"""Remote endpoints as the model manager keeps them: the saved list never holds the key, which goes to the keyring or
-a 0600 file; the engine factory opens remote names as RemoteModels; the library lists each remote model with its
+"""Remote endpoints as the model manager keeps them: the saved list never holds the key or the extra headers' values,
+which go to the keyring or a 0600 file (a list written before that has its values moved there); the engine factory opens remote names as RemoteModels; the library lists each remote model with its
 endpoint; removing one forgets the endpoint and its key."""
 
 from __future__ import annotations
@@ -76,13 +76,15 @@ def test_parse_headers():
 def test_adding_keeps_the_key_out_of_the_list_and_opens_remote_models(tmp_path, fake):
     ring = MemoryKeyring()
     endpoints = RemoteEndpoints(tmp_path, SecretStore(tmp_path, backend=ring))
-    endpoint = endpoints.add(fake.url("auth"), KEY, (("X-Team", "blue"),), probe=False)
+    endpoint = endpoints.add(fake.url("auth"), KEY, (("X-Team", "blue-secret-team"),), probe=False)
     assert endpoint.models == ("fake", "fake-2") and endpoint.has_key
-    assert KEY not in endpoints.path.read_text() and json.loads(endpoints.path.read_text())[0]["headers"]
+    saved = endpoints.path.read_text()
+    assert KEY not in saved and "blue-secret-team" not in saved  # a header value may carry a token: beside the key
+    assert json.loads(saved)[0]["header_names"] == ["X-Team"]
     ref = remote_ref(endpoint.id, "fake")
     model = endpoints.engine_factory(lambda path, n_ctx: pytest.fail("not a local file"))(ref, 2048)
     assert isinstance(model, RemoteModel) and model.endpoint.api_key == KEY and model.n_ctx == 2048
-    assert dict(model.endpoint.headers) == {"X-Team": "blue"}
+    assert dict(model.endpoint.headers) == {"X-Team": "blue-secret-team"}
     local = endpoints.engine_factory(lambda path, n_ctx: ("local", path))("/models/x.gguf", 4096)
     assert local == ("local", "/models/x.gguf")
     choices = ModelChoices(tmp_path, None, scan_dirs=[], remote=endpoints)
@@ -122,3 +124,17 @@ def test_refresh_marks_an_endpoint_that_went_away_and_clears_it_when_it_is_back(
         assert endpoints.refresh(endpoint.id).problem == "" and endpoints.get(endpoint.id).problem == ""
     finally:
         server.kill()
+
+
+def test_a_list_written_with_header_values_has_them_moved_beside_the_key(tmp_path, fake):
+    ring = MemoryKeyring()
+    first = RemoteEndpoints(tmp_path, SecretStore(tmp_path, backend=ring)).add(fake.url("auth"), KEY, probe=False)
+    old = json.loads((tmp_path / "remote-endpoints.json").read_text())
+    old[0].pop("header_names")
+    old[0]["headers"] = [["X-Token", "t0ken-value"]]  # as the list was written before
+    (tmp_path / "remote-endpoints.json").write_text(json.dumps(old))
+    endpoints = RemoteEndpoints(tmp_path, SecretStore(tmp_path, backend=ring))
+    assert "t0ken-value" not in endpoints.path.read_text()
+    assert endpoints.endpoint(first.id).headers == (("X-Token", "t0ken-value"),)
+    endpoints.remove(first.id)
+    assert ring.passwords == {}

@@ -1,0 +1,135 @@
+"""Host overhead per token: ``Model.generate``'s decode beside the bare backend forward on the same token ids.
+
+A repeat is a pair, in turn: ``Model.generate`` with the chosen sampling (the path a reply takes: scheduler,
+sampler, detokenizer, stop checks, event objects), then the backend alone fed the tokens that run produced, one
+``forward`` per token from a fresh cache holding the same prompt, so both decode the same ids at the same
+positions. The overhead of a pair is how much longer generate's decode step took than the bare forward, in
+percent; the report gives its median and spread over the pairs. Nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from pathlib import Path
+
+from ..model import Model, load
+from ..sampling import SamplingParams, make_sampler
+from .runners import GREEDY
+from .speed import machine
+from .workload import bench_prompt, set_threads, spread, threads_in_use
+
+SAMPLING_MODES = ("greedy", "chat")
+CHAT_SEED = 1234  # a fixed seed: every repeat samples the same tokens, so the pairs decode the same ids
+WARM_UP_TOKENS = 8
+
+
+def sampling_params(mode: str) -> SamplingParams:
+    """The parameters of a sampling mode: "greedy" (plain argmax, as ``Model.generate`` decodes by default) or
+    "chat" (``SamplingParams``' own defaults, which ``Model.chat`` uses: penalties, top-k, top-p, min-p and a
+    temperature), seeded."""
+    if mode == "greedy":
+        return GREEDY
+    if mode == "chat":
+        return dataclasses.replace(SamplingParams(), seed=CHAT_SEED)
+    raise ValueError(f"unknown sampling mode {mode!r}; choose from {', '.join(SAMPLING_MODES)}")
+
+
+def generate_decode(model: Model, ids: list[int], params: SamplingParams, gen_tokens: int) -> tuple[list[int], list[float]]:
+    """The tokens ``Model.generate`` produced and the seconds between consecutive events (its decode steps)."""
+    tokens: list[int] = []
+    times: list[float] = []
+    for event in model.generate_ids(ids, params, gen_tokens):
+        times.append(time.perf_counter())
+        tokens.append(event.id)
+    return tokens, [b - a for a, b in zip(times, times[1:])]
+
+
+def forward_decode(model: Model, ids: list[int], tokens: list[int]) -> list[float]:
+    """Seconds of each bare backend step decoding ``tokens[:-1]`` one at a time after ``ids`` (prefilled untimed)."""
+    backend = model.backend
+    cache = backend.new_cache(model.n_ctx)
+    backend.forward(ids, cache)
+    steps = []
+    for token in tokens[:-1]:
+        start = time.perf_counter()
+        backend.forward([token], cache)
+        steps.append(time.perf_counter() - start)
+    return steps
+
+
+def host_ms_per_token(model: Model, ids: list[int], params: SamplingParams, gen_tokens: int) -> float:
+    """Milliseconds per decoded token ``Model.generate`` spends outside the backend: the same run with the
+    backend's ``forward`` answering from a stored logits row, so a loaded machine's noise in the forward pass
+    does not hide the host's share."""
+    backend = model.backend
+    logits = backend.forward(ids, backend.new_cache(model.n_ctx))  # (n_vocab,)
+
+    def stored(tokens, cache, all_logits=False):
+        cache.reserve(len(tokens))
+        cache.advance(len(tokens))  # positions counted, nothing written: the caches are the bench's own
+        return logits
+
+    backend.forward = stored  # this instance only, undone below
+    try:
+        steps = []
+        for _ in range(3):  # a cache of the request's own (resident=False): the model's resident cache stays true
+            times = [time.perf_counter() for _ in model.stream(model.submit(ids, params, gen_tokens, resident=False,
+                                                                             queued=False))]
+            steps.append([b - a for a, b in zip(times, times[1:])])
+    finally:
+        del backend.forward
+    return min(statistics.median(s) for s in steps) * 1e3
+
+
+def sampler_ms(model: Model, ids: list[int], params: SamplingParams, calls: int = 50) -> float:
+    """Milliseconds one sampler call takes on the model's logits after ``ids`` (the sampling share of the step)."""
+    cache = model.backend.new_cache(model.n_ctx)
+    logits = model.backend.forward(ids, cache)
+    sampler, history = make_sampler(params), list(ids)
+    start = time.perf_counter()
+    for _ in range(calls):
+        sampler(logits, history)
+    return (time.perf_counter() - start) / calls * 1e3
+
+
+def run_overhead_bench(path: Path, backend: str, threads: int | None, prompt_tokens: int, gen_tokens: int,
+                       mode: str, repeats: int) -> dict:
+    """The ``python -m engine bench MODEL --sampling MODE`` report as a dict (see the module docstring).
+
+    Raises:
+        ValueError: an unknown mode, or generation ended before a second token (nothing to time).
+    """
+    params = sampling_params(mode)
+    if threads:
+        set_threads(backend, threads)
+    model = load(path, backend, prompt_tokens + gen_tokens + 8)
+    ids = bench_prompt(model, prompt_tokens)
+    generate_decode(model, ids, params, min(gen_tokens, WARM_UP_TOKENS))  # untimed warm-ups, both paths
+    forward_decode(model, ids, list(ids[:WARM_UP_TOKENS]))
+    generated, bare, overhead, overhead_median, counts = [], [], [], [], []
+    for _ in range(repeats):
+        tokens, generate_steps = generate_decode(model, ids, params, gen_tokens)
+        if len(tokens) < 2:
+            raise ValueError(f"generation ended after {len(tokens)} token(s): no decode step to time")
+        forward_steps = forward_decode(model, ids, tokens)
+        generate_s, forward_s = sum(generate_steps), sum(forward_steps)
+        generated.append(len(forward_steps) / generate_s)
+        bare.append(len(forward_steps) / forward_s)
+        overhead.append((generate_s / forward_s - 1.0) * 100.0)
+        overhead_median.append((statistics.median(generate_steps) / statistics.median(forward_steps) - 1.0) * 100.0)
+        counts.append(len(forward_steps))
+    host_ms = host_ms_per_token(model, ids, params, gen_tokens)
+    step_ms = 1e3 / statistics.median(bare)
+    return {
+        "machine": machine(), "model": model.name, "file": str(path), "backend": model.backend.name,
+        "threads": threads_in_use(backend, threads), "prompt_tokens": len(ids), "gen_tokens": gen_tokens,
+        "repeats": repeats, "sampling": mode, "sampling_params": dataclasses.asdict(params),
+        "n_vocab": model.config.n_vocab, "decode_steps": counts,
+        "generate_decode_tps": spread(generated), "forward_decode_tps": spread(bare),
+        "overhead_pct": spread(overhead, 3), "overhead_pct_of_median_steps": spread(overhead_median, 3),
+        "host_ms_per_token": round(host_ms, 4), "forward_ms_per_token": round(step_ms, 3),
+        "host_pct_of_forward": round(host_ms / step_ms * 100.0, 3),
+        "sampler_ms": round(sampler_ms(model, ids, params), 4),
+    }

@@ -129,7 +129,7 @@ def run_overhead_bench(path: Path, backend: str, threads: int | None, prompt_tok
         "n_vocab": model.config.n_vocab, "decode_steps": counts,
         "generate_decode_tps": spread(generated), "forward_decode_tps": spread(bare),
         "overhead_pct": spread(overhead, 3), "overhead_pct_of_median_steps": spread(overhead_median, 3),
-        "host_ms_per_token": round(host_ms, 4), "forward_ms_per_token": round(step_ms, 3),
+        "host_ms_per_token": round(host_ms, 5), "forward_ms_per_token": round(step_ms, 5),
         "host_pct_of_forward": round(host_ms / step_ms * 100.0, 3),
         "sampler_ms": round(sampler_ms(model, ids, params), 4),
     }

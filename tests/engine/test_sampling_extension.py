@@ -96,11 +96,11 @@ def test_a_chat_default_step_over_a_152k_vocabulary_samples_the_distribution(top
     rng = np.random.default_rng(12)
     logits = rng.normal(0, 1, 151_936).astype(np.float32)
     favourites = rng.choice(151_936, 4, replace=False)
-    logits[favourites] = [9.0, 8.5, 8.0, 7.0]
+    logits[favourites] = [15.0, 14.5, 14.0, 13.0]  # 96 % of the mass: top-p 0.95 keeps all four (90 % without the last)
     params = SamplingParams(top_k=top_k, seed=13)
     counts = {}
     sampler = make_sampler(params)
-    for _ in range(3000):
+    for _ in range(2000):
         token = sampler(logits, [])[0]
         counts[token] = counts.get(token, 0) + 1
     candidates, scores = filtered_scores(logits, params)
@@ -110,6 +110,6 @@ def test_a_chat_default_step_over_a_152k_vocabulary_samples_the_distribution(top
     expected = dict(zip(ids[probs > 0].tolist(), probs[probs > 0].tolist()))
     assert set(counts) <= set(expected)
     observed = np.array([counts.get(t, 0) for t in expected])
-    want = np.array(list(expected.values())) * 3000
+    want = np.array(list(expected.values())) * 2000
     assert float(((observed - want) ** 2 / want).sum()) < 16.266  # chi-square, 3 degrees of freedom, p = 0.001
     assert len(expected) == 4

@@ -232,6 +232,10 @@ class Sampler:
         logits = np.asarray(logits, dtype=np.float32)
         if logits.ndim != 1 or logits.size == 0:
             raise ValueError(f"logits must be a non-empty 1-D array, got shape {logits.shape}")
+        if self.params.greedy and not self.params.penalises:  # one pass: argmax finds NaN (first) and the max
+            token = int(np.argmax(logits))
+            _check_finite(float(logits[token]))
+            return token, _log_softmax_at(logits, token, float(logits[token]))
         top = float(np.max(logits))
         _check_finite(top)  # NaN propagates through max; +inf or all -inf is as broken
         if self.params.greedy:

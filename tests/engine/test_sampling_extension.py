@@ -113,3 +113,19 @@ def test_a_chat_default_step_over_a_152k_vocabulary_samples_the_distribution(top
     want = np.array(list(expected.values())) * 2000
     assert float(((observed - want) ** 2 / want).sum()) < 16.266  # chi-square, 3 degrees of freedom, p = 0.001
     assert len(expected) == 4
+
+
+@pytest.mark.parametrize("repeat_penalty", [1.0, 1.3])
+@pytest.mark.parametrize("bad", [[0.0, np.nan, 1.0], [0.0, np.inf, 1.0], [-np.inf, -np.inf, -np.inf]])
+def test_greedy_refuses_logits_that_are_not_finite(bad, repeat_penalty):
+    from engine.sampling import NonFiniteLogitsError
+
+    sampler = make_sampler(SamplingParams(temperature=0.0, repeat_penalty=repeat_penalty))
+    with pytest.raises(NonFiniteLogitsError):
+        sampler(np.array(bad, np.float32), [0])
+
+
+def test_greedy_takes_the_lowest_id_among_equal_maxima_with_its_logprob():
+    token, logprob = make_sampler(SamplingParams(temperature=0.0, repeat_penalty=1.0))(
+        np.array([0.0, 2.0, 2.0, -np.inf], np.float32), [])
+    assert token == 1 and logprob == pytest.approx(np.log(np.exp(2.0) / (1 + 2 * np.exp(2.0))), abs=1e-6)

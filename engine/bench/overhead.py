@@ -2,8 +2,8 @@
 
 A repeat is a pair, in turn: ``Model.generate`` with the chosen sampling (the path a reply takes: scheduler,
 sampler, detokenizer, stop checks, event objects), then the backend alone fed the tokens that run produced, one
-``forward`` per token from a fresh cache holding the same prompt, so both decode the same ids at the same
-positions. The overhead of a pair is how much longer generate's decode step took than the bare forward, in
+``forward`` per token into a cache of its own holding the same prompt (allocated once, like the model's), so
+both decode the same ids at the same positions. The overhead of a pair is how much longer generate's decode step took than the bare forward, in
 percent; the report gives its median and spread over the pairs. Nothing here asserts a time.
 """
 
@@ -46,11 +46,19 @@ def generate_decode(model: Model, ids: list[int], params: SamplingParams, gen_to
     return tokens, [b - a for a, b in zip(times, times[1:])]
 
 
-def forward_decode(model: Model, ids: list[int], tokens: list[int]) -> list[float]:
-    """Seconds of each bare backend step decoding ``tokens[:-1]`` one at a time after ``ids`` (prefilled untimed)."""
+def prefilled_cache(model: Model, ids: list[int]):
+    """A cache of the bare backend's own holding ``ids``, with room for the whole context (as the model's)."""
+    cache = model.backend.new_cache(model.n_ctx)
+    cache.reserve(model.n_ctx)  # allocated now: growing inside the timed steps would charge the bare forward
+    model.backend.forward(ids, cache)
+    return cache
+
+
+def forward_decode(model: Model, cache, n_prompt: int, tokens: list[int]) -> list[float]:
+    """Seconds of each bare backend step decoding ``tokens[:-1]`` one at a time after the first ``n_prompt``
+    positions of ``cache`` (the prompt, kept from one pair to the next)."""
     backend = model.backend
-    cache = backend.new_cache(model.n_ctx)
-    backend.forward(ids, cache)
+    cache.truncate(n_prompt)
     steps = []
     for token in tokens[:-1]:
         start = time.perf_counter()
@@ -106,14 +114,15 @@ def run_overhead_bench(path: Path, backend: str, threads: int | None, prompt_tok
         set_threads(backend, threads)
     model = load(path, backend, prompt_tokens + gen_tokens + 8)
     ids = bench_prompt(model, prompt_tokens)
-    generate_decode(model, ids, params, min(gen_tokens, WARM_UP_TOKENS))  # untimed warm-ups, both paths
-    forward_decode(model, ids, list(ids[:WARM_UP_TOKENS]))
+    bare_cache = prefilled_cache(model, ids)
+    generate_decode(model, ids, params, gen_tokens)  # untimed warm-ups, both paths (the resident cache grown)
+    forward_decode(model, bare_cache, len(ids), list(ids[:WARM_UP_TOKENS]))
     generated, bare, overhead, overhead_median, counts = [], [], [], [], []
     for _ in range(repeats):
         tokens, generate_steps = generate_decode(model, ids, params, gen_tokens)
         if len(tokens) < 2:
             raise ValueError(f"generation ended after {len(tokens)} token(s): no decode step to time")
-        forward_steps = forward_decode(model, ids, tokens)
+        forward_steps = forward_decode(model, bare_cache, len(ids), tokens)
         generate_s, forward_s = sum(generate_steps), sum(forward_steps)
         generated.append(len(forward_steps) / generate_s)
         bare.append(len(forward_steps) / forward_s)

@@ -205,8 +205,9 @@ class Sampler:
     """Picks the next token in llama.cpp's default order: penalties -> top-k -> top-p -> min-p -> temperature -> draw.
 
     It owns its random generator (PCG64), so one sequence's draws never depend on another's; ``get_state`` /
-    ``set_state`` let a snapshot continue the exact same draws. After top-k the later steps run on the ``k``
-    candidates only, so a step costs O(n_vocab) plus O(k log k).
+    ``set_state`` let a snapshot continue the exact same draws. Top-k is one pass over the vocabulary in the CPU
+    extension (``vector_math.top_k_sorted``, NumPy where it is not built: the same candidates, best first) and the
+    later steps run on the ``k`` candidates only, so a step costs O(n_vocab) plus O(k log k).
     """
 
     def __init__(self, params: SamplingParams):
@@ -313,7 +314,7 @@ def penalised_top_k(logits: np.ndarray, history: Sequence[int], params: Sampling
         return None, penalised_logits(logits, history, params)
     changed = penalty_changes(logits, recent_tokens(history, params.repeat_last_n), params.repeat_penalty,
                               params.presence_penalty, params.frequency_penalty)
-    return top_k_sorted(logits, k, *(changed or (None, None)))
+    return top_k_sorted(np.ascontiguousarray(logits, dtype=np.float32), k, *(changed or (None, None)))
 
 
 def final_scores(scores: np.ndarray, params: SamplingParams) -> np.ndarray:

@@ -1,10 +1,13 @@
 """Host overhead per token: ``Model.generate``'s decode beside the bare backend forward on the same token ids.
 
-A repeat is a pair, in turn: ``Model.generate`` with the chosen sampling (the path a reply takes: scheduler,
-sampler, detokenizer, stop checks, event objects), then the backend alone fed the tokens that run produced, one
-``forward`` per token into a cache of its own holding the same prompt (allocated once, like the model's), so
-both decode the same ids at the same positions. The overhead of a pair is how much longer generate's decode step took than the bare forward, in
-percent; the report gives its median and spread over the pairs. Nothing here asserts a time.
+A repeat is a pair: ``Model.generate`` with the chosen sampling (the path a reply takes: scheduler, sampler,
+detokenizer, stop checks, event objects) and the backend alone fed the tokens generate produced in its untimed
+warm-up (greedy or seeded, so every run produces them again), one ``forward`` per token into a cache of its own
+holding the same prompt (allocated once, like the model's): both decode the same ids at the same positions.
+Which of the two runs first alternates from pair to pair. The overhead of a pair is how much longer generate's
+decode step took than the bare forward, in percent; the report gives its median and spread over the pairs.
+``host_ms_per_token`` times generate again with the forward answering from stored logits: the host's share
+alone, which a loaded machine's noise in the pairs can hide. Nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -92,14 +95,14 @@ def host_ms_per_token(model: Model, ids: list[int], params: SamplingParams, gen_
 
 
 def sampler_ms(model: Model, ids: list[int], params: SamplingParams, calls: int = 50) -> float:
-    """Milliseconds one sampler call takes on the model's logits after ``ids`` (the sampling share of the step)."""
-    cache = model.backend.new_cache(model.n_ctx)
-    logits = model.backend.forward(ids, cache)
-    sampler, history = make_sampler(params), list(ids)
-    start = time.perf_counter()
+    """Milliseconds one sampler call takes on the model's logits after ``ids`` (median of ``calls``)."""
+    logits = model.backend.forward(ids, model.backend.new_cache(model.n_ctx))  # (n_vocab,)
+    sampler, history, times = make_sampler(params), list(ids), []
     for _ in range(calls):
+        start = time.perf_counter()
         sampler(logits, history)
-    return (time.perf_counter() - start) / calls * 1e3
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
 
 
 def run_overhead_bench(path: Path, backend: str, threads: int | None, prompt_tokens: int, gen_tokens: int,
@@ -115,27 +118,30 @@ def run_overhead_bench(path: Path, backend: str, threads: int | None, prompt_tok
     model = load(path, backend, prompt_tokens + gen_tokens + 8)
     ids = bench_prompt(model, prompt_tokens)
     bare_cache = prefilled_cache(model, ids)
-    generate_decode(model, ids, params, gen_tokens)  # untimed warm-ups, both paths (the resident cache grown)
-    forward_decode(model, bare_cache, len(ids), list(ids[:WARM_UP_TOKENS]))
-    generated, bare, overhead, overhead_median, counts = [], [], [], [], []
-    for _ in range(repeats):
-        tokens, generate_steps = generate_decode(model, ids, params, gen_tokens)
-        if len(tokens) < 2:
-            raise ValueError(f"generation ended after {len(tokens)} token(s): no decode step to time")
-        forward_steps = forward_decode(model, bare_cache, len(ids), tokens)
-        generate_s, forward_s = sum(generate_steps), sum(forward_steps)
-        generated.append(len(forward_steps) / generate_s)
-        bare.append(len(forward_steps) / forward_s)
-        overhead.append((generate_s / forward_s - 1.0) * 100.0)
+    # untimed warm-ups, both paths (the resident cache grown); greedy or seeded, every run gives these tokens
+    tokens = generate_decode(model, ids, params, gen_tokens)[0]
+    if len(tokens) < 2:
+        raise ValueError(f"generation ended after {len(tokens)} token(s): no decode step to time")
+    forward_decode(model, bare_cache, len(ids), tokens)
+    generated, bare, overhead, overhead_median, same = [], [], [], [], []
+    for repeat in range(repeats):
+        if repeat % 2:  # which path runs first alternates, so a drifting load favours neither
+            forward_steps = forward_decode(model, bare_cache, len(ids), tokens)
+        run_tokens, generate_steps = generate_decode(model, ids, params, gen_tokens)
+        if not repeat % 2:
+            forward_steps = forward_decode(model, bare_cache, len(ids), tokens)
+        same.append(run_tokens == tokens)
+        generated.append(len(generate_steps) / sum(generate_steps))
+        bare.append(len(forward_steps) / sum(forward_steps))
+        overhead.append((bare[-1] / generated[-1] - 1.0) * 100.0)  # per token: equal runs, equal steps
         overhead_median.append((statistics.median(generate_steps) / statistics.median(forward_steps) - 1.0) * 100.0)
-        counts.append(len(forward_steps))
     host_ms = host_ms_per_token(model, ids, params, gen_tokens)
     step_ms = 1e3 / statistics.median(bare)
     return {
         "machine": machine(), "model": model.name, "file": str(path), "backend": model.backend.name,
         "threads": threads_in_use(backend, threads), "prompt_tokens": len(ids), "gen_tokens": gen_tokens,
         "repeats": repeats, "sampling": mode, "sampling_params": dataclasses.asdict(params),
-        "n_vocab": model.config.n_vocab, "decode_steps": counts,
+        "n_vocab": model.config.n_vocab, "decode_steps": len(tokens) - 1, "same_tokens_every_run": all(same),
         "generate_decode_tps": spread(generated), "forward_decode_tps": spread(bare),
         "overhead_pct": spread(overhead, 3), "overhead_pct_of_median_steps": spread(overhead_median, 3),
         "host_ms_per_token": round(host_ms, 5), "forward_ms_per_token": round(step_ms, 5),

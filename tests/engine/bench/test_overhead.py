@@ -27,7 +27,7 @@ def _check_report(report: dict, mode: str, repeats: int, n_vocab: int) -> None:
     _check_spread(report["forward_decode_tps"], repeats)
     _check_spread(report["overhead_pct"], repeats, positive=False)
     _check_spread(report["overhead_pct_of_median_steps"], repeats, positive=False)
-    assert len(report["decode_steps"]) == repeats and all(1 <= s < report["gen_tokens"] for s in report["decode_steps"])
+    assert 1 <= report["decode_steps"] < report["gen_tokens"] and report["same_tokens_every_run"] is True
     for pct, gen, bare in zip(report["overhead_pct"]["runs"], report["generate_decode_tps"]["runs"],
                               report["forward_decode_tps"]["runs"]):
         assert pct == pytest.approx((bare / gen - 1) * 100, abs=0.05 + abs(pct) * 0.01)  # same steps in both
@@ -42,7 +42,7 @@ def test_greedy_is_plain_argmax(tiny_model_path):
     _check_report(report, "greedy", 3, report["n_vocab"])
     params = report["sampling_params"]
     assert params["temperature"] == 0.0 and params["repeat_penalty"] == 1.0
-    assert report["decode_steps"] == [6, 6, 6]  # greedy never stops early here: the tiny model has no end token drawn
+    assert report["decode_steps"] == 6  # greedy never stops early here: the tiny model draws no end token
 
 
 def test_chat_uses_the_engines_default_sampling(tiny_model_path):

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from .backends.vector_math import log_sum_exp, top_k_sorted
+
 _BIT_GENERATOR = "PCG64"
 _STATE_VERSION = 1
 
@@ -98,8 +100,21 @@ def apply_penalties(logits: np.ndarray, recent_ids: Sequence[int], repeat_penalt
     Returns:
         New penalised logits, or ``logits`` itself when there is nothing to do.
     """
-    if len(recent_ids) == 0 or (repeat_penalty == 1.0 and presence_penalty == 0.0 and frequency_penalty == 0.0):
+    changed = penalty_changes(logits, recent_ids, repeat_penalty, presence_penalty, frequency_penalty)
+    if changed is None:
         return logits
+    out = logits.copy()
+    out[changed[0]] = changed[1]
+    return out
+
+
+def penalty_changes(logits: np.ndarray, recent_ids: Sequence[int], repeat_penalty: float = 1.0,
+                    presence_penalty: float = 0.0, frequency_penalty: float = 0.0
+                    ) -> tuple[np.ndarray, np.ndarray] | None:
+    """What ``apply_penalties`` changes, without copying the vocabulary: the distinct penalised ids (int64) and
+    their new logits (as ``logits``' dtype), or None when there is nothing to do. Arguments as there."""
+    if len(recent_ids) == 0 or (repeat_penalty == 1.0 and presence_penalty == 0.0 and frequency_penalty == 0.0):
+        return None
     # a few dozen ids: counted (or only told apart) in Python faster than np.unique sorts them
     counted = collections.Counter(recent_ids) if frequency_penalty != 0.0 else dict.fromkeys(recent_ids)
     low, high = min(counted), max(counted)
@@ -113,13 +128,11 @@ def apply_penalties(logits: np.ndarray, recent_ids: Sequence[int], repeat_penalt
     if frequency_penalty != 0.0 or presence_penalty != 0.0:  # in float64, then stored as float32
         counts = np.fromiter(counted.values(), np.int64, len(counted)) if frequency_penalty != 0.0 else 0
         seen = seen - (counts * frequency_penalty + np.float64(presence_penalty))
-    out = logits.copy()
-    out[ids] = seen
-    return out
+    return ids, seen.astype(logits.dtype, copy=False)
 
 
 def apply_top_k(logits: np.ndarray, k: int) -> np.ndarray:
-    """Keep exactly the ``k`` highest logits (ties at the boundary broken arbitrarily); ``k <= 0`` keeps all."""
+    """Keep exactly the ``k`` highest logits (ties at the boundary keep the lowest ids); ``k <= 0`` keeps all."""
     keep = _top_k_ids(logits, k)
     if keep is None:
         return logits
@@ -132,20 +145,24 @@ def apply_top_p(logits: np.ndarray, p: float) -> np.ndarray:
     """Keep the most likely tokens until their probability reaches ``p``, including the one that crosses it.
 
     Only candidates are sorted: the top 256, 1024, ... tokens (by partition) until they hold ``p`` of the mass,
-    which gives the same set as sorting everything. At least one token is always kept.
+    which gives the same set as sorting everything; logits already sorted best first (top-k's) are not sorted
+    again. At least one token is always kept.
     """
     if p >= 1.0:
         return logits
     weights = _exp_shifted(logits)  # unnormalised probabilities; -inf logits weigh 0
     total = weights.sum(dtype=np.float64)
     n_alive = int(np.count_nonzero(weights))
-    m = 256
-    while True:
-        candidates = np.argpartition(-weights, m)[:m] if m < n_alive else np.flatnonzero(weights)
-        if m >= n_alive or weights[candidates].sum(dtype=np.float64) >= p * total:
-            break
-        m *= 4
-    order = candidates[np.argsort(-weights[candidates], kind="stable")]
+    if logits.size <= 4096 and bool(np.all(logits[:-1] >= logits[1:])):  # best first already (top-k's candidates)
+        order = np.flatnonzero(weights)  # what the stable sort below would give: exp keeps the order
+    else:
+        m = 256
+        while True:
+            candidates = np.argpartition(-weights, m)[:m] if m < n_alive else np.flatnonzero(weights)
+            if m >= n_alive or weights[candidates].sum(dtype=np.float64) >= p * total:
+                break
+            m *= 4
+        order = candidates[np.argsort(-weights[candidates], kind="stable")]
     cumulative = np.cumsum(weights[order], dtype=np.float64) / total
     keep = order[:min(int(np.searchsorted(cumulative, p, side="left")) + 1, order.size)]
     out = np.full_like(logits, -np.inf)
@@ -179,8 +196,6 @@ def _log_softmax_at(logits: np.ndarray, index: int, top: float) -> float:
     The sum over the vocabulary is the CPU extension's vector exp in one pass (NumPy's exp and sum took four
     times as long, per token of every greedy sequence); NumPy computes it where the extension is not built.
     """
-    from .backends.vector_math import log_sum_exp  # imported here: sampling needs no backend otherwise
-
     return float(logits[index]) - top - log_sum_exp(np.ascontiguousarray(logits), top)
 
 
@@ -190,8 +205,9 @@ class Sampler:
     """Picks the next token in llama.cpp's default order: penalties -> top-k -> top-p -> min-p -> temperature -> draw.
 
     It owns its random generator (PCG64), so one sequence's draws never depend on another's; ``get_state`` /
-    ``set_state`` let a snapshot continue the exact same draws. After top-k the later steps run on the ``k``
-    candidates only, so a step costs O(n_vocab) plus O(k log k).
+    ``set_state`` let a snapshot continue the exact same draws. Top-k is one pass over the vocabulary in the CPU
+    extension (``vector_math.top_k_sorted``, NumPy where it is not built: the same candidates, best first) and the
+    later steps run on the ``k`` candidates only, so a step costs O(n_vocab) plus O(k log k).
     """
 
     def __init__(self, params: SamplingParams):
@@ -217,13 +233,17 @@ class Sampler:
         logits = np.asarray(logits, dtype=np.float32)
         if logits.ndim != 1 or logits.size == 0:
             raise ValueError(f"logits must be a non-empty 1-D array, got shape {logits.shape}")
+        if self.params.greedy and not self.params.penalises:  # one pass: argmax finds NaN (first) and the max
+            token = int(np.argmax(logits))
+            _check_finite(float(logits[token]))
+            return token, _log_softmax_at(logits, token, float(logits[token]))
         top = float(np.max(logits))
         _check_finite(top)  # NaN propagates through max; +inf or all -inf is as broken
         if self.params.greedy:
             token = greedy_token(logits, history, self.params)
             return token, _log_softmax_at(logits, token, top)
-        candidates, scores = filtered_scores(penalised_logits(logits, history, self.params), self.params)
-        index, logprob = self._draw(scores)
+        candidates, scores = penalised_top_k(logits, history, self.params)
+        index, logprob = self._draw(final_scores(scores, self.params))
         return (int(candidates[index]) if candidates is not None else index), logprob
 
     def _draw(self, logits: np.ndarray) -> tuple[int, float]:
@@ -274,12 +294,32 @@ def filtered_scores(penalised: np.ndarray, params: SamplingParams) -> tuple[np.n
     """The rest of sampling before the draw: top-k, top-p, min-p, temperature.
 
     Returns:
-        The ids top-k kept (None: every id) and their final scores, -inf where a filter removed one.
+        The ids top-k kept, best first (None: every id), and their final scores, -inf where a filter removed one.
     """
     candidates = _top_k_ids(penalised, params.top_k)
     scores = penalised[candidates] if candidates is not None else penalised
-    return candidates, apply_temperature(apply_min_p(apply_top_p(scores, params.top_p), params.min_p),
-                                         params.temperature)
+    return candidates, final_scores(scores, params)
+
+
+def penalised_top_k(logits: np.ndarray, history: Sequence[int], params: SamplingParams
+                    ) -> tuple[np.ndarray | None, np.ndarray]:
+    """Penalties then top-k, as ``filtered_scores(penalised_logits(...))`` starts, without a penalised copy of
+    the vocabulary: the C extension reads the few penalised logits beside the model's.
+
+    Returns:
+        The ids top-k kept, best first (None: every id), and their penalised logits.
+    """
+    k = params.top_k
+    if k <= 0 or k >= logits.shape[-1]:
+        return None, penalised_logits(logits, history, params)
+    changed = penalty_changes(logits, recent_tokens(history, params.repeat_last_n), params.repeat_penalty,
+                              params.presence_penalty, params.frequency_penalty)
+    return top_k_sorted(np.ascontiguousarray(logits, dtype=np.float32), k, *(changed or (None, None)))
+
+
+def final_scores(scores: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """Top-p, min-p and temperature on the scores top-k left: the draw's logits, -inf where a filter removed one."""
+    return apply_temperature(apply_min_p(apply_top_p(scores, params.top_p), params.min_p), params.temperature)
 
 
 def make_sampler(params: SamplingParams) -> Sampler:
@@ -313,11 +353,11 @@ def recent_tokens(history: Sequence[int], n: int) -> Sequence[int]:
 
 
 def _top_k_ids(logits: np.ndarray, k: int) -> np.ndarray | None:
-    """Ids of the ``k`` highest logits, or None when top-k keeps everything."""
+    """Ids of the ``k`` highest logits, best first (ties: lowest id first), or None when top-k keeps everything."""
     n = logits.shape[-1]
     if k <= 0 or k >= n:
         return None
-    return np.argpartition(logits, n - k)[n - k:]  # O(n_vocab), no full sort
+    return top_k_sorted(np.ascontiguousarray(logits, dtype=np.float32), k)[0]  # O(n_vocab), no full sort
 
 
 def _check_finite(value: float) -> None:

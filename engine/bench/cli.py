@@ -1,7 +1,7 @@
 """``python -m engine bench``: the bench command line, dispatching to the runners of this package.
 
-``bench MODEL [options]`` times one model (speed beside peers, batched decode, speculative decoding, session
-restore, or the MLX backend beside mlx-lm); ``bench make-models`` writes the real-size random-weight models;
+``bench MODEL [options]`` times one model (speed beside peers, host overhead per token with greedy or chat
+sampling, batched decode, speculative decoding, session restore, or the MLX backend beside mlx-lm); ``bench make-models`` writes the real-size random-weight models;
 ``bench kernels`` times the C kernels matrix by matrix; ``bench bandwidth`` measures this machine's read bandwidth.
 """
 
@@ -65,6 +65,10 @@ def _model_parser() -> argparse.ArgumentParser:
                    help="with --backend mlx: only the resident memory of a fresh process loading the file")
     p.add_argument("--no-memory", action="store_true",
                    help="with --backend mlx: skip the fresh-process memory figures (a file without a tokenizer)")
+    p.add_argument("--sampling", choices=["greedy", "chat"], default=None,
+                   help="host overhead per token instead of the peers: Model.generate's decode with this sampling "
+                        "(chat: the engine's default penalties, top-k, top-p, min-p, temperature) beside the bare "
+                        "backend forward on the same token ids, overhead in %% over interleaved pairs")
     p.add_argument("--json", action="store_true")
     return p
 
@@ -78,6 +82,11 @@ def _bench_model(args) -> int:
         from .speed import run_session_bench
 
         report = run_session_bench(args.model, args.backend, args.prompt_tokens, args.repeats)
+    elif args.sampling:
+        from .overhead import run_overhead_bench
+
+        report = run_overhead_bench(args.model, args.backend, args.threads, args.prompt_tokens, args.gen_tokens,
+                                    args.sampling, args.repeats)
     elif args.draft or args.lookup:
         from .speculative import run_speculative_bench
 

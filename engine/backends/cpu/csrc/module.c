@@ -9,6 +9,7 @@
 #include "decoder_module.h"
 #include "matmul.h"
 #include "pool.h"
+#include "sampling.h"
 #include "vecops.h"
 
 pthread_mutex_t hk_compute = PTHREAD_MUTEX_INITIALIZER; /* shared with the decoder's functions */
@@ -260,5 +261,6 @@ PyMODINIT_FUNC PyInit__kernels(void) {
     }
     PyObject *module = PyModule_Create(&MODULE);
     if (module && hk_decoder_add_functions(module) != 0) Py_CLEAR(module);
+    if (module && hk_sampling_add_functions(module) != 0) Py_CLEAR(module);
     return module;
 }

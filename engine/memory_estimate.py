@@ -254,10 +254,11 @@ def cpu_decoder_scratch_bytes(config: ModelConfig) -> int:
     from .backends.cpu.decoder import MAX_ROWS
 
     c, rows = config, MAX_ROWS
-    widest = max(c.n_embd, c.n_heads * c.v_head_dim, c.n_ff)
+    n_ff = c.n_ff_shexp if c.is_moe and c.n_ff_shexp else c.n_ff  # as decoder.py: a MoE model's dense FFN width
+    widest = max(c.n_embd, c.n_heads * c.v_head_dim, n_ff)
     rope_sets = len({c.layer_rope_base(layer) for layer in range(c.n_layers)})  # global, and sliding layers' own
     floats_per_row = (3 * c.n_embd + c.n_heads * c.head_dim + c.n_kv_heads * (c.head_dim + c.v_head_dim)
-                      + c.n_heads * c.v_head_dim + 2 * c.n_ff  # x, h, o; q, k, v; attention output; gate, up
+                      + c.n_heads * c.v_head_dim + 2 * n_ff  # x, h, o; q, k, v; attention output; gate, up
                       + c.rope_dim * rope_sets  # cos and sin of each row's position
                       + c.n_heads * (c.v_head_dim + 4) * 5 // 4)  # attention partials (m, l, O; M, L), grown by 1/4
     quantized_per_row = 2 * widest + widest * 25 // 64  # two activation kinds: int8 values plus block scales
@@ -275,7 +276,7 @@ def moe_scratch_bytes(config: ModelConfig, rows: int) -> int:
     pairs, ff = rows * c.n_expert_used, c.n_ff_exp
     per_pair = ((2 * ff + c.n_embd) * FLOAT32_BYTES + 2 * ff + ff * 25 // 64  # the float32 kind points at hidden
                 + 6 * ACT_DESCRIPTOR_BYTES + 4 * 4)
-    return rows * c.n_expert * FLOAT32_BYTES + pairs * per_pair
+    return rows * (c.n_expert + 1) * FLOAT32_BYTES + pairs * per_pair
 
 
 def numpy_scratch_bytes(config: ModelConfig, n_ctx: int) -> int:

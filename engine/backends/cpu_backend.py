@@ -5,9 +5,9 @@ near zero and resident memory is about the file size. Every forward call runs al
 released; the NumPy reference decoder this class inherits stays available as ``reference_forward`` (the
 same math with the same C matrix products, in NumPy), which the tests hold the C decoder to.
 
-Mixture-of-experts models (qwen3moe, gpt-oss, and the like: routed experts without a shared one) run in the C
-decoder too, which reads only the chosen experts' rows (csrc/moe.c). Hybrid (Gated DeltaNet) models, gemma4 and
-MoE models with a shared expert (qwen2moe) or weights applied before the experts (llama4) do not yet: they take
+Mixture-of-experts models (qwen3moe, gpt-oss, qwen2moe with its shared expert) run in the C decoder too, which
+reads only the chosen experts' rows (csrc/moe.c). Hybrid (Gated DeltaNet) models, gemma4 and MoE models with the
+router's weights on the experts' input (llama4) do not yet: they take
 that reference path (the C products on the packed, memory-mapped rows; only the chosen experts' rows are read; the
 DeltaNet conv and recurrence in NumPy) with a NumPy float32 KV cache (``HybridKVCache`` for hybrids).
 """
@@ -46,11 +46,11 @@ class PackedMatrix:
 
 
 def runs_in_c_decoder(config: ModelConfig) -> bool:
-    """Whether the fused C decoder runs this model; hybrid and gemma4 models, and MoE models with a shared expert
-    or the router's weights on the experts' input, take the reference path."""
+    """Whether the fused C decoder runs this model; hybrid and gemma4 models, and MoE models with the router's
+    weights on the experts' input, take the reference path."""
     if config.is_hybrid or uses_gemma4_blocks(config):
         return False
-    return not config.is_moe or (config.n_ff_shexp == 0 and not config.expert_weights_before)
+    return not (config.is_moe and config.expert_weights_before)
 
 
 class CpuBackend(NumpyBackend):

@@ -65,6 +65,11 @@ def gpt_oss_path(tmp_path_factory):
     return write_synthetic(tmp_path_factory.mktemp("moe") / "gpt-oss.gguf", SPECS["gpt-oss"])
 
 
+@pytest.fixture(scope="module")
+def qwen2moe_path(tmp_path_factory):
+    return write_synthetic(tmp_path_factory.mktemp("moe") / "qwen2moe.gguf", SPECS["qwen2moe"])
+
+
 def test_config_reads_the_expert_metadata(qwen3moe_path):
     c = ModelConfig.from_gguf(read_gguf(qwen3moe_path))
     assert (c.n_expert, c.n_expert_used, c.n_ff_exp, c.expert_gating, c.expert_norm_weights) == \
@@ -119,15 +124,16 @@ def _chosen_experts(model: CpuBackend, prompt: list[int], token: int) -> list[se
             for layer in model.layers]
 
 
-@pytest.mark.parametrize("name", ["qwen3moe", "gpt-oss"])
+@pytest.mark.parametrize("name", ["qwen3moe", "gpt-oss", "qwen2moe"])
 def test_a_c_decoder_step_reads_only_the_chosen_experts_rows(request, name):
     """The fused C decoder on writable copies of the expert tensors: once the prompt is in the cache, every
     unchosen expert's gate, up and down rows become NaN; the decode step's logits stay finite and equal the
-    reference path's (a decoder that touched any unchosen row, even with weight 0, would give NaN)."""
+    reference path's (a decoder that touched any unchosen row, even with weight 0, would give NaN); qwen2moe's
+    shared expert runs too."""
     from engine.backends.cpu.decoder import CpuDecoder
     from engine.backends.cpu_backend import PackedMatrix
 
-    gguf = read_gguf(request.getfixturevalue("qwen3moe_path" if name == "qwen3moe" else "gpt_oss_path"))
+    gguf = read_gguf(request.getfixturevalue(name.replace("-", "_") + "_path"))
     model = CpuBackend(gguf, ModelConfig.from_gguf(gguf), kv_dtype=np.float32)
     c, names = model.config, ("w_gate_exps", "w_up_exps", "w_down_exps")
     for layer in model.layers:

@@ -78,7 +78,8 @@ class CpuDecoder:
             raise ValueError(f"layer_set has {len(layer_set)} entries for {c.n_layers} layers")
         if c.is_moe and c.expert_gating not in _GATINGS:
             raise ModelFormatError(f"the CPU decoder has no expert gating {c.expert_gating!r}")
-        ints = (c.n_layers, c.n_embd, c.n_ff, c.n_heads, c.n_kv_heads, c.head_dim, c.v_head_dim, c.n_vocab, c.rope_dim,
+        n_ff = c.n_ff_shexp if c.is_moe and c.n_ff_shexp else c.n_ff  # a MoE layer's dense FFN: its shared expert
+        ints = (c.n_layers, c.n_embd, n_ff, c.n_heads, c.n_kv_heads, c.head_dim, c.v_head_dim, c.n_vocab, c.rope_dim,
                 int(c.rope_neox), _ACTIVATIONS[c.activation], MAX_ROWS, int(c.qk_norm_whole), c.attn_temp_floor,
                 c.n_expert, c.n_expert_used, c.n_ff_exp, _GATINGS.get(c.expert_gating, 0), int(c.expert_norm_weights))
         floats = (c.rms_eps, c.embed_scale, c.attn_scale, c.attn_softcap, c.final_softcap, c.residual_scale,
@@ -91,16 +92,17 @@ class CpuDecoder:
 
     @staticmethod
     def _layer_spec(c: ModelConfig, i: int, layer: Any, rope_set: int) -> tuple:
-        """decoder_module.c's layer tuple: 7 matrices (gate/up/down None with experts), 9 vectors, RoPE set,
-        window, attention output bias, sinks, then the router, the 3 expert matrices and 5 expert vectors
-        (None without experts)."""
-        matrices = tuple(_packed(m) for m in (layer.wq, layer.wk, layer.wv, layer.wo, layer.w_gate, layer.w_up,
-                                              layer.w_down))
+        """decoder_module.c's layer tuple: 7 matrices (with experts, gate/up/down are the shared expert's, or
+        None), 9 vectors, RoPE set, window, attention output bias, sinks, then the router, the 3 expert matrices,
+        5 expert vectors and the shared expert's gate (None without experts)."""
+        ffn = (layer.w_gate, layer.w_up, layer.w_down) if layer.w_router is None else \
+            (layer.w_gate_shexp, layer.w_up_shexp, layer.w_down_shexp)
+        matrices = tuple(_packed(m) for m in (layer.wq, layer.wk, layer.wv, layer.wo, *ffn))
         vectors = tuple(_f32(getattr(layer, name)) for name in _LAYER_VECTORS)
         experts = tuple(_packed(m) for m in (layer.w_router, layer.w_gate_exps, layer.w_up_exps, layer.w_down_exps))
         expert_vectors = tuple(_f32(getattr(layer, name)) for name in _EXPERT_VECTORS)
         return (*matrices, *vectors, rope_set, c.sliding_window if c.is_sliding(i) else 0, _f32(layer.bo),
-                _f32(layer.attn_sinks), *experts, *expert_vectors)
+                _f32(layer.attn_sinks), *experts, *expert_vectors, _f32(layer.w_gate_inp_shexp))
 
     @property
     def scratch_bytes(self) -> int:

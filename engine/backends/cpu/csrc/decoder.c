@@ -160,7 +160,7 @@ static void product_of(const fwd *f, int kind, int layer, hk_product *p) {
     case PH_QKV: w[0] = &L->wq, out[0] = f->q, w[1] = &L->wk, out[1] = f->k, w[2] = &L->wv, out[2] = f->v; break;
     case PH_WO: w[0] = &L->wo, out[0] = f->o; break;
     case PH_GLU: w[0] = &L->gate, out[0] = f->g, w[1] = &L->up, out[1] = f->u; break;
-    case PH_DOWN: w[0] = &L->down, out[0] = f->o; break;
+    case PH_DOWN: w[0] = &L->down, out[0] = L->router.data ? f->h : f->o; break; /* a shared expert: into h */
     default: w[0] = &f->m->output, out[0] = f->logits, n = f->n_out; break; /* PH_OUTPUT */
     }
     hk_product_init(p, f->isa, f->vo, &f->acts, n, w, out, kind == PH_GLU, f->c->gelu);
@@ -335,7 +335,7 @@ static void row_ffn_in(const fwd *f, int layer, int r) {
 static void row_down_in(const fwd *f, int layer, int r) {
     const hk_layer *L = &f->m->layers[layer];
     if (has_experts(f, layer)) {
-        hk_moe_down_in_row(&f->moe, layer, r);
+        hk_moe_down_in_row(&f->moe, layer, r, f->g + (size_t)r * f->c->n_ff);
         return;
     }
     hk_prepare_acts(f->isa, &f->acts, f->g + (size_t)r * f->c->n_ff, f->c->n_ff, hk_act_kinds(&L->down, NULL, NULL), r);
@@ -343,7 +343,8 @@ static void row_down_in(const fwd *f, int layer, int r) {
 
 static void row_ffn_out(const fwd *f, int layer, int r) {
     const int n_embd = f->c->n_embd;
-    if (has_experts(f, layer)) hk_moe_out_row(&f->moe, layer, r, f->o + (size_t)r * n_embd);
+    const float *shared = f->m->layers[layer].down.data ? f->h + (size_t)r * n_embd : NULL;
+    if (has_experts(f, layer)) hk_moe_out_row(&f->moe, layer, r, f->o + (size_t)r * n_embd, shared);
     residual_add(f, f->x + (size_t)r * n_embd, f->o + (size_t)r * n_embd, f->m->layers[layer].post_ffn_norm);
 }
 
@@ -396,6 +397,20 @@ static void phase_of(const fwd *f, int p, int *kind, int *layer) {
 
 static int attention_plan_index(const fwd *f, int layer) { return f->m->layers[layer].window ? 1 : 0; }
 
+/* A layer with experts: the units of its shared expert's product in this phase (none without one). */
+static int shared_units(const fwd *f, int kind, int layer) {
+    if (!f->m->layers[layer].gate.data) return 0;
+    hk_product prod;
+    product_of(f, kind, layer, &prod);
+    return prod.n_units;
+}
+
+static void shared_unit(const fwd *f, int kind, int layer, int unit) {
+    hk_product prod;
+    product_of(f, kind, layer, &prod);
+    hk_product_unit(&prod, unit);
+}
+
 /* Units of every phase, counted once by the caller before the job starts. */
 static void count_units(fwd *f) {
     for (int p = 0; p < f->n_phases; p++) {
@@ -405,7 +420,7 @@ static void count_units(fwd *f) {
         if (kind == PH_MOE_GROUP) {
             f->phase_units[p] = has_experts(f, layer);
         } else if (has_experts(f, layer) && (kind == PH_GLU || kind == PH_DOWN)) {
-            f->phase_units[p] = hk_moe_units(&f->moe, layer, kind == PH_DOWN);
+            f->phase_units[p] = hk_moe_units(&f->moe, layer, kind == PH_DOWN) + shared_units(f, kind, layer);
         } else if (row_function(kind)) {
             f->phase_units[p] = (rows + f->rows_per_unit - 1) / f->rows_per_unit;
         } else if (kind == PH_ATTEND) {
@@ -423,11 +438,14 @@ static void run_units(const fwd *f, int p, atomic_int *claimed, atomic_int *done
     phase_of(f, p, &kind, &layer);
     row_fn fn = row_function(kind);
     if (kind == PH_MOE_GROUP || (has_experts(f, layer) && (kind == PH_GLU || kind == PH_DOWN))) {
+        const int moe_units = kind == PH_MOE_GROUP ? 1 : hk_moe_units(&f->moe, layer, kind == PH_DOWN);
         while ((u = atomic_fetch_add_explicit(claimed, 1, memory_order_relaxed)) < n_units) {
             if (kind == PH_MOE_GROUP)
                 hk_moe_group(&f->moe, layer);
-            else
+            else if (u < moe_units)
                 hk_moe_unit(&f->moe, layer, kind == PH_DOWN, u);
+            else
+                shared_unit(f, kind, layer, u - moe_units);
             atomic_fetch_add_explicit(done, 1, memory_order_release);
         }
     } else if (fn) {

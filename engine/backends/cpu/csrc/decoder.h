@@ -26,12 +26,15 @@ typedef struct {
     int window;                                    /* 0, or keys with q_pos - k_pos < window only */
     const float *bo;                               /* NULL, or (n_embd,): the attention output's bias */
     const float *sinks;                            /* NULL, or (n_heads,): logits that join each head's softmax */
-    /* mixture of experts (moe.h), in place of gate/up/down where router.data is not NULL: */
+    /* mixture of experts (moe.h) where router.data is not NULL; gate/up/down are then its shared expert (of
+       n_ff rows), or absent (data NULL) */
     hk_matrix router;                              /* (n_expert, n_embd) */
     hk_matrix gate_exps, up_exps, down_exps;       /* (n_expert * n_ff_exp, n_embd) x 2, (n_expert * n_embd, n_ff_exp) */
     const float *b_router;                         /* NULL, or (n_expert,) */
     const float *b_gate_exps, *b_up_exps, *b_down_exps; /* NULL, or (n_expert * n_ff_exp,) x 2, (n_expert * n_embd,) */
     const float *exp_probs_b;                      /* NULL, or (n_expert,): added for the choice only */
+    const float *shexp_gate;                       /* NULL, or (n_embd,): the shared expert's output is divided by
+                                                      1 + exp(-h . shexp_gate) */
 } hk_layer;
 
 typedef struct {

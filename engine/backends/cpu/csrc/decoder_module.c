@@ -79,9 +79,10 @@ static int take_vector(handle *h, PyObject *obj, int n, int optional, const floa
     return keep(h, obj);
 }
 
-#define LAYER_FIELDS 29
+#define LAYER_FIELDS 30
 
-/* The experts of a layer: o[20] router .. o[28] exp_probs_b (None where the layer has no experts). */
+/* The experts of a layer: o[20] router .. o[28] exp_probs_b, o[29] the shared expert's gate (None where the
+   layer has no experts). */
 static int take_experts(handle *h, PyObject *const *o, hk_layer *L) {
     const hk_config *c = &h->m.c;
     int E = c->n_expert, ff = c->n_ff_exp, d = c->n_embd;
@@ -94,8 +95,13 @@ static int take_experts(handle *h, PyObject *const *o, hk_layer *L) {
         take_matrix(h, o[22], E * ff, d, &L->up_exps, "up_exps") || take_matrix(h, o[23], E * d, ff, &L->down_exps, "down_exps") ||
         take_vector(h, o[24], E, 1, &L->b_router, "b_router") || take_vector(h, o[25], E * ff, 1, &L->b_gate_exps, "b_gate_exps") ||
         take_vector(h, o[26], E * ff, 1, &L->b_up_exps, "b_up_exps") || take_vector(h, o[27], E * d, 1, &L->b_down_exps, "b_down_exps") ||
-        take_vector(h, o[28], E, 1, &L->exp_probs_b, "exp_probs_b"))
+        take_vector(h, o[28], E, 1, &L->exp_probs_b, "exp_probs_b") || take_vector(h, o[29], d, 1, &L->shexp_gate, "shexp_gate"))
         return -1;
+    if ((L->gate.data == NULL) != (L->up.data == NULL) || (L->gate.data == NULL) != (L->down.data == NULL) ||
+        (L->shexp_gate && !L->gate.data) || (L->gate.data && c->gelu > 1)) {
+        PyErr_SetString(PyExc_ValueError, "a shared expert needs its gate, up and down matrices (and silu or gelu)");
+        return -1;
+    }
     if ((L->b_gate_exps == NULL) != (L->b_up_exps == NULL)) {
         PyErr_SetString(PyExc_ValueError, "the experts' gate and up biases come together");
         return -1;

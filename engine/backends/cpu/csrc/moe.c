@@ -42,6 +42,7 @@ size_t hk_moe_layout(const hk_config *c, uint8_t *base, hk_moe *s) {
     TAKE(hidden, float, P * c->n_ff_exp);
     TAKE(up, float, P * c->n_ff_exp);
     TAKE(y, float, P * c->n_embd);
+    TAKE(shexp_den, float, R);
 #undef TAKE
     return off;
 }
@@ -75,6 +76,12 @@ void hk_moe_route_row(const hk_moe *s, int layer, const float *h, int r) {
     const hk_layer *L = &s->m->layers[layer];
     const int E = c->n_expert, K = c->n_expert_used;
     hk_prepare_acts(s->isa, s->acts, h, c->n_embd, hk_act_kinds(&L->router, &L->gate_exps, &L->up_exps), r);
+    if (L->gate.data) hk_prepare_acts(s->isa, s->acts, h, c->n_embd, hk_act_kinds(&L->gate, &L->up, NULL), r);
+    if (L->shexp_gate) {
+        float z = 0.0f;
+        for (int i = 0; i < c->n_embd; i++) z += h[i] * L->shexp_gate[i];
+        s->shexp_den[r] = 1.0f + expf(-z);
+    }
     float *p = s->logits + (size_t)r * E, *w = s->weight + (size_t)r * K;
     int *chosen = s->choice + (size_t)r * K;
     const hk_act *a = &s->acts->acts[hk_type_info(L->router.type)->act][r];
@@ -193,16 +200,18 @@ void hk_moe_unit(const hk_moe *s, int layer, int down, int unit) {
     expert_rows_product(s, &L->down_exps, e, c->n_embd, r0, r1, acts, np, s->y + (size_t)p0 * c->n_embd);
 }
 
-void hk_moe_down_in_row(const hk_moe *s, int layer, int r) {
+void hk_moe_down_in_row(const hk_moe *s, int layer, int r, const float *g) {
     const hk_config *c = &s->m->c;
-    const unsigned kinds = hk_act_kinds(&s->m->layers[layer].down_exps, NULL, NULL);
+    const hk_layer *L = &s->m->layers[layer];
+    const unsigned kinds = hk_act_kinds(&L->down_exps, NULL, NULL);
+    if (L->down.data) hk_prepare_acts(s->isa, s->acts, g, c->n_ff, hk_act_kinds(&L->down, NULL, NULL), r);
     for (int j = 0; j < c->n_expert_used; j++) {
         int p = s->pair_of[r * c->n_expert_used + j];
         hk_prepare_acts(s->isa, &s->down_acts, s->hidden + (size_t)p * c->n_ff_exp, c->n_ff_exp, kinds, p);
     }
 }
 
-void hk_moe_out_row(const hk_moe *s, int layer, int r, float *o) {
+void hk_moe_out_row(const hk_moe *s, int layer, int r, float *o, const float *shared) {
     const hk_config *c = &s->m->c;
     const hk_layer *L = &s->m->layers[layer];
     const int K = c->n_expert_used, d = c->n_embd;
@@ -219,4 +228,7 @@ void hk_moe_out_row(const hk_moe *s, int layer, int r, float *o) {
         const float *b = L->b_down_exps ? L->b_down_exps + (size_t)e * d : NULL;
         for (int x = 0; x < d; x++) o[x] += (b ? y[x] + b[x] : y[x]) * w;
     }
+    if (!shared) return;
+    const float den = L->shexp_gate ? s->shexp_den[r] : 1.0f;
+    for (int x = 0; x < d; x++) o[x] += shared[x] / den;
 }

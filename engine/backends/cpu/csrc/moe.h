@@ -35,12 +35,14 @@ typedef struct {
     float *hidden;            /* (P, n_ff_exp) act(gate) * up */
     float *up;                /* (P, n_ff_exp) */
     float *y;                 /* (P, n_embd) the experts' outputs */
+    float *shexp_den;         /* (R,) the shared expert's divisor, 1 + exp(-h . shexp_gate) */
 } hk_moe;
 
 /* Lay the MoE views out from base (only count the bytes when s is NULL); 0 for a model without experts. */
 size_t hk_moe_layout(const hk_config *c, uint8_t *base, hk_moe *s);
 
-/* Row r's FFN input h (normed, n_embd): quantize it for the router and the experts, route it. */
+/* Row r's FFN input h (normed, n_embd): quantize it for the router, the experts and the shared expert (if
+   any), route it. */
 void hk_moe_route_row(const hk_moe *s, int layer, const float *h, int r);
 /* Group the call's choices by expert (one unit, after every row is routed). */
 void hk_moe_group(const hk_moe *s, int layer);
@@ -48,9 +50,10 @@ void hk_moe_group(const hk_moe *s, int layer);
    units past the chosen experts do nothing. */
 int hk_moe_units(const hk_moe *s, int layer, int down);
 void hk_moe_unit(const hk_moe *s, int layer, int down, int unit);
-/* Row r: quantize its pairs' hidden states for the down product. */
-void hk_moe_down_in_row(const hk_moe *s, int layer, int r);
-/* Row r: o = the weighted sum of its experts' outputs (their down biases added), in expert order. */
-void hk_moe_out_row(const hk_moe *s, int layer, int r, float *o);
+/* Row r: quantize its pairs' hidden states for the down product (and the shared expert's, from g). */
+void hk_moe_down_in_row(const hk_moe *s, int layer, int r, const float *g);
+/* Row r: o = the weighted sum of its experts' outputs (their down biases added), in expert order, plus the
+   shared expert's output (NULL: none) over its divisor. */
+void hk_moe_out_row(const hk_moe *s, int layer, int r, float *o, const float *shared);
 
 #endif

@@ -55,7 +55,6 @@ from .packed_strings import PackedStrings
 # a hybrid sequence's recurrent states: the live one, the checkpoint before the latest call, the prompt anchors
 # (a verify pass's per-token snapshots come and go with it and are not counted)
 RECURRENT_STATE_COPIES = 2 + MAX_ANCHORS
-ACT_DESCRIPTOR_BYTES = 40  # csrc hk_act: five pointers
 MICRO_BATCH = 512  # tokens per prefill step assumed for the scratch buffers (NumPy's PREFILL_CHUNK, MLX)
 FLOAT32_BYTES = 4
 # What a load adds besides weights, KV cache, metadata and scratch (the backend's modules and C extension, the
@@ -264,6 +263,9 @@ def cpu_decoder_scratch_bytes(config: ModelConfig) -> int:
     quantized_per_row = 2 * widest + widest * 25 // 64  # two activation kinds: int8 values plus block scales
     return (rows * (floats_per_row * FLOAT32_BYTES + quantized_per_row) + c.n_vocab * FLOAT32_BYTES
             + moe_scratch_bytes(c, rows))
+
+
+ACT_DESCRIPTOR_BYTES = 40  # csrc hk_act: five pointers
 
 
 def moe_scratch_bytes(config: ModelConfig, rows: int) -> int:

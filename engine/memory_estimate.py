@@ -14,8 +14,8 @@ The estimate has three parts:
   backend's figure comes from its own loader (``engine/backends/mlx/weights.py``). All three read the
   tensor table only, so a header without tensor data (``GGUFHeader``) is enough.
 * **KV cache** — keys and values for ``n_ctx`` positions in every layer, as the backend stores them
-  (``KV_LAYOUTS``): the CPU backend keeps float16 (float32 for a mixture-of-experts model, which it runs on
-  the reference path) and gives a sliding-window layer (Gemma 3) the full
+  (``KV_LAYOUTS``): the CPU backend keeps float16 (float32 for the models it runs on the reference path:
+  ``cpu_backend.runs_in_c_decoder``) and gives a sliding-window layer (Gemma 3) the full
   ``n_ctx`` like any other; a backend with rings (MLX) keeps only a ring there, as long as its cache module
   says (``engine/backends/mlx/kv_cache.py``: the window plus one prefill chunk).
 * **overhead** — a runtime baseline plus scratch, per backend:
@@ -25,9 +25,10 @@ The estimate has three parts:
     for what loading a model adds besides (the backend's code and C extension, its thread pool, the tokenizer's
     tables), measured on the three test models.
   - scratch of the CPU backend's fused C decoder: its arena, allocated once for ``MAX_ROWS`` rows (float32
-    activations, quantized activations of the widest input, the attention's per-row partial states) and one
+    activations, quantized activations of the widest input, the attention's per-row partial states; for a
+    mixture-of-experts model each (row, chosen expert) pair's hidden state, output and activations) and one
     row of logits; its attention runs in online-softmax blocks, so nothing grows with ``n_ctx``.
-  - scratch of the NumPy backend (and of the CPU backend's reference path, for mixture-of-experts models): the
+  - scratch of the NumPy backend (and of the CPU backend's reference path): the
     activations of one ``PREFILL_CHUNK``, and at the peak the attention scores of every head for that chunk over
     ``n_ctx`` positions twice (the scores and the masked copy) with the mask and its index arrays.
   - MLX: the NumPy-style activations of one micro-batch and one head's scores over ``n_ctx`` (not validated
@@ -254,14 +255,32 @@ def cpu_decoder_scratch_bytes(config: ModelConfig) -> int:
     from .backends.cpu.decoder import MAX_ROWS
 
     c, rows = config, MAX_ROWS
-    widest = max(c.n_embd, c.n_heads * c.v_head_dim, c.n_ff)
+    n_ff = c.n_ff_shexp if c.is_moe and c.n_ff_shexp else c.n_ff  # as decoder.py: a MoE model's dense FFN width
+    widest = max(c.n_embd, c.n_heads * c.v_head_dim, n_ff)
     rope_sets = len({c.layer_rope_base(layer) for layer in range(c.n_layers)})  # global, and sliding layers' own
     floats_per_row = (3 * c.n_embd + c.n_heads * c.head_dim + c.n_kv_heads * (c.head_dim + c.v_head_dim)
-                      + c.n_heads * c.v_head_dim + 2 * c.n_ff  # x, h, o; q, k, v; attention output; gate, up
+                      + c.n_heads * c.v_head_dim + 2 * n_ff  # x, h, o; q, k, v; attention output; gate, up
                       + c.rope_dim * rope_sets  # cos and sin of each row's position
                       + c.n_heads * (c.v_head_dim + 4) * 5 // 4)  # attention partials (m, l, O; M, L), grown by 1/4
     quantized_per_row = 2 * widest + widest * 25 // 64  # two activation kinds: int8 values plus block scales
-    return rows * (floats_per_row * FLOAT32_BYTES + quantized_per_row) + c.n_vocab * FLOAT32_BYTES
+    return (rows * (floats_per_row * FLOAT32_BYTES + quantized_per_row) + c.n_vocab * FLOAT32_BYTES
+            + moe_scratch_bytes(c, rows))
+
+
+ACT_DESCRIPTOR_BYTES = 40  # csrc hk_act: five pointers
+
+
+def moe_scratch_bytes(config: ModelConfig, rows: int) -> int:
+    """The C decoder's mixture-of-experts views (``csrc/moe.c`` ``hk_moe_layout``) for ``rows`` rows: per row the
+    router's logits; per (row, chosen expert) pair its hidden state, up product and output (float32), its
+    two int8 activation kinds with their block scales and the index and descriptor arrays."""
+    c = config
+    if not c.is_moe:
+        return 0
+    pairs, ff = rows * c.n_expert_used, c.n_ff_exp
+    per_pair = ((2 * ff + c.n_embd) * FLOAT32_BYTES + 2 * ff + ff * 25 // 64  # the float32 kind points at hidden
+                + 6 * ACT_DESCRIPTOR_BYTES + 4 * 4)
+    return rows * (c.n_expert + 1) * FLOAT32_BYTES + pairs * per_pair
 
 
 def numpy_scratch_bytes(config: ModelConfig, n_ctx: int) -> int:

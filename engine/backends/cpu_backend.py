@@ -5,7 +5,9 @@ near zero and resident memory is about the file size. Every forward call runs al
 released; the NumPy reference decoder this class inherits stays available as ``reference_forward`` (the
 same math with the same C matrix products, in NumPy), which the tests hold the C decoder to.
 
-Mixture-of-experts, hybrid (Gated DeltaNet) and gemma4 models do not run in the fused C decoder yet: they take
+Mixture-of-experts models (qwen3moe, gpt-oss, qwen2moe with its shared expert) run in the C decoder too, which
+reads only the chosen experts' rows (csrc/moe.c). Hybrid (Gated DeltaNet) models, gemma4 and MoE models with the
+router's weights on the experts' input (llama4) do not yet: they take
 that reference path (the C products on the packed, memory-mapped rows; only the chosen experts' rows are read; the
 DeltaNet conv and recurrence in NumPy) with a NumPy float32 KV cache (``HybridKVCache`` for hybrids).
 """
@@ -44,8 +46,11 @@ class PackedMatrix:
 
 
 def runs_in_c_decoder(config: ModelConfig) -> bool:
-    """Whether the fused C decoder runs this model; MoE, hybrid and gemma4 models take the reference path."""
-    return not (config.is_moe or config.is_hybrid or uses_gemma4_blocks(config))
+    """Whether the fused C decoder runs this model; hybrid and gemma4 models, and MoE models with the router's
+    weights on the experts' input, take the reference path."""
+    if config.is_hybrid or uses_gemma4_blocks(config):
+        return False
+    return not (config.is_moe and config.expert_weights_before)
 
 
 class CpuBackend(NumpyBackend):
@@ -64,7 +69,7 @@ class CpuBackend(NumpyBackend):
     def __init__(self, gguf: GGUFFile, config: ModelConfig, kv_dtype=DEFAULT_KV_DTYPE, n_ctx: int | None = None):
         super().__init__(gguf, config, n_ctx)
         self.kv_dtype = np.dtype(kv_dtype)
-        self.decoder: CpuDecoder | None = None  # None: the reference path (MoE, hybrid and gemma4 models)
+        self.decoder: CpuDecoder | None = None  # None: the reference path (see runs_in_c_decoder)
         if runs_in_c_decoder(config):
             self.decoder = CpuDecoder(config, self.layers, (self.token_embd, int(self.token_embd_type)), self.output,
                                       self.output_norm, self.rope_inv_freq, self.rope_layer_set)

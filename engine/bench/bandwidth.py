@@ -14,7 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config import ModelConfig
 from ..gguf_file import GGUFFile
+from ..memory_estimate import EXPERT_TENSOR_SUFFIXES
 
 MIN_BUFFER_BYTES = 256 * 2**20
 
@@ -53,14 +55,18 @@ def measure_read_bandwidth(threads: int, passes: int = 5, buffer_bytes: int | No
             "threads": threads, "passes": passes, "method": "numpy np.add.reduce over int64, one slice per thread"}
 
 
-def weight_bytes_per_token(gguf: GGUFFile) -> int:
+def weight_bytes_per_token(gguf: GGUFFile, config: ModelConfig | None = None) -> int:
     """The weight bytes one decode step reads: every tensor once, but of the embedding table only one row
-    (unless the output matrix is the embedding table itself)."""
+    (unless the output matrix is the embedding table itself), and of a mixture of experts' expert tensors
+    (``config`` given) only ``n_expert_used`` of ``n_expert`` experts' rows."""
     tied = "output.weight" not in gguf.tensors
+    moe = config is not None and config.is_moe
     total = 0
     for name, info in gguf.tensors.items():
         nbytes = gguf.raw(name).nbytes
         if name == "token_embd.weight" and not tied:
             nbytes //= gguf.raw(name).shape[0]
+        if moe and name.endswith(EXPERT_TENSOR_SUFFIXES):
+            nbytes = nbytes * config.n_expert_used // config.n_expert
         total += nbytes
     return total

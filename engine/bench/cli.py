@@ -139,7 +139,7 @@ def _bandwidth(argv: list[str]) -> int:
 
 
 def _make_models(argv: list[str]) -> int:
-    from .model_shapes import FILE_TYPES, REAL_MODELS, SHAPES, default_types
+    from .model_shapes import FILE_TYPES, MOE_MODELS, REAL_MODELS, SHAPES, default_types
     from .model_writer import cache_dir, check_loads, write_models
 
     p = argparse.ArgumentParser(prog="python -m engine bench make-models",
@@ -148,9 +148,11 @@ def _make_models(argv: list[str]) -> int:
     p.add_argument("--out", type=Path, default=None,
                    help="directory (default: $HEARTH_BENCH_MODELS, else the user cache's hearth-bench-models)")
     p.add_argument("--models", nargs="+", default=list(REAL_MODELS), choices=list(SHAPES), metavar="MODEL",
-                   help=f"default: {' '.join(REAL_MODELS)}; also tiny-qwen3, tiny-llama (small shapes for tests)")
+                   help=f"default: {' '.join(REAL_MODELS)}; also {' '.join(MOE_MODELS)} (12 and 18 GB, only when "
+                        "named) and tiny-qwen3, tiny-llama, tiny-gpt-oss, tiny-qwen3moe (small shapes for tests)")
     p.add_argument("--types", nargs="+", default=None, choices=list(FILE_TYPES), metavar="TYPE",
-                   help="file types (default: Q4_K_M Q8_0 Q4_0, and for Qwen3-1.7B also the IQ, MXFP4 and other "
+                   help="file types (default: Q4_K_M Q8_0 Q4_0; MXFP4 for gpt-oss-20b, Q4_K_M for Qwen3-30B-A3B; for "
+                        "Qwen3-1.7B also the IQ, MXFP4 and other "
                         f"K types); any of {' '.join(FILE_TYPES)}")
     p.add_argument("--vocab-from", type=Path, action="append", required=True, metavar="FILE",
                    help="repeatable: a GGUF whose tokenizer metadata is copied, one per vocabulary family "

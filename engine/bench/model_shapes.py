@@ -5,7 +5,11 @@ weights are random, since speed does not depend on their values. A file type map
 the way ``llama-quantize`` does for these dense models: the ``_M`` K-quant mixes give ``attn_v`` and ``ffn_down``
 more bits on the layers llama.cpp's ``use_more_bits`` picks and the output matrix (or a tied embedding) Q6_K;
 a plain type (Q8_0, Q4_0, IQ4_XS, MXFP4, ...) is used for every matrix, with a Q6_K output as llama.cpp writes
-it (Q8_0 keeps Q8_0). Norms, biases and RoPE factors stay F32.
+it (Q8_0 keeps Q8_0). Norms, biases, attention sinks, routers (``ffn_gate_inp``) and RoPE factors stay F32.
+
+The mixture-of-experts shapes (Qwen3-30B-A3B, gpt-oss-20b) store each layer's experts as 3-D tensors
+(``ffn_{gate,up,down}_exps``, expert-major) as the real files do; their MXFP4 file is llama.cpp's MXFP4_MOE mix:
+the experts MXFP4, every other matrix Q8_0. They are written only when asked for (``MOE_MODELS``).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from ..ggml_types import GGMLQuantizationType as Q
 class ModelShape:
     """One model's architecture as the GGUF metadata and tensor shapes carry it."""
 
-    arch: str  # llama | qwen2 | qwen3
+    arch: str  # llama | qwen2 | qwen3 | qwen3moe | gpt-oss
     n_layers: int
     n_embd: int
     n_ff: int
@@ -32,6 +36,16 @@ class ModelShape:
     rms_eps: float
     vocab_pre: str  # tokenizer.ggml.pre of the vocabulary the model ships with
     llama3_rope: tuple[float, float, float, int] | None = None  # factor, low/high freq factors, original context
+    n_expert: int = 0  # experts per layer (0: a dense FFN)
+    n_expert_used: int = 0  # experts each token is routed to
+    n_ff_exp: int = 0  # one expert's hidden width
+    sliding_window: int = 0  # gpt-oss: every other layer (the even ones) attends to this many positions
+    yarn: tuple[float, int] | None = None  # YaRN factor and original context
+    n_vocab: int = 0  # the real vocabulary's size where it differs from the copied one (padded); 0: as copied
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_expert > 0
 
 
 LLAMA3_2 = (32.0, 1.0, 4.0, 8192)
@@ -47,10 +61,24 @@ SHAPES: dict[str, ModelShape] = {
                                (8.0, 1.0, 4.0, 8192)),
 }
 REAL_MODELS = tuple(SHAPES)
+# Written only when named (12 and 18 GB): the published configurations of gpt-oss-20b (its o200k vocabulary of
+# 201,088 tokens stood in for by the qwen2 one padded to that size) and Qwen3-30B-A3B.
+MOE_MODELS = ("gpt-oss-20b", "Qwen3-30B-A3B")
+SHAPES["gpt-oss-20b"] = ModelShape("gpt-oss", 24, 2880, 2880, 64, 8, 64, False, 150000.0, 131072, 1e-5, "qwen2",
+                                   n_expert=32, n_expert_used=4, n_ff_exp=2880, sliding_window=128,
+                                   yarn=(32.0, 4096), n_vocab=201088)
+SHAPES["Qwen3-30B-A3B"] = ModelShape("qwen3moe", 48, 2048, 6144, 32, 4, 128, False, 1e6, 40960, 1e-6, "qwen2",
+                                     n_expert=128, n_expert_used=8, n_ff_exp=768)
 # Small shapes with the same structure, for the writer's own tests (every width a multiple of 256 for K-quants).
 SHAPES["tiny-qwen3"] = ModelShape("qwen3", 2, 256, 512, 4, 2, 64, True, 1e6, 4096, 1e-6, "qwen2")
 SHAPES["tiny-llama"] = ModelShape("llama", 2, 256, 512, 4, 2, 64, False, 500000.0, 4096, 1e-5, "llama-bpe",
                                   LLAMA3_2)
+
+SHAPES["tiny-gpt-oss"] = ModelShape("gpt-oss", 2, 256, 256, 4, 2, 64, False, 150000.0, 4096, 1e-5, "qwen2",
+                                    n_expert=8, n_expert_used=2, n_ff_exp=256, sliding_window=16, yarn=(4.0, 256),
+                                    n_vocab=152064)
+SHAPES["tiny-qwen3moe"] = ModelShape("qwen3moe", 2, 256, 512, 4, 2, 64, False, 1e6, 4096, 1e-6, "qwen2",
+                                     n_expert=8, n_expert_used=2, n_ff_exp=256)
 
 STANDARD_TYPES = ("Q4_K_M", "Q8_0", "Q4_0")
 # The types issue 19 added, written for Qwen3-1.7B by default.
@@ -70,7 +98,8 @@ _BASE = {
 
 def default_types(model: str) -> tuple[str, ...]:
     """The file types written for ``model`` when none are asked for."""
-    return FILE_TYPES if model == "Qwen3-1.7B" else STANDARD_TYPES
+    moe = {"gpt-oss-20b": ("MXFP4",), "Qwen3-30B-A3B": ("Q4_K_M",)}
+    return FILE_TYPES if model == "Qwen3-1.7B" else moe.get(model, STANDARD_TYPES)
 
 
 def use_more_bits(layer: int, n_layers: int) -> bool:
@@ -78,17 +107,22 @@ def use_more_bits(layer: int, n_layers: int) -> bool:
     return layer < n_layers // 8 or layer >= 7 * n_layers // 8 or (layer - n_layers // 8) % 3 == 2
 
 
-def tensor_type(file_type: str, role: str, layer: int, n_layers: int) -> Q:
+def tensor_type(file_type: str, role: str, layer: int, n_layers: int, moe: bool = False) -> Q:
     """The GGML type of one matrix.
 
     Args:
         file_type: one of FILE_TYPES.
-        role: ``output`` (also a tied embedding), ``token_embd``, or the layer tensor's name (``attn_v``, ...).
+        role: ``output`` (also a tied embedding), ``token_embd``, or the layer tensor's name (``attn_v``, ...;
+            experts as ``ffn_gate_exps``, ...).
         layer: the block index (ignored for output and embedding).
+        moe: the model has experts (MXFP4 is then llama.cpp's MXFP4_MOE: experts MXFP4, the rest Q8_0).
     """
     if file_type not in _BASE:
         raise ValueError(f"unknown file type {file_type!r}; known: {', '.join(FILE_TYPES)}")
     base, output = _BASE[file_type]
+    if moe and file_type == "MXFP4":
+        return Q.MXFP4 if role.endswith("_exps") else Q.Q8_0
+    role = role.removesuffix("_exps")  # llama.cpp's mixes treat ffn_down_exps as ffn_down
     if role == "output":
         return output
     if role == "token_embd":

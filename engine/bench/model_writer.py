@@ -65,31 +65,57 @@ def _set_scales(pool: np.ndarray, qtype: Q, scale: np.ndarray) -> None:
 
 
 def tensor_plan(shape: ModelShape, file_type: str, n_vocab: int) -> list[tuple[str, tuple[int, ...], Q]]:
-    """Every tensor of the file: (name, shape as (rows, cols) in elements, GGML type), in llama.cpp's names."""
-    e, kv = shape.n_embd, shape.n_kv_heads * shape.head_dim
-    q_dim = shape.n_heads * shape.head_dim
-    plan = [("token_embd.weight", (n_vocab, e),
-             tensor_type(file_type, "output" if shape.tied_embeddings else "token_embd", 0, shape.n_layers))]
+    """Every tensor of the file: (name, shape in elements (experts first for 3-D), GGML type), in llama.cpp's names."""
+    n_vocab = shape.n_vocab or n_vocab
+    e = shape.n_embd
+
+    def kind(role: str, layer: int = 0) -> Q:
+        return tensor_type(file_type, role, layer, shape.n_layers, shape.is_moe)
+
+    plan = [("token_embd.weight", (n_vocab, e), kind("output" if shape.tied_embeddings else "token_embd"))]
     if shape.llama3_rope:
         plan.append(("rope_freqs.weight", (shape.head_dim // 2,), Q.F32))
     for i in range(shape.n_layers):
-        b = f"blk.{i}"
-        plan.append((f"{b}.attn_norm.weight", (e,), Q.F32))
-        for role, dims in (("attn_q", (q_dim, e)), ("attn_k", (kv, e)), ("attn_v", (kv, e)),
-                           ("attn_output", (e, q_dim))):
-            plan.append((f"{b}.{role}.weight", dims, tensor_type(file_type, role, i, shape.n_layers)))
-        if shape.arch == "qwen2":
-            plan += [(f"{b}.attn_q.bias", (q_dim,), Q.F32), (f"{b}.attn_k.bias", (kv,), Q.F32),
-                     (f"{b}.attn_v.bias", (kv,), Q.F32)]
-        if shape.arch == "qwen3":
-            plan += [(f"{b}.attn_q_norm.weight", (shape.head_dim,), Q.F32),
-                     (f"{b}.attn_k_norm.weight", (shape.head_dim,), Q.F32)]
-        plan.append((f"{b}.ffn_norm.weight", (e,), Q.F32))
-        for role, dims in (("ffn_gate", (shape.n_ff, e)), ("ffn_up", (shape.n_ff, e)), ("ffn_down", (e, shape.n_ff))):
-            plan.append((f"{b}.{role}.weight", dims, tensor_type(file_type, role, i, shape.n_layers)))
+        plan += _attention_plan(shape, i, kind)
+        plan += _ffn_plan(shape, i, kind)
     plan.append(("output_norm.weight", (e,), Q.F32))
     if not shape.tied_embeddings:
-        plan.append(("output.weight", (n_vocab, e), tensor_type(file_type, "output", 0, shape.n_layers)))
+        plan.append(("output.weight", (n_vocab, e), kind("output")))
+    return plan
+
+
+def _attention_plan(shape: ModelShape, i: int, kind) -> list[tuple[str, tuple[int, ...], Q]]:
+    b, e, kv = f"blk.{i}", shape.n_embd, shape.n_kv_heads * shape.head_dim
+    q_dim = shape.n_heads * shape.head_dim
+    plan = [(f"{b}.attn_norm.weight", (e,), Q.F32)]
+    for role, dims in (("attn_q", (q_dim, e)), ("attn_k", (kv, e)), ("attn_v", (kv, e)), ("attn_output", (e, q_dim))):
+        plan.append((f"{b}.{role}.weight", dims, kind(role, i)))
+    if shape.arch in ("qwen2", "gpt-oss"):
+        plan += [(f"{b}.attn_q.bias", (q_dim,), Q.F32), (f"{b}.attn_k.bias", (kv,), Q.F32),
+                 (f"{b}.attn_v.bias", (kv,), Q.F32)]
+    if shape.arch == "gpt-oss":
+        plan += [(f"{b}.attn_output.bias", (e,), Q.F32), (f"{b}.attn_sinks.weight", (shape.n_heads,), Q.F32)]
+    if shape.arch in ("qwen3", "qwen3moe"):
+        plan += [(f"{b}.attn_q_norm.weight", (shape.head_dim,), Q.F32),
+                 (f"{b}.attn_k_norm.weight", (shape.head_dim,), Q.F32)]
+    return plan
+
+
+def _ffn_plan(shape: ModelShape, i: int, kind) -> list[tuple[str, tuple[int, ...], Q]]:
+    b, e = f"blk.{i}", shape.n_embd
+    norm = "post_attention_norm" if shape.arch == "gpt-oss" else "ffn_norm"  # gpt-oss's name for it
+    plan = [(f"{b}.{norm}.weight", (e,), Q.F32)]
+    if not shape.is_moe:
+        for role, dims in (("ffn_gate", (shape.n_ff, e)), ("ffn_up", (shape.n_ff, e)), ("ffn_down", (e, shape.n_ff))):
+            plan.append((f"{b}.{role}.weight", dims, kind(role, i)))
+        return plan
+    n, ff = shape.n_expert, shape.n_ff_exp
+    plan.append((f"{b}.ffn_gate_inp.weight", (n, e), Q.F32))  # llama-quantize never quantizes the router
+    for role, dims in (("ffn_gate_exps", (n, ff, e)), ("ffn_up_exps", (n, ff, e)), ("ffn_down_exps", (n, e, ff))):
+        plan.append((f"{b}.{role}.weight", dims, kind(role, i)))
+    if shape.arch == "gpt-oss":
+        plan += [(f"{b}.ffn_gate_inp.bias", (n,), Q.F32), (f"{b}.ffn_gate_exps.bias", (n, ff), Q.F32),
+                 (f"{b}.ffn_up_exps.bias", (n, ff), Q.F32), (f"{b}.ffn_down_exps.bias", (n, e), Q.F32)]
     return plan
 
 
@@ -123,8 +149,10 @@ class VocabSource:
         self.pre = self.values.get("tokenizer.ggml.pre", "default")
         self.n_vocab = len(self.values["tokenizer.ggml.tokens"])
 
-    def write_to(self, writer: gguf.GGUFWriter) -> None:
-        for name, value in self.values.items():
+    def write_to(self, writer: gguf.GGUFWriter, n_vocab: int = 0) -> None:
+        """Add the tokenizer's keys; with ``n_vocab`` above the vocabulary's size, padded with unused tokens
+        (``<|bench_pad_N|>``) so that the embedding and output have the real model's rows."""
+        for name, value in self._padded(n_vocab).items():
             if isinstance(value, np.ndarray):
                 writer.add_key_value(name, value.tolist(), gguf.GGUFValueType.ARRAY, sub_type=ARRAY_TYPES[value.dtype])
             elif isinstance(value, list):
@@ -137,6 +165,21 @@ class VocabSource:
                 writer.add_float32(name, value)
             else:
                 writer.add_string(name, value)
+
+
+    def _padded(self, n_vocab: int) -> dict:
+        extra = n_vocab - self.n_vocab
+        if extra <= 0:
+            return self.values
+        out = dict(self.values)
+        out["tokenizer.ggml.tokens"] = list(out["tokenizer.ggml.tokens"]) + [f"<|bench_pad_{i}|>" for i in range(extra)]
+        if "tokenizer.ggml.token_type" in out:  # UNUSED (gguf TokenType 5)
+            old = np.asarray(out["tokenizer.ggml.token_type"], dtype=np.int32)
+            out["tokenizer.ggml.token_type"] = np.concatenate([old, np.full(extra, 5, np.int32)])
+        if "tokenizer.ggml.scores" in out:
+            old = np.asarray(out["tokenizer.ggml.scores"], dtype=np.float32)
+            out["tokenizer.ggml.scores"] = np.concatenate([old, np.zeros(extra, np.float32)])
+        return out
 
 
 def _copyable(value):
@@ -172,7 +215,7 @@ def write_model(path: Path, name: str, file_type: str, vocab: VocabSource, seed:
     for _, _, qtype in plan:
         counts[qtype.name] = counts.get(qtype.name, 0) + 1
     return {"file": str(path), "model": name, "type": file_type, "bytes": path.stat().st_size,
-            "seconds": round(time.perf_counter() - start, 1), "n_vocab": vocab.n_vocab, "tensor_types": counts}
+            "seconds": round(time.perf_counter() - start, 1), "n_vocab": shape.n_vocab or vocab.n_vocab, "tensor_types": counts}
 
 
 def _tensor_data(tname: str, dims: tuple[int, ...], qtype: Q, shape: ModelShape, pools: dict,
@@ -180,9 +223,9 @@ def _tensor_data(tname: str, dims: tuple[int, ...], qtype: Q, shape: ModelShape,
     if qtype == Q.F32:
         if tname == "rope_freqs.weight":
             return llama3_rope_factors(shape)
-        if tname.endswith(".bias"):
+        if tname.endswith(".bias") or tname.endswith("ffn_gate_inp.weight"):
             return rng.normal(0, WEIGHT_STD, dims).astype(np.float32)
-        return np.ones(dims, np.float32)  # norms
+        return np.ones(dims, np.float32)  # norms, attention sinks
     pool = pools.get(qtype)
     if pool is None:
         pool = pools[qtype] = block_pool(qtype, rng).reshape(-1)
@@ -206,8 +249,18 @@ def _write_metadata(writer: gguf.GGUFWriter, shape: ModelShape, name: str, file_
     writer.add_rope_dimension_count(shape.head_dim)
     writer.add_rope_freq_base(shape.rope_base)
     writer.add_layer_norm_rms_eps(shape.rms_eps)
-    writer.add_vocab_size(vocab.n_vocab)
-    vocab.write_to(writer)
+    if shape.is_moe:
+        writer.add_expert_count(shape.n_expert)
+        writer.add_expert_used_count(shape.n_expert_used)
+        writer.add_expert_feed_forward_length(shape.n_ff_exp)
+    if shape.sliding_window:
+        writer.add_sliding_window(shape.sliding_window)
+    if shape.yarn:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(shape.yarn[0])
+        writer.add_rope_scaling_orig_ctx_len(shape.yarn[1])
+    writer.add_vocab_size(shape.n_vocab or vocab.n_vocab)
+    vocab.write_to(writer, shape.n_vocab)
 
 
 def write_models(out: Path, models: list[str], types: list[str] | None, vocab_files: list[Path],

@@ -166,7 +166,7 @@ def _against_bandwidth(model, threads: int, prompt_tokens: int, gen_tokens: int,
     if model.backend.name not in ("cpu", "numpy"):
         return {}
     per_position = kv_cache_bytes(model.config, 1, kv_layout(model.backend.name).element_bytes, False)
-    weights = weight_bytes_per_token(model.gguf)
+    weights = weight_bytes_per_token(model.gguf, model.config)  # a mixture of experts: the chosen experts only
     kv = int(per_position * (prompt_tokens + gen_tokens / 2))  # the cache at the decoded tokens' mean position
     bandwidth = measure_read_bandwidth(threads)
     ceiling = bandwidth["gbps"] * 1e9 / (weights + kv)

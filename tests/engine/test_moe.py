@@ -65,6 +65,11 @@ def gpt_oss_path(tmp_path_factory):
     return write_synthetic(tmp_path_factory.mktemp("moe") / "gpt-oss.gguf", SPECS["gpt-oss"])
 
 
+@pytest.fixture(scope="module")
+def qwen2moe_path(tmp_path_factory):
+    return write_synthetic(tmp_path_factory.mktemp("moe") / "qwen2moe.gguf", SPECS["qwen2moe"])
+
+
 def test_config_reads_the_expert_metadata(qwen3moe_path):
     c = ModelConfig.from_gguf(read_gguf(qwen3moe_path))
     assert (c.n_expert, c.n_expert_used, c.n_ff_exp, c.expert_gating, c.expert_norm_weights) == \
@@ -86,20 +91,74 @@ def test_a_dense_ffn_tensor_in_a_moe_model_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["qwen3moe", "gpt-oss"])
-@pytest.mark.parametrize("backend", [NumpyBackend, CpuBackend])
-def test_a_decode_step_reads_only_the_chosen_experts_rows(request, name, backend):
+@pytest.mark.parametrize("path", ["numpy", "cpu-reference"])
+def test_a_decode_step_reads_only_the_chosen_experts_rows(request, name, path):
     gguf = read_gguf(request.getfixturevalue("qwen3moe_path" if name == "qwen3moe" else "gpt_oss_path"))
-    model = backend(gguf, ModelConfig.from_gguf(gguf))
-    cache = model.new_cache(64)
-    model.forward([5, 9, 17, 30, 2], cache)
+    model = (NumpyBackend if path == "numpy" else CpuBackend)(gguf, ModelConfig.from_gguf(gguf))
+    forward = model.forward if path == "numpy" else model.reference_forward
+    cache = NumpyBackend.new_cache(model, 64)
+    forward([5, 9, 17, 30, 2], cache)
     read: list[tuple[int, int]] = []
     rows_of = model.matrix_rows
     model.matrix_rows = lambda matrix, rows: read.append((rows.start, rows.stop)) or rows_of(matrix, rows)
-    model.forward([11], cache)
+    forward([11], cache)
     # per layer: gate and up of each chosen expert (n_ff_exp rows), and its down (n_embd rows)
     assert len(read) == N_LAYERS * N_EXPERT_USED * 3
     experts = {start // N_FF_EXP for start, stop in read if stop - start == N_FF_EXP}
     assert len(experts) >= N_EXPERT_USED
+
+
+def _chosen_experts(model: CpuBackend, prompt: list[int], token: int) -> list[set[int]]:
+    """Per layer, the experts the reference path reads for ``token`` after ``prompt`` (its gate rows' starts)."""
+    cache = NumpyBackend.new_cache(model, 64)
+    model.reference_forward(prompt, cache)
+    read: list[tuple[int, int, int]] = []
+    rows_of = model.matrix_rows
+    model.matrix_rows = lambda matrix, rows: read.append((id(matrix), rows.start, rows.stop)) or rows_of(matrix, rows)
+    try:
+        model.reference_forward([token], cache)
+    finally:
+        model.matrix_rows = rows_of
+    c = model.config
+    return [{start // c.n_ff_exp for ident, start, _ in read if ident == id(layer.w_gate_exps)}
+            for layer in model.layers]
+
+
+@pytest.mark.parametrize("name", ["qwen3moe", "gpt-oss", "qwen2moe"])
+def test_a_c_decoder_step_reads_only_the_chosen_experts_rows(request, name):
+    """The fused C decoder on writable copies of the expert tensors: once the prompt is in the cache, every
+    unchosen expert's gate, up and down rows become NaN; the decode step's logits stay finite and equal the
+    reference path's (a decoder that touched any unchosen row, even with weight 0, would give NaN); qwen2moe's
+    shared expert runs too."""
+    from engine.backends.cpu.decoder import CpuDecoder
+    from engine.backends.cpu_backend import PackedMatrix
+
+    gguf = read_gguf(request.getfixturevalue(name.replace("-", "_") + "_path"))
+    model = CpuBackend(gguf, ModelConfig.from_gguf(gguf), kv_dtype=np.float32)
+    c, names = model.config, ("w_gate_exps", "w_up_exps", "w_down_exps")
+    for layer in model.layers:
+        for field in names:
+            matrix = getattr(layer, field)
+            setattr(layer, field, PackedMatrix(np.array(matrix.blocks), matrix.qtype))
+    model.decoder = CpuDecoder(c, model.layers, (model.token_embd, int(model.token_embd_type)), model.output,
+                               model.output_norm, model.rope_inv_freq, model.rope_layer_set)
+    prompt, token = [5, 9, 17, 30, 2], 11
+    chosen = _chosen_experts(model, prompt, token)
+    ref_cache = NumpyBackend.new_cache(model, 64)
+    model.reference_forward(prompt, ref_cache)
+    expected = model.reference_forward([token], ref_cache)
+    cache = model.new_cache(64)
+    model.forward(prompt, cache)
+    assert model.decoder is not None and all(len(e) == c.n_expert_used for e in chosen)
+    for layer, experts in zip(model.layers, chosen):
+        for expert in set(range(c.n_expert)) - experts:
+            for field in names:
+                blocks = getattr(layer, field).blocks
+                per_expert = blocks.shape[0] // c.n_expert
+                blocks[expert * per_expert:(expert + 1) * per_expert].view(np.float32)[:] = np.nan
+    logits = model.forward([token], cache)
+    assert np.isfinite(logits).all()
+    np.testing.assert_allclose(logits, expected, atol=1e-3, rtol=1e-4)
 
 
 def test_a_prefill_chunk_runs_each_chosen_expert_once_for_all_its_tokens(qwen3moe_path):
@@ -149,7 +208,8 @@ def test_memory_estimate_counts_every_expert_resident_and_the_chosen_ones_read(q
     model = CpuBackend(gguf, ModelConfig.from_gguf(gguf))
     cache = model.new_cache(256)
     cache.reserve(256)
-    assert estimate.kv_cache_bytes == cache.nbytes  # the float32 cache of the reference path
+    assert model.decoder is not None and cache.dtype == np.float16  # the C decoder's cache
+    assert estimate.kv_cache_bytes == cache.nbytes
     assert estimate.active_weights_bytes == round(stored - experts * (1 - N_EXPERT_USED / N_EXPERT))
     dense = read_gguf(write_synthetic(tmp_path / "dense.gguf", SPECS["qwen3"]))
     dense_estimate = estimate_memory(dense, 256, "cpu")

@@ -21,7 +21,9 @@ MAX_ROWS = 256  # rows per C call: prompt chunks and decode batches are cut to t
 KV_DTYPES = (np.float16, np.float32)
 _LOGITS_NONE, _LOGITS_LAST, _LOGITS_ALL = 0, 1, 2  # decoder.h HK_LOGITS_*
 _LAYER_VECTORS = ("attn_norm", "ffn_norm", "bq", "bk", "bv", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")
-_ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
+_ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}  # swiglu_oai: the experts' only (moe.h)
+_GATINGS = {"softmax": 0, "sigmoid": 1, "softmax_weight": 2}  # moe.h HK_GATING_*
+_EXPERT_VECTORS = ("b_router", "b_gate_exps", "b_up_exps", "b_down_exps", "exp_probs_b")
 
 
 class CpuKVCache(SteppedKVCache):
@@ -74,10 +76,14 @@ class CpuDecoder:
         freqs = np.ascontiguousarray(inv_freq, dtype=np.float64).reshape(-1, c.rope_dim // 2)  # (n_sets, rope_dim // 2)
         if len(layer_set) != c.n_layers:
             raise ValueError(f"layer_set has {len(layer_set)} entries for {c.n_layers} layers")
-        ints = (c.n_layers, c.n_embd, c.n_ff, c.n_heads, c.n_kv_heads, c.head_dim, c.v_head_dim, c.n_vocab, c.rope_dim,
-                int(c.rope_neox), _ACTIVATIONS[c.activation], MAX_ROWS, int(c.qk_norm_whole), c.attn_temp_floor)
+        if c.is_moe and c.expert_gating not in _GATINGS:
+            raise ModelFormatError(f"the CPU decoder has no expert gating {c.expert_gating!r}")
+        n_ff = c.n_ff_shexp if c.is_moe and c.n_ff_shexp else c.n_ff  # a MoE layer's dense FFN: its shared expert
+        ints = (c.n_layers, c.n_embd, n_ff, c.n_heads, c.n_kv_heads, c.head_dim, c.v_head_dim, c.n_vocab, c.rope_dim,
+                int(c.rope_neox), _ACTIVATIONS[c.activation], MAX_ROWS, int(c.qk_norm_whole), c.attn_temp_floor,
+                c.n_expert, c.n_expert_used, c.n_ff_exp, _GATINGS.get(c.expert_gating, 0), int(c.expert_norm_weights))
         floats = (c.rms_eps, c.embed_scale, c.attn_scale, c.attn_softcap, c.final_softcap, c.residual_scale,
-                  c.logit_scale, c.rope_mscale, c.attn_temp_scale)
+                  c.logit_scale, c.rope_mscale, c.attn_temp_scale, c.expert_weights_scale)
         specs = [self._layer_spec(c, i, layer, int(layer_set[i])) for i, layer in enumerate(layers)]
         self.config = config
         self._ext = _extension()
@@ -86,10 +92,17 @@ class CpuDecoder:
 
     @staticmethod
     def _layer_spec(c: ModelConfig, i: int, layer: Any, rope_set: int) -> tuple:
-        matrices = tuple((m.blocks, int(m.qtype)) for m in (layer.wq, layer.wk, layer.wv, layer.wo, layer.w_gate,
-                                                            layer.w_up, layer.w_down))
+        """decoder_module.c's layer tuple: 7 matrices (with experts, gate/up/down are the shared expert's, or
+        None), 9 vectors, RoPE set, window, attention output bias, sinks, then the router, the 3 expert matrices,
+        5 expert vectors and the shared expert's gate (None without experts)."""
+        ffn = (layer.w_gate, layer.w_up, layer.w_down) if layer.w_router is None else \
+            (layer.w_gate_shexp, layer.w_up_shexp, layer.w_down_shexp)
+        matrices = tuple(_packed(m) for m in (layer.wq, layer.wk, layer.wv, layer.wo, *ffn))
         vectors = tuple(_f32(getattr(layer, name)) for name in _LAYER_VECTORS)
-        return (*matrices, *vectors, rope_set, c.sliding_window if c.is_sliding(i) else 0)
+        experts = tuple(_packed(m) for m in (layer.w_router, layer.w_gate_exps, layer.w_up_exps, layer.w_down_exps))
+        expert_vectors = tuple(_f32(getattr(layer, name)) for name in _EXPERT_VECTORS)
+        return (*matrices, *vectors, rope_set, c.sliding_window if c.is_sliding(i) else 0, _f32(layer.bo),
+                _f32(layer.attn_sinks), *experts, *expert_vectors, _f32(layer.w_gate_inp_shexp))
 
     @property
     def scratch_bytes(self) -> int:
@@ -131,6 +144,10 @@ def _extension():
         raise RuntimeError(f"the CPU kernels extension is not loaded (not built, or {kernels.ISA_ENV}=numpy)")
     from . import _kernels
     return _kernels
+
+
+def _packed(matrix: Any) -> tuple[np.ndarray, int] | None:
+    return None if matrix is None else (matrix.blocks, int(matrix.qtype))
 
 
 def _f32(vector: np.ndarray | None) -> np.ndarray | None:

@@ -36,7 +36,7 @@ after = proc.memory_info().rss
 est = estimate_memory(model.gguf, n_tokens, backend="cpu")
 print(json.dumps({"measured": after - before, "weights": est.weights_bytes, "active": est.active_weights_bytes,
                   "kv": est.kv_cache_bytes, "overhead": est.overhead_bytes, "total": est.total_bytes,
-                  "tokens": len(model.sequence)}))
+                  "tokens": len(model.sequence), "c_decoder": model.backend.decoder is not None}))
 """
 
 

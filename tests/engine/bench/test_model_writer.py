@@ -65,3 +65,34 @@ def test_a_vocabulary_of_the_wrong_family_is_refused(tmp_path):
                  "--vocab-from", vocab_file("qwen2"))
     assert done.returncode == 2 and "needs a --vocab-from file with a 'llama-bpe' vocabulary" in done.stderr
     assert not list(tmp_path.glob("*.gguf"))
+
+
+@pytest.fixture(scope="module")
+def written_moe(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("bench-moe-models")
+    results = bench_json("make-models", "--out", out, "--models", "tiny-gpt-oss", "tiny-qwen3moe", "--types", "MXFP4",
+                         "Q4_K_M", "--vocab-from", vocab_file("qwen2"), "--check")
+    return {(r["model"], r["type"]): r for r in results}
+
+
+def test_the_moe_shapes_load_in_llama_cpp_and_ours_and_both_agree(written_moe):
+    assert len(written_moe) == 4
+    for result in written_moe.values():
+        assert result["loads"] == {"llama.cpp": True, "hearth": True, "same_argmax": True}, result
+
+
+def test_gpt_oss_mxfp4_is_llama_cpp_s_mxfp4_moe_mix_with_the_real_tensors(written_moe):
+    with read_gguf(written_moe[("tiny-gpt-oss", "MXFP4")]["file"]) as g:
+        assert g.tensor("blk.0.ffn_gate_exps.weight").shape == (256, 256, 8)  # GGUF order: experts last
+        assert g.tensor("blk.0.ffn_down_exps.weight").qtype == Q.MXFP4
+        assert g.tensor("blk.0.attn_q.weight").qtype == Q.Q8_0 and g.tensor("output.weight").qtype == Q.Q8_0
+        assert g.tensor("blk.1.ffn_gate_inp.weight").qtype == Q.F32
+        for name in ("attn_sinks.weight", "attn_output.bias", "ffn_gate_inp.bias", "ffn_down_exps.bias",
+                     "post_attention_norm.weight"):
+            assert f"blk.1.{name}" in g.tensors
+        assert g.get("gpt-oss.expert_count", int) == 8 and g.get("gpt-oss.attention.sliding_window", int) == 16
+        assert len(g.metadata["tokenizer.ggml.tokens"]) == 152064  # padded to the shape's vocabulary
+    with read_gguf(written_moe[("tiny-qwen3moe", "Q4_K_M")]["file"]) as g:
+        assert g.tensor("blk.1.ffn_down_exps.weight").qtype == Q.Q6_K  # ffn_down's more bits, as llama.cpp
+        assert g.tensor("blk.0.ffn_down_exps.weight").qtype == Q.Q4_K
+        assert g.get("qwen3moe.expert_feed_forward_length", int) == 256

@@ -29,6 +29,12 @@ static int lowest_key(int pos, int window) { return window > 0 && pos - window +
 static int imax(int a, int b) { return a > b ? a : b; }
 static int imin(int a, int b) { return a < b ? a : b; }
 
+/* A head's softmax denominator: the keys' sum L (relative to their max M), plus the layer's sink if it has one. */
+static float denominator(const hk_att *a, int h, float M, float L) {
+    const float *sinks = a->m->layers[a->layer].sinks;
+    return sinks ? L + expf(sinks[h] - M) : L;
+}
+
 void hk_attention_sizes(const hk_model *m, const hk_seq *seqs, int n_seqs, size_t *partial_floats, int *max_tasks) {
     const hk_config *c = &m->c;
     size_t floats = 0;
@@ -231,7 +237,7 @@ static void prefill_task(const hk_att *a, const hk_att_task *t) {
             }
     }
     for (int r = t->row0; r < t->row1; r++)
-        for (int h = h0; h < h1; h++) a->vo->scale(OUT(r, h), dv, 1.0f / SLOT(r, h)[dv + 3]);
+        for (int h = h0; h < h1; h++) a->vo->scale(OUT(r, h), dv, 1.0f / denominator(a, h, SLOT(r, h)[dv + 2], SLOT(r, h)[dv + 3]));
 #undef SLOT
 #undef OUT
 }
@@ -283,6 +289,6 @@ void hk_attention_merge_row(const hk_att *a, int r) {
             const float *st = a->partial + a->row_slot[r] + ((size_t)h * nch + ch) * DECODE_SLOT(dv);
             merge(a->vo, &M, &L, o, st[0], st[1], st + 2, dv);
         }
-        a->vo->scale(o, dv, 1.0f / L);
+        a->vo->scale(o, dv, 1.0f / denominator(a, h, M, L));
     }
 }

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "attention.h"
+#include "moe.h"
 #include "pool.h"
 #include "products.h"
 #include "vecops.h"
@@ -60,12 +61,14 @@ typedef struct {
     int n_phases, rows_per_unit;
     int *phase_units;                  /* (n_phases,) */
     atomic_int *phase_sync;            /* (n_phases, 2): units claimed, units done */
+    hk_moe moe;                        /* the mixture-of-experts views (moe.h) */
 } fwd;
 
 static int widest_input(const hk_config *c) { return imax(imax(c->n_embd, c->n_heads * c->v_head_dim), c->n_ff); }
 
-enum { PH_EMBED, PH_ATTN_IN, PH_QKV, PH_QKV_POST, PH_ATTEND, PH_ATTN_OUT, PH_WO, PH_FFN_IN, PH_GLU, PH_DOWN_IN, PH_DOWN,
-       PH_FFN_OUT, PH_OUT_IN, PH_OUTPUT, PH_OUT_POST };
+/* A layer with experts runs PH_MOE_GROUP (none without) and the moe.h functions in PH_GLU .. PH_FFN_OUT. */
+enum { PH_EMBED, PH_ATTN_IN, PH_QKV, PH_QKV_POST, PH_ATTEND, PH_ATTN_OUT, PH_WO, PH_FFN_IN, PH_MOE_GROUP, PH_GLU,
+       PH_DOWN_IN, PH_DOWN, PH_FFN_OUT, PH_OUT_IN, PH_OUTPUT, PH_OUT_POST };
 #define LAYER_PHASES (PH_FFN_OUT - PH_ATTN_IN + 1)
 
 static int max_phases(const hk_config *c) { return 1 + LAYER_PHASES * c->n_layers + 3; }
@@ -105,6 +108,7 @@ static size_t layout(const hk_config *c, uint8_t *base, fwd *f) {
     TAKE(phase_units, int, max_phases(c));
     TAKE(phase_sync, atomic_int, 2 * (size_t)max_phases(c));
 #undef TAKE
+    off += hk_moe_layout(c, base ? base + off : NULL, f ? &f->moe : NULL);
     return off;
 }
 
@@ -112,6 +116,9 @@ int hk_model_init(hk_model *m) {
     memset(&m->arena, 0, sizeof m->arena);
     const hk_config *c = &m->c;
     if (c->n_rope_sets < 1 || c->n_rope_sets > HK_MAX_ROPE_SETS || c->head_dim + c->v_head_dim > 16384 || c->max_rows < 1) return -3;
+    if (c->n_expert < 0 || c->n_expert > HK_MAX_EXPERTS || c->n_expert_used < 0 || c->n_expert_used > HK_MAX_EXPERTS_USED ||
+        c->n_expert_used > c->n_expert)
+        return -3;
     for (int l = 0, window = 0; l < m->c.n_layers; l++) { /* two plans: global and one sliding window */
         if (m->layers[l].window && window && m->layers[l].window != window) return -3;
         if (m->layers[l].window) window = m->layers[l].window;
@@ -153,7 +160,7 @@ static void product_of(const fwd *f, int kind, int layer, hk_product *p) {
     case PH_QKV: w[0] = &L->wq, out[0] = f->q, w[1] = &L->wk, out[1] = f->k, w[2] = &L->wv, out[2] = f->v; break;
     case PH_WO: w[0] = &L->wo, out[0] = f->o; break;
     case PH_GLU: w[0] = &L->gate, out[0] = f->g, w[1] = &L->up, out[1] = f->u; break;
-    case PH_DOWN: w[0] = &L->down, out[0] = f->o; break;
+    case PH_DOWN: w[0] = &L->down, out[0] = L->router.data ? f->h : f->o; break; /* a shared expert: into h */
     default: w[0] = &f->m->output, out[0] = f->logits, n = f->n_out; break; /* PH_OUTPUT */
     }
     hk_product_init(p, f->isa, f->vo, &f->acts, n, w, out, kind == PH_GLU, f->c->gelu);
@@ -310,22 +317,34 @@ static void residual_add(const fwd *f, float *x, float *o, const float *post_nor
     add_into(x, o, n_embd);
 }
 
+static int has_experts(const fwd *f, int layer) { return layer < f->c->n_layers && f->m->layers[layer].router.data; }
+
 static void row_ffn_in(const fwd *f, int layer, int r) {
     const hk_layer *L = &f->m->layers[layer];
     const int n_embd = f->c->n_embd;
     float *x = f->x + (size_t)r * n_embd, *o = f->o + (size_t)r * n_embd, *h = f->h + (size_t)r * n_embd;
+    if (L->bo) add_into(o, L->bo, n_embd);
     residual_add(f, x, o, L->post_attn_norm);
     block_input(f, x, L->ffn_norm, h);
-    hk_prepare_acts(f->isa, &f->acts, h, n_embd, hk_act_kinds(&L->gate, &L->up, NULL), r);
+    if (has_experts(f, layer))
+        hk_moe_route_row(&f->moe, layer, h, r);
+    else
+        hk_prepare_acts(f->isa, &f->acts, h, n_embd, hk_act_kinds(&L->gate, &L->up, NULL), r);
 }
 
 static void row_down_in(const fwd *f, int layer, int r) {
     const hk_layer *L = &f->m->layers[layer];
+    if (has_experts(f, layer)) {
+        hk_moe_down_in_row(&f->moe, layer, r, f->g + (size_t)r * f->c->n_ff);
+        return;
+    }
     hk_prepare_acts(f->isa, &f->acts, f->g + (size_t)r * f->c->n_ff, f->c->n_ff, hk_act_kinds(&L->down, NULL, NULL), r);
 }
 
 static void row_ffn_out(const fwd *f, int layer, int r) {
     const int n_embd = f->c->n_embd;
+    const float *shared = f->m->layers[layer].down.data ? f->h + (size_t)r * n_embd : NULL;
+    if (has_experts(f, layer)) hk_moe_out_row(&f->moe, layer, r, f->o + (size_t)r * n_embd, shared);
     residual_add(f, f->x + (size_t)r * n_embd, f->o + (size_t)r * n_embd, f->m->layers[layer].post_ffn_norm);
 }
 
@@ -378,13 +397,31 @@ static void phase_of(const fwd *f, int p, int *kind, int *layer) {
 
 static int attention_plan_index(const fwd *f, int layer) { return f->m->layers[layer].window ? 1 : 0; }
 
+/* A layer with experts: the units of its shared expert's product in this phase (none without one). */
+static int shared_units(const fwd *f, int kind, int layer) {
+    if (!f->m->layers[layer].gate.data) return 0;
+    hk_product prod;
+    product_of(f, kind, layer, &prod);
+    return prod.n_units;
+}
+
+static void shared_unit(const fwd *f, int kind, int layer, int unit) {
+    hk_product prod;
+    product_of(f, kind, layer, &prod);
+    hk_product_unit(&prod, unit);
+}
+
 /* Units of every phase, counted once by the caller before the job starts. */
 static void count_units(fwd *f) {
     for (int p = 0; p < f->n_phases; p++) {
         int kind, layer;
         phase_of(f, p, &kind, &layer);
         int rows = kind >= PH_OUT_IN ? f->n_out : f->n;
-        if (row_function(kind)) {
+        if (kind == PH_MOE_GROUP) {
+            f->phase_units[p] = has_experts(f, layer);
+        } else if (has_experts(f, layer) && (kind == PH_GLU || kind == PH_DOWN)) {
+            f->phase_units[p] = hk_moe_units(&f->moe, layer, kind == PH_DOWN) + shared_units(f, kind, layer);
+        } else if (row_function(kind)) {
             f->phase_units[p] = (rows + f->rows_per_unit - 1) / f->rows_per_unit;
         } else if (kind == PH_ATTEND) {
             f->phase_units[p] = f->n_att_tasks[attention_plan_index(f, layer)];
@@ -400,7 +437,18 @@ static void run_units(const fwd *f, int p, atomic_int *claimed, atomic_int *done
     int kind, layer, u, n_units = f->phase_units[p];
     phase_of(f, p, &kind, &layer);
     row_fn fn = row_function(kind);
-    if (fn) {
+    if (kind == PH_MOE_GROUP || (has_experts(f, layer) && (kind == PH_GLU || kind == PH_DOWN))) {
+        const int moe_units = kind == PH_MOE_GROUP ? 1 : hk_moe_units(&f->moe, layer, kind == PH_DOWN);
+        while ((u = atomic_fetch_add_explicit(claimed, 1, memory_order_relaxed)) < n_units) {
+            if (kind == PH_MOE_GROUP)
+                hk_moe_group(&f->moe, layer);
+            else if (u < moe_units)
+                hk_moe_unit(&f->moe, layer, kind == PH_DOWN, u);
+            else
+                shared_unit(f, kind, layer, u - moe_units);
+            atomic_fetch_add_explicit(done, 1, memory_order_release);
+        }
+    } else if (fn) {
         int rows = kind >= PH_OUT_IN ? f->n_out : f->n;
         while ((u = atomic_fetch_add_explicit(claimed, 1, memory_order_relaxed)) < n_units) {
             for (int r = u * f->rows_per_unit, end = imin(rows, r + f->rows_per_unit); r < end; r++) fn(f, layer, r);
@@ -492,6 +540,7 @@ static void plan_call(fwd *f, int logits_mode) {
     /* about four units per thread; down to one row each, so the rows of a small decode batch are shared out
        too (a row's work is the same on any thread) */
     f->rows_per_unit = imax(1, f->n / (hk_pool_threads() * 4));
+    f->moe.m = m, f->moe.isa = f->isa, f->moe.vo = f->vo, f->moe.acts = &f->acts, f->moe.n = f->n;
     f->n_phases = 1 + LAYER_PHASES * m->c.n_layers + (f->n_out ? 2 + logits_post(&m->c) : 0);
     count_units(f);
     for (int i = 0; i < 2 * f->n_phases; i++) atomic_init(&f->phase_sync[i], 0);

@@ -24,11 +24,22 @@ typedef struct {
     const float *post_attn_norm, *post_ffn_norm;   /* NULL, or (n_embd,) */
     int rope_set;                                  /* row of hk_model.inv_freq this layer rotates with; -1: no RoPE */
     int window;                                    /* 0, or keys with q_pos - k_pos < window only */
+    const float *bo;                               /* NULL, or (n_embd,): the attention output's bias */
+    const float *sinks;                            /* NULL, or (n_heads,): logits that join each head's softmax */
+    /* mixture of experts (moe.h) where router.data is not NULL; gate/up/down are then its shared expert (of
+       n_ff rows), or absent (data NULL) */
+    hk_matrix router;                              /* (n_expert, n_embd) */
+    hk_matrix gate_exps, up_exps, down_exps;       /* (n_expert * n_ff_exp, n_embd) x 2, (n_expert * n_embd, n_ff_exp) */
+    const float *b_router;                         /* NULL, or (n_expert,) */
+    const float *b_gate_exps, *b_up_exps, *b_down_exps; /* NULL, or (n_expert * n_ff_exp,) x 2, (n_expert * n_embd,) */
+    const float *exp_probs_b;                      /* NULL, or (n_expert,): added for the choice only */
+    const float *shexp_gate;                       /* NULL, or (n_embd,): the shared expert's output is divided by
+                                                      1 + exp(-h . shexp_gate) */
 } hk_layer;
 
 typedef struct {
     int n_layers, n_embd, n_ff, n_heads, n_kv_heads, head_dim, v_head_dim, n_vocab;
-    int rope_dim, rope_neox, gelu, max_rows;
+    int rope_dim, rope_neox, gelu, max_rows; /* gelu: 0 silu, 1 gelu_tanh, 2 swiglu_oai (experts only) */
     int n_rope_sets;      /* rows of hk_model.inv_freq (1 to HK_MAX_ROPE_SETS) */
     int qk_norm_whole;    /* 1: q_norm and k_norm normalise the whole projection, before the split into heads */
     int attn_temp_floor;  /* temperature tuning: positions per step of the query scale; 0 = off */
@@ -39,6 +50,10 @@ typedef struct {
     float logit_scale;    /* logits are multiplied by it (before the final softcap) */
     float rope_mscale;    /* cos and sin of every rotation are multiplied by it */
     float attn_temp_scale; /* queries after RoPE: * (log(floor(pos / attn_temp_floor) + 1) * scale + 1) */
+    int n_expert, n_expert_used, n_ff_exp; /* 0: no experts */
+    int expert_gating;    /* moe.h HK_GATING_*: router logits -> probabilities */
+    int expert_norm;      /* 1: the chosen weights renormalised to sum to 1 */
+    float expert_weights_scale; /* the chosen weights times it (0 or 1: unscaled) */
 } hk_config;
 
 #define HK_MAX_ROPE_SETS 8

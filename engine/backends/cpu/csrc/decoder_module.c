@@ -8,9 +8,11 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "decoder.h"
 #include "decoder_module.h"
+#include "moe.h"
 
 #define CAPSULE_NAME "hearth.cpu_decoder"
 #define STACK_SEQS 64
@@ -52,6 +54,15 @@ static int take_matrix(handle *h, PyObject *spec, int rows, int cols, hk_matrix 
     return keep(h, arr);
 }
 
+/* A matrix as take_matrix, or None (a zeroed matrix) when optional. */
+static int take_optional_matrix(handle *h, PyObject *spec, int optional, int rows, int cols, hk_matrix *out, const char *what) {
+    if (spec == Py_None && optional) {
+        memset(out, 0, sizeof *out);
+        return 0;
+    }
+    return take_matrix(h, spec, rows, cols, out, what);
+}
+
 /* A float32 vector of n (or None when optional). */
 static int take_vector(handle *h, PyObject *obj, int n, int optional, const float **out, const char *what) {
     if (obj == Py_None && optional) {
@@ -68,27 +79,64 @@ static int take_vector(handle *h, PyObject *obj, int n, int optional, const floa
     return keep(h, obj);
 }
 
-static int take_layer(handle *h, PyObject *spec, int il, hk_layer *L) {
+#define LAYER_FIELDS 30
+
+/* The experts of a layer: o[20] router .. o[28] exp_probs_b, o[29] the shared expert's gate (None where the
+   layer has no experts). */
+static int take_experts(handle *h, PyObject *const *o, hk_layer *L) {
     const hk_config *c = &h->m.c;
-    PyObject *o[18];
-    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 18) {
-        PyErr_Format(PyExc_ValueError, "layer %d: expected an 18-tuple", il);
+    int E = c->n_expert, ff = c->n_ff_exp, d = c->n_embd;
+    if (o[20] == Py_None) return 0;
+    if (E < 1) {
+        PyErr_SetString(PyExc_ValueError, "a layer has experts but the configuration has none");
         return -1;
     }
-    for (int i = 0; i < 18; i++) o[i] = PyTuple_GET_ITEM(spec, i);
+    if (take_matrix(h, o[20], E, d, &L->router, "router") || take_matrix(h, o[21], E * ff, d, &L->gate_exps, "gate_exps") ||
+        take_matrix(h, o[22], E * ff, d, &L->up_exps, "up_exps") || take_matrix(h, o[23], E * d, ff, &L->down_exps, "down_exps") ||
+        take_vector(h, o[24], E, 1, &L->b_router, "b_router") || take_vector(h, o[25], E * ff, 1, &L->b_gate_exps, "b_gate_exps") ||
+        take_vector(h, o[26], E * ff, 1, &L->b_up_exps, "b_up_exps") || take_vector(h, o[27], E * d, 1, &L->b_down_exps, "b_down_exps") ||
+        take_vector(h, o[28], E, 1, &L->exp_probs_b, "exp_probs_b") || take_vector(h, o[29], d, 1, &L->shexp_gate, "shexp_gate"))
+        return -1;
+    if ((L->gate.data == NULL) != (L->up.data == NULL) || (L->gate.data == NULL) != (L->down.data == NULL) ||
+        (L->shexp_gate && !L->gate.data) || (L->gate.data && c->gelu > 1)) {
+        PyErr_SetString(PyExc_ValueError, "a shared expert needs its gate, up and down matrices (and silu or gelu)");
+        return -1;
+    }
+    if ((L->b_gate_exps == NULL) != (L->b_up_exps == NULL)) {
+        PyErr_SetString(PyExc_ValueError, "the experts' gate and up biases come together");
+        return -1;
+    }
+    return 0;
+}
+
+static int take_layer(handle *h, PyObject *spec, int il, hk_layer *L) {
+    const hk_config *c = &h->m.c;
+    PyObject *o[LAYER_FIELDS];
+    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != LAYER_FIELDS) {
+        PyErr_Format(PyExc_ValueError, "layer %d: expected a %d-tuple", il, LAYER_FIELDS);
+        return -1;
+    }
+    for (int i = 0; i < LAYER_FIELDS; i++) o[i] = PyTuple_GET_ITEM(spec, i);
     int nq = c->n_heads * c->head_dim, nk = c->n_kv_heads * c->head_dim, nv = c->n_kv_heads * c->v_head_dim;
-    int na = c->n_heads * c->v_head_dim;
+    int na = c->n_heads * c->v_head_dim, moe = o[20] != Py_None;
     int q_norm_n = c->qk_norm_whole ? nq : c->head_dim, k_norm_n = c->qk_norm_whole ? nk : c->head_dim;
     if (take_matrix(h, o[0], nq, c->n_embd, &L->wq, "wq") || take_matrix(h, o[1], nk, c->n_embd, &L->wk, "wk") ||
         take_matrix(h, o[2], nv, c->n_embd, &L->wv, "wv") || take_matrix(h, o[3], c->n_embd, na, &L->wo, "wo") ||
-        take_matrix(h, o[4], c->n_ff, c->n_embd, &L->gate, "gate") || take_matrix(h, o[5], c->n_ff, c->n_embd, &L->up, "up") ||
-        take_matrix(h, o[6], c->n_embd, c->n_ff, &L->down, "down") ||
+        take_optional_matrix(h, o[4], moe, c->n_ff, c->n_embd, &L->gate, "gate") ||
+        take_optional_matrix(h, o[5], moe, c->n_ff, c->n_embd, &L->up, "up") ||
+        take_optional_matrix(h, o[6], moe, c->n_embd, c->n_ff, &L->down, "down") ||
         take_vector(h, o[7], c->n_embd, 1, &L->attn_norm, "attn_norm") || take_vector(h, o[8], c->n_embd, 1, &L->ffn_norm, "ffn_norm") ||
         take_vector(h, o[9], nq, 1, &L->bq, "bq") || take_vector(h, o[10], nk, 1, &L->bk, "bk") || take_vector(h, o[11], nv, 1, &L->bv, "bv") ||
         take_vector(h, o[12], q_norm_n, 1, &L->q_norm, "q_norm") || take_vector(h, o[13], k_norm_n, 1, &L->k_norm, "k_norm") ||
         take_vector(h, o[14], c->n_embd, 1, &L->post_attn_norm, "post_attn_norm") ||
-        take_vector(h, o[15], c->n_embd, 1, &L->post_ffn_norm, "post_ffn_norm"))
+        take_vector(h, o[15], c->n_embd, 1, &L->post_ffn_norm, "post_ffn_norm") ||
+        take_vector(h, o[18], c->n_embd, 1, &L->bo, "bo") || take_vector(h, o[19], c->n_heads, 1, &L->sinks, "sinks") ||
+        take_experts(h, o, L))
         return -1;
+    if (!moe && c->gelu > 1) {
+        PyErr_Format(PyExc_ValueError, "layer %d: the dense FFN has no swiglu_oai activation", il);
+        return -1;
+    }
     L->rope_set = (int)PyLong_AsLong(o[16]);
     L->window = (int)PyLong_AsLong(o[17]);
     if (PyErr_Occurred()) return -1;
@@ -101,15 +149,23 @@ static int take_layer(handle *h, PyObject *spec, int il, hk_layer *L) {
 }
 
 /* ints: n_layers, n_embd, n_ff, n_heads, n_kv_heads, head_dim, v_head_dim, n_vocab, rope_dim, rope_neox, gelu,
-   max_rows, qk_norm_whole, attn_temp_floor; floats: rms_eps, embed_scale, attn_scale, attn_softcap, final_softcap,
-   residual_scale, logit_scale, rope_mscale, attn_temp_scale (decoder.h, hk_config). */
+   max_rows, qk_norm_whole, attn_temp_floor, n_expert, n_expert_used, n_ff_exp, expert_gating, expert_norm;
+   floats: rms_eps, embed_scale, attn_scale, attn_softcap, final_softcap, residual_scale, logit_scale, rope_mscale,
+   attn_temp_scale, expert_weights_scale (decoder.h, hk_config). */
 static int take_config(hk_config *c, PyObject *ints, PyObject *floats) {
-    if (!PyArg_ParseTuple(ints, "iiiiiiiiiiiiii", &c->n_layers, &c->n_embd, &c->n_ff, &c->n_heads, &c->n_kv_heads, &c->head_dim,
-                          &c->v_head_dim, &c->n_vocab, &c->rope_dim, &c->rope_neox, &c->gelu, &c->max_rows, &c->qk_norm_whole,
-                          &c->attn_temp_floor) ||
-        !PyArg_ParseTuple(floats, "fffffffff", &c->rms_eps, &c->embed_scale, &c->attn_scale, &c->attn_softcap, &c->final_softcap,
-                          &c->residual_scale, &c->logit_scale, &c->rope_mscale, &c->attn_temp_scale))
+    if (!PyArg_ParseTuple(ints, "iiiiiiiiiiiiiiiiiii", &c->n_layers, &c->n_embd, &c->n_ff, &c->n_heads, &c->n_kv_heads,
+                          &c->head_dim, &c->v_head_dim, &c->n_vocab, &c->rope_dim, &c->rope_neox, &c->gelu, &c->max_rows,
+                          &c->qk_norm_whole, &c->attn_temp_floor, &c->n_expert, &c->n_expert_used, &c->n_ff_exp,
+                          &c->expert_gating, &c->expert_norm) ||
+        !PyArg_ParseTuple(floats, "ffffffffff", &c->rms_eps, &c->embed_scale, &c->attn_scale, &c->attn_softcap, &c->final_softcap,
+                          &c->residual_scale, &c->logit_scale, &c->rope_mscale, &c->attn_temp_scale, &c->expert_weights_scale))
         return -1;
+    if (c->n_expert < 0 || c->n_expert > HK_MAX_EXPERTS || c->n_expert_used < 0 || c->n_expert_used > HK_MAX_EXPERTS_USED ||
+        c->n_expert_used > c->n_expert || (c->n_expert && (c->n_expert_used < 1 || c->n_ff_exp < 1)) || c->expert_gating < 0 ||
+        c->expert_gating > 2 || c->gelu < 0 || c->gelu > 2 || !isfinite(c->expert_weights_scale)) {
+        PyErr_SetString(PyExc_ValueError, "decoder expert configuration out of range");
+        return -1;
+    }
     if (c->n_layers < 1 || c->n_embd < 1 || c->n_ff < 1 || c->n_heads < 1 || c->n_kv_heads < 1 || c->n_heads % c->n_kv_heads ||
         c->head_dim < 1 || c->v_head_dim < 1 || c->head_dim + c->v_head_dim > 16384 || c->n_vocab < 1 || c->rope_dim < 0 ||
         c->rope_dim % 2 || c->rope_dim > c->head_dim || c->max_rows < 1 || c->max_rows > 65536 || c->attn_temp_floor < 0 ||

@@ -229,6 +229,158 @@ ROWS16(rows16_q8_0, HK_Q8_0)
 ROWS16(rows16_iq4_nl, HK_IQ4_NL)
 ROWS16(rows16_mxfp4, HK_MXFP4)
 
+/* -- 16 rows at once for Q4_K and Q6_K, as rows16_nt: each row's codes transposed into its lane, a token's
+   four activation bytes broadcast to every row, and one vpdpbusd per 4 elements of 16 rows. A sub-block's
+   integer sum is multiplied by its scale in int32 (exact), so only the per-super-block float steps round:
+   the same for every tile width. */
+
+/* Byte i of each lane, zero-extended. */
+INLINE __m512i sc_byte(__m512i v, int i) { return _mm512_and_si512(_mm512_srli_epi32(v, 8 * i), _mm512_set1_epi32(0xFF)); }
+
+/* Sub-block scale j (0..7) and min j of 16 Q4_K rows as int32 lanes, from their 12 scale bytes (see
+   hk_unpack_k4_scales); mins as int16 pairs (2p, 2p + 1) for vpdpwssd against paired block sums. */
+INLINE void k4_scales16(const uint8_t *s, __m512i offsets, __m512i sc[8], __m512i mn_pairs[4]) {
+    __m512i a0 = _mm512_i32gather_epi32(offsets, s, 1), a1 = _mm512_i32gather_epi32(offsets, s + 4, 1);
+    __m512i a2 = _mm512_i32gather_epi32(offsets, s + 8, 1);
+    const __m512i m6 = _mm512_set1_epi32(0x3F3F3F3F), m4 = _mm512_set1_epi32(0x0F0F0F0F), top = _mm512_set1_epi32(0x30303030);
+    __m512i w[4] = {_mm512_and_si512(a0, m6), _mm512_or_si512(_mm512_and_si512(a2, m4), _mm512_and_si512(_mm512_srli_epi32(a0, 2), top)),
+                    _mm512_and_si512(a1, m6), _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(a2, 4), m4), _mm512_and_si512(_mm512_srli_epi32(a1, 2), top))};
+    for (int j = 0; j < 8; j++) sc[j] = sc_byte(w[j / 4], j % 4);
+    for (int p = 0; p < 4; p++) /* mins 2p and 2p + 1 */
+        mn_pairs[p] = _mm512_or_si512(sc_byte(w[2 + p / 2], 2 * (p % 2)), _mm512_slli_epi32(sc_byte(w[2 + p / 2], 2 * (p % 2) + 1), 16));
+}
+
+/* A token's block sums of one super-block summed over pairs of 16 (one per 32-element sub-block j), as
+   int16 pairs (j = 2p, 2p + 1) in 32-bit words. */
+INLINE void sub_sums32(const int16_t *bs, int32_t out[4]) {
+    for (int p = 0; p < 4; p++) {
+        int lo = bs[4 * p] + bs[4 * p + 1], hi = bs[4 * p + 2] + bs[4 * p + 3];
+        out[p] = (int32_t)((uint32_t)(uint16_t)lo | ((uint32_t)(uint16_t)hi << 16));
+    }
+}
+
+INLINE void rows16_q4_k_nt(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, const int nt, float *out, ptrdiff_t os) {
+    const __m512i offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                               _mm512_set1_epi32((int)stride));
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[HK_MAX_NT];
+    HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    const char *next = (const char *)w + 16 * stride; /* the next 16 rows into L2 while these compute (rows16_nt) */
+    const size_t next_lines = ((size_t)16 * stride + 63) / 64;
+    size_t line = 0;
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = w + (size_t)b * 144;
+        for (const size_t end = (size_t)(b + 1) * next_lines / nb; line < end; line++) _mm_prefetch(next + 64 * line, _MM_HINT_T1);
+        __m512i head = _mm512_i32gather_epi32(offsets, blk, 1), sc[8], mn[4];
+        __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head)), dm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)));
+        k4_scales16(blk + 4, offsets, sc, mn);
+        __m512i isum[HK_MAX_NT];
+        HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_setzero_si512();
+        for (int c = 0; c < 4; c++) {
+            __m512i words[8];
+            rows16_words(blk + 16 + 32 * c, stride, words);
+            rows16_words(blk + 32 + 32 * c, stride, words + 4);
+            for (int h = 0; h < 2; h++) { /* low nibbles: sub-block 2c; high nibbles: 2c + 1 */
+                __m512i q[8];
+                for (int k = 0; k < 8; k++) q[k] = _mm512_and_si512(h ? _mm512_srli_epi32(words[k], 4) : words[k], m4);
+                HK_UNROLL for (int t = 0; t < nt; t++) {
+                    const int8_t *aq = a[t].qs + 256 * b + 64 * c + 32 * h;
+                    __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+                    for (int k = 0; k < 8; k += 2) {
+                        even = _mm512_dpbusd_epi32(even, q[k], bcast32(aq + 4 * k));
+                        odd = _mm512_dpbusd_epi32(odd, q[k + 1], bcast32(aq + 4 * k + 4));
+                    }
+                    isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(_mm512_add_epi32(even, odd), sc[2 * c + h]));
+                }
+            }
+        }
+        HK_UNROLL for (int t = 0; t < nt; t++) {
+            int32_t pairs[4];
+            sub_sums32(a[t].bsums + 16 * b, pairs);
+            __m512i msum = _mm512_setzero_si512();
+            for (int p = 0; p < 4; p++) msum = _mm512_dpwssd_epi32(msum, mn[p], _mm512_set1_epi32(pairs[p]));
+            __m512 da = _mm512_set1_ps(a[t].d[b]);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(dw, da), acc[t]);
+            acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dm, da), acc[t]);
+        }
+    }
+    HK_UNROLL for (int t = 0; t < nt; t++) _mm512_storeu_ps(out + t * os, acc[t]);
+}
+
+/* Q6_K: 16 signed scales of 16 elements; codes 0..63 with the -32 offset through the block sums. Half e of
+   each 32-byte run of ql and qh (16 elements of every quarter) is decoded at a time. */
+INLINE void rows16_q6_k_nt(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, const int nt, float *out, ptrdiff_t os) {
+    const __m512i offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                               _mm512_set1_epi32((int)stride));
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    __m512 acc[HK_MAX_NT];
+    HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    const char *next = (const char *)w + 16 * stride;
+    const size_t next_lines = ((size_t)16 * stride + 63) / 64;
+    size_t line = 0;
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = w + (size_t)b * 210;
+        for (const size_t end = (size_t)(b + 1) * next_lines / nb; line < end; line++) _mm_prefetch(next + 64 * line, _MM_HINT_T1);
+        /* d is bytes 208-209: gathered from 206 so no lane reads past the block */
+        __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_i32gather_epi32(offsets, blk + 206, 1), 16)));
+        __m512i scw[4], sc[16], sc_pairs[8];
+        rows16_words(blk + 192, stride, scw); /* lane r of scw[k]: row r's scales 4k..4k+3 */
+        for (int s = 0; s < 16; s++) sc[s] = _mm512_srai_epi32(_mm512_slli_epi32(scw[s / 4], 24 - 8 * (s % 4)), 24);
+        for (int p = 0; p < 8; p++) sc_pairs[p] = _mm512_or_si512(_mm512_and_si512(sc[2 * p], _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(sc[2 * p + 1], 16));
+        __m512i isum[HK_MAX_NT];
+        HK_UNROLL for (int t = 0; t < nt; t++) { /* the -32 offset: -32 * sum(scale * bsum) */
+            int32_t bs[8]; /* block sums 2p and 2p + 1 as one int16 pair */
+            memcpy(bs, a[t].bsums + 16 * b, sizeof bs);
+            __m512i corr = _mm512_setzero_si512();
+            for (int p = 0; p < 8; p++) corr = _mm512_dpwssd_epi32(corr, sc_pairs[p], _mm512_set1_epi32(bs[p]));
+            isum[t] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(corr, 5));
+        }
+        HK_UNROLL for (int h = 0; h < 2; h++)
+            HK_UNROLL for (int e = 0; e < 2; e++) {
+                __m512i ql0[4], ql1[4], qh[4], q[4][4];
+                rows16_words(blk + 64 * h + 16 * e, stride, ql0);
+                rows16_words(blk + 64 * h + 32 + 16 * e, stride, ql1);
+                rows16_words(blk + 128 + 32 * h + 16 * e, stride, qh);
+                HK_UNROLL for (int k = 0; k < 4; k++) {
+                    q[0][k] = _mm512_or_si512(_mm512_and_si512(ql0[k], m4), _mm512_and_si512(_mm512_slli_epi32(qh[k], 4), m30));
+                    q[1][k] = _mm512_or_si512(_mm512_and_si512(ql1[k], m4), _mm512_and_si512(_mm512_slli_epi32(qh[k], 2), m30));
+                    q[2][k] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(ql0[k], 4), m4), _mm512_and_si512(qh[k], m30));
+                    q[3][k] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(ql1[k], 4), m4), _mm512_and_si512(_mm512_srli_epi32(qh[k], 2), m30));
+                }
+                HK_UNROLL for (int t = 0; t < nt; t++)
+                    HK_UNROLL for (int i = 0; i < 4; i++) { /* quarter i: elements 128h + 32i + 16e .. + 15, scale 8h + 2i + e */
+                        const int8_t *aq = a[t].qs + 256 * b + 128 * h + 32 * i + 16 * e;
+                        __m512i even = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[i][0], bcast32(aq));
+                        __m512i odd = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[i][1], bcast32(aq + 4));
+                        even = _mm512_dpbusd_epi32(even, q[i][2], bcast32(aq + 8));
+                        odd = _mm512_dpbusd_epi32(odd, q[i][3], bcast32(aq + 12));
+                        isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(_mm512_add_epi32(even, odd), sc[8 * h + 2 * i + e]));
+                    }
+            }
+        HK_UNROLL for (int t = 0; t < nt; t++)
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(dw, _mm512_set1_ps(a[t].d[b])), acc[t]);
+    }
+    HK_UNROLL for (int t = 0; t < nt; t++) _mm512_storeu_ps(out + t * os, acc[t]);
+}
+
+#define ROWS16K(name, fn)                                                                                    \
+    static void name(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int nt, float *out, ptrdiff_t os) { \
+        switch (nt) {                                                                                        \
+        case 1: fn(nb, w, stride, a, 1, out, os); break;                                                     \
+        case 2: fn(nb, w, stride, a, 2, out, os); break;                                                     \
+        case 3: fn(nb, w, stride, a, 3, out, os); break;                                                     \
+        case 4: fn(nb, w, stride, a, 4, out, os); break;                                                     \
+        case 5: fn(nb, w, stride, a, 5, out, os); break;                                                     \
+        case 6: fn(nb, w, stride, a, 6, out, os); break;                                                     \
+        case 7: fn(nb, w, stride, a, 7, out, os); break;                                                     \
+        case 8: fn(nb, w, stride, a, 8, out, os); break;                                                     \
+        default: break;                                                                                      \
+        }                                                                                                    \
+    }
+
+ROWS16K(rows16_q4_k, rows16_q4_k_nt)
+ROWS16K(rows16_q6_k, rows16_q6_k_nt)
+
 /* -- Q4_K and Q5_K with one 64-element chunk (two sub-blocks) per 512-bit vector */
 
 /* int16 lanes 0-15 equal to byte i of the k4_scales vector, lanes 16-31 to byte i + 1. */
@@ -332,10 +484,10 @@ const hk_isa hk_isa_avx512 = {
         [HK_IQ3_XXS] = FN(dot_iq3_xxs), [HK_IQ3_S] = FN(dot_iq3_s),
     },
     .dot16 = {[HK_Q4_0] = rows16_q4_0, [HK_Q4_1] = rows16_q4_1, [HK_Q8_0] = rows16_q8_0, [HK_IQ4_NL] = rows16_iq4_nl,
-              [HK_MXFP4] = rows16_mxfp4},
+              [HK_MXFP4] = rows16_mxfp4, [HK_Q4_K] = rows16_q4_k, [HK_Q6_K] = rows16_q6_k},
     .tile = { /* 8 tokens where it measured faster than 4 (64-token products, one thread) */
         [HK_Q4_0] = 8, [HK_Q4_1] = 8, [HK_Q5_0] = 8, [HK_Q5_1] = 8, [HK_Q4_K] = 8, [HK_Q5_K] = 8, [HK_TQ1_0] = 8,
-        [HK_TQ2_0] = 8,
+        [HK_TQ2_0] = 8, [HK_Q6_K] = 8,
     },
     .quant32 = FN(quant32),
     .quantK = FN(quantK),

@@ -133,16 +133,13 @@ def test_get_rows_matches_dequantize(qtype):
 
 
 def test_matmul_writes_into_out_and_accepts_a_row_slice():
-    """Bit for bit: the slice starts and ends on a multiple of 16 rows, so each row meets the same kernel (a
-    16-row kernel or the one-row kernel after the last whole 16) in the slice as in the whole matrix."""
     rng = np.random.default_rng(1)
-    w = random_weights(T.Q4_K, 72, 512, rng)
+    w = random_weights(T.Q4_K, 40, 512, rng)
     x = rng.standard_normal((3, 512)).astype(np.float32)
-    out = np.full((3, 40), np.nan, np.float32)
-    result = kernels.matmul(w[16:56], T.Q4_K, x, out=out)
+    out = np.full((3, 20), np.nan, np.float32)
+    result = kernels.matmul(w[10:30], T.Q4_K, x, out=out)
     assert result is out
-    np.testing.assert_array_equal(out[:, :32], kernels.matmul(w, T.Q4_K, x)[:, 16:48])
-    np.testing.assert_allclose(out, kernels.matmul(w, T.Q4_K, x)[:, 16:56], rtol=1e-5, atol=1e-5 * np.abs(out).max())
+    np.testing.assert_array_equal(out, kernels.matmul(w, T.Q4_K, x)[:, 10:30])
 
 
 def test_results_do_not_depend_on_thread_count():

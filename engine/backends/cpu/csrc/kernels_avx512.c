@@ -413,8 +413,16 @@ INLINE __m512i k4_scale_pair512(__m512i sc, int i) {
 INLINE void k_exact(const hk_act *a, int b, const int nt, const __m256i *isum, const __m256i *msum, float dw, float dm, float *acc) {
     HK_UNROLL for (int t = 0; t < nt; t++) {
         float da = a[t].d[b];
-        acc[t] = fmaf((float)hsum_epi32(isum[t]), dw * da, acc[t]);
-        if (msum) acc[t] = fmaf(-(float)hsum_epi32(msum[t]), dm * da, acc[t]);
+        if (!msum) {
+            acc[t] = fmaf((float)hsum_epi32(isum[t]), dw * da, acc[t]);
+            continue;
+        }
+        /* both totals in one reduction: lanes 0 and 1 of z */
+        __m256i x = _mm256_hadd_epi32(isum[t], msum[t]); /* i01 i23 m01 m23 | i45 i67 m45 m67 */
+        __m128i y = _mm_add_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+        __m128i z = _mm_add_epi32(y, _mm_shuffle_epi32(y, _MM_SHUFFLE(3, 3, 3, 1)));
+        acc[t] = fmaf((float)_mm_cvtsi128_si32(z), dw * da, acc[t]);
+        acc[t] = fmaf(-(float)_mm_extract_epi32(z, 2), dm * da, acc[t]);
     }
 }
 

@@ -156,14 +156,55 @@ INLINE __m512i bcast32(const int8_t *p) {
    elements 4k..4k+3 of row r's block); the offset (Q4_0's -8, Q4_1's min, Q8_0's -128 after its signed
    bytes are flipped to w + 128, and the table types' -128 or -12 after their look-up plus that much) goes
    through the activations' block sums, as in dot32x2_nt. */
+/* Decode block blk of 16 rows: q[k] the codes of elements 4k..4k+3 (0-15 low, 16-31 high for the nibble types)
+   in each row's lane, dw the rows' scales and cw their offsets (see rows16_nt). */
+INLINE void block16_decode(const int type, const uint8_t *blk, ptrdiff_t stride, __m512i offsets, __m512i *q, __m512 *dw, __m512 *cw) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i table = type == HK_IQ4_NL ? _mm512_broadcast_i32x4(_mm_xor_si128(loadu128(hk_kvalues_iq4nl), _mm_set1_epi8((char)0x80)))
+                                            : _mm512_broadcast_i32x4(_mm_add_epi8(loadu128(hk_kvalues_mxfp4), _mm_set1_epi8(12)));
+    __m512i head = _mm512_i32gather_epi32(offsets, blk, 1), words[4]; /* head: each row's d (and m) */
+    *dw = type == HK_MXFP4 ? e8m0_half16(head) : _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+    const float off = type == HK_Q8_0 || type == HK_IQ4_NL ? -128.0f : type == HK_MXFP4 ? -12.0f : -8.0f;
+    *cw = type == HK_Q4_1 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16))) : _mm512_mul_ps(*dw, _mm512_set1_ps(off));
+    if (type == HK_Q8_0) { /* signed bytes to unsigned codes w + 128, elements 0-15 then 16-31 */
+        const __m512i flip = _mm512_set1_epi8((char)0x80);
+        rows16_words(blk + 2, stride, words);
+        for (int k = 0; k < 4; k++) q[k] = _mm512_xor_si512(words[k], flip);
+        rows16_words(blk + 18, stride, words);
+        for (int k = 0; k < 4; k++) q[k + 4] = _mm512_xor_si512(words[k], flip);
+    } else {
+        rows16_words(blk + (type == HK_Q4_1 ? 4 : type == HK_MXFP4 ? 1 : 2), stride, words);
+        for (int k = 0; k < 4; k++) {
+            q[k] = _mm512_and_si512(words[k], m4);                            /* elements 4k..4k+3 */
+            q[k + 4] = _mm512_and_si512(_mm512_srli_epi32(words[k], 4), m4); /* 16 + 4k..16 + 4k + 3 */
+        }
+        if (type == HK_IQ4_NL || type == HK_MXFP4)
+            for (int k = 0; k < 8; k++) q[k] = _mm512_shuffle_epi8(table, q[k]);
+    }
+}
+
+/* One decoded block b against a token's activations: acc + its products (the same steps in every kernel). */
+INLINE __m512 block16_token(const __m512i *q, __m512 dw, __m512 cw, int b, const hk_act *at, __m512 acc) {
+    const int8_t *aq = at->qs + b * HK_QK;
+    __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+    for (int k = 0; k < 8; k += 2) {
+        even = _mm512_dpbusd_epi32(even, _mm512_load_si512(q + k), bcast32(aq + 4 * k));
+        odd = _mm512_dpbusd_epi32(odd, _mm512_load_si512(q + k + 1), bcast32(aq + 4 * k + 4));
+    }
+    __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
+    acc = _mm512_fmadd_ps(sum, _mm512_mul_ps(dw, _mm512_set1_ps(at->d[b])), acc);
+    return _mm512_fmadd_ps(cw, _mm512_set1_ps(at->ds[b]), acc);
+}
+
+/* out[t * os + r] = row r . a[t] for 16 rows stride bytes apart. Codes are unsigned bytes in q[k] (lane r:
+   elements 4k..4k+3 of row r's block); the offset (Q4_0's -8, Q4_1's min, Q8_0's -128 after its signed
+   bytes are flipped to w + 128, and the table types' -128 or -12 after their look-up plus that much) goes
+   through the activations' block sums, as in dot32x2_nt. */
 INLINE void rows16_nt(const int type, int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, const int nt,
                       float *out, ptrdiff_t os) {
     const int ts = size32(type);
     const __m512i offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                                _mm512_set1_epi32((int)stride));
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i table = type == HK_IQ4_NL ? _mm512_broadcast_i32x4(_mm_xor_si128(loadu128(hk_kvalues_iq4nl), _mm_set1_epi8((char)0x80)))
-                                            : _mm512_broadcast_i32x4(_mm_add_epi8(loadu128(hk_kvalues_mxfp4), _mm_set1_epi8(12)));
     __m512 acc[HK_MAX_NT];
     HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     /* 16 interleaved streams are more than the hardware prefetcher follows: the next 16 rows (the next
@@ -175,37 +216,10 @@ INLINE void rows16_nt(const int type, int nb, const uint8_t *w, ptrdiff_t stride
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = w + (size_t)b * ts;
         for (const size_t end = (size_t)(b + 1) * next_lines / nb; line < end; line++) _mm_prefetch(next + 64 * line, _MM_HINT_T1);
-        __m512i head = _mm512_i32gather_epi32(offsets, blk, 1), words[4], q[8]; /* head: each row's d (and m) */
-        __m512 dw = type == HK_MXFP4 ? e8m0_half16(head) : _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
-        const float off = type == HK_Q8_0 || type == HK_IQ4_NL ? -128.0f : type == HK_MXFP4 ? -12.0f : -8.0f;
-        __m512 cw = type == HK_Q4_1 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)))
-                                    : _mm512_mul_ps(dw, _mm512_set1_ps(off));
-        if (type == HK_Q8_0) { /* signed bytes to unsigned codes w + 128, elements 0-15 then 16-31 */
-            const __m512i flip = _mm512_set1_epi8((char)0x80);
-            rows16_words(blk + 2, stride, words);
-            for (int k = 0; k < 4; k++) q[k] = _mm512_xor_si512(words[k], flip);
-            rows16_words(blk + 18, stride, words);
-            for (int k = 0; k < 4; k++) q[k + 4] = _mm512_xor_si512(words[k], flip);
-        } else {
-            rows16_words(blk + (type == HK_Q4_1 ? 4 : type == HK_MXFP4 ? 1 : 2), stride, words);
-            for (int k = 0; k < 4; k++) {
-                q[k] = _mm512_and_si512(words[k], m4);                            /* elements 4k..4k+3 */
-                q[k + 4] = _mm512_and_si512(_mm512_srli_epi32(words[k], 4), m4); /* 16 + 4k..16 + 4k + 3 */
-            }
-            if (type == HK_IQ4_NL || type == HK_MXFP4)
-                for (int k = 0; k < 8; k++) q[k] = _mm512_shuffle_epi8(table, q[k]);
-        }
-        HK_UNROLL for (int t = 0; t < nt; t++) {
-            const int8_t *aq = a[t].qs + b * HK_QK;
-            __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
-            for (int k = 0; k < 8; k += 2) {
-                even = _mm512_dpbusd_epi32(even, q[k], bcast32(aq + 4 * k));
-                odd = _mm512_dpbusd_epi32(odd, q[k + 1], bcast32(aq + 4 * k + 4));
-            }
-            __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
-            acc[t] = _mm512_fmadd_ps(sum, _mm512_mul_ps(dw, _mm512_set1_ps(a[t].d[b])), acc[t]);
-            acc[t] = _mm512_fmadd_ps(cw, _mm512_set1_ps(a[t].ds[b]), acc[t]);
-        }
+        __m512i q[8] __attribute__((aligned(64)));
+        __m512 dw, cw;
+        block16_decode(type, blk, stride, offsets, q, &dw, &cw);
+        HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = block16_token(q, dw, cw, b, &a[t], acc[t]);
     }
     HK_UNROLL for (int t = 0; t < nt; t++) _mm512_storeu_ps(out + t * os, acc[t]);
 }
@@ -315,6 +329,46 @@ INLINE void prefetch_next_rows(const uint8_t *w, ptrdiff_t stride, int b, int nb
 INLINE __m512i row_offsets(ptrdiff_t stride) {
     return _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32((int)stride));
 }
+
+#define GROUP_BLOCKS 8 /* legacy blocks decoded at a time by gemm16_32: 8 x 32 elements of 16 rows */
+
+/* One token group against up to GROUP_BLOCKS decoded blocks from b0; acc (16 floats at out + t * os) starts
+   at zero on the first block and is read back after, so each result is rows16_nt's. */
+INLINE void blocks16_tokens(const __m512i *q, const __m512 *dw, const __m512 *cw, int b0, int nbb, const hk_act *a,
+                            const int nt, float *out, ptrdiff_t os) {
+    __m512 acc[HK_MAX_NT];
+    HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = b0 ? _mm512_loadu_ps(out + t * os) : _mm512_setzero_ps();
+    for (int j = 0; j < nbb; j++)
+        HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = block16_token(q + 8 * j, dw[j], cw[j], b0 + j, &a[t], acc[t]);
+    HK_UNROLL for (int t = 0; t < nt; t++) _mm512_storeu_ps(out + t * os, acc[t]);
+}
+
+INLINE void gemm16_32(const int type, int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, float *out, ptrdiff_t os) {
+    const int ts = size32(type);
+    const __m512i offsets = row_offsets(stride);
+    __m512i q[8 * GROUP_BLOCKS] __attribute__((aligned(64)));
+    __m512 dw[GROUP_BLOCKS], cw[GROUP_BLOCKS];
+    size_t line = 0;
+    for (int b0 = 0; b0 < nb; b0 += GROUP_BLOCKS) {
+        const int nbb = nb - b0 < GROUP_BLOCKS ? nb - b0 : GROUP_BLOCKS;
+        for (int j = 0; j < nbb; j++) {
+            prefetch_next_rows(w, stride, b0 + j, nb, &line);
+            block16_decode(type, w + (size_t)(b0 + j) * ts, stride, offsets, q + 8 * j, &dw[j], &cw[j]);
+        }
+        TOKEN_GROUPS(blocks16_tokens, q, dw, cw, b0, nbb)
+    }
+}
+
+#define GEMM16_32(name, type)                                                                                \
+    static void name(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, float *out, ptrdiff_t os) { \
+        gemm16_32(type, nb, w, stride, a, n, out, os);                                                       \
+    }
+
+GEMM16_32(gemm16_q4_0, HK_Q4_0)
+GEMM16_32(gemm16_q4_1, HK_Q4_1)
+GEMM16_32(gemm16_q8_0, HK_Q8_0)
+GEMM16_32(gemm16_iq4_nl, HK_IQ4_NL)
+GEMM16_32(gemm16_mxfp4, HK_MXFP4)
 
 static void gemm16_q4_k(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, float *out, ptrdiff_t os) {
     const __m512i offsets = row_offsets(stride), m4 = _mm512_set1_epi8(0x0F);
@@ -552,7 +606,8 @@ const hk_isa hk_isa_avx512 = {
     },
     .dot16 = {[HK_Q4_0] = rows16_q4_0, [HK_Q4_1] = rows16_q4_1, [HK_Q8_0] = rows16_q8_0, [HK_IQ4_NL] = rows16_iq4_nl,
               [HK_MXFP4] = rows16_mxfp4, },
-    .gemm16 = {[HK_Q4_K] = gemm16_q4_k, [HK_Q6_K] = gemm16_q6_k},
+    .gemm16 = {[HK_Q4_K] = gemm16_q4_k, [HK_Q6_K] = gemm16_q6_k, [HK_Q4_0] = gemm16_q4_0, [HK_Q4_1] = gemm16_q4_1,
+               [HK_Q8_0] = gemm16_q8_0, [HK_IQ4_NL] = gemm16_iq4_nl, [HK_MXFP4] = gemm16_mxfp4},
     .tile = { /* 8 tokens where it measured faster than 4 (64-token products, one thread) */
         [HK_Q4_0] = 8, [HK_Q4_1] = 8, [HK_Q5_0] = 8, [HK_Q5_1] = 8, [HK_Q4_K] = 8, [HK_Q5_K] = 8, [HK_TQ1_0] = 8,
         [HK_TQ2_0] = 8, [HK_Q6_K] = 8,

@@ -165,7 +165,9 @@ void hk_dot_rows(const hk_isa *isa, int type, const uint8_t *w, ptrdiff_t stride
                  const hk_act *acts, int n, float *out, int rows) {
     const hk_type *ti = hk_type_info(type);
     const hk_dot16_fn dot16 = isa->dot16[type];
-    const hk_gemm16_fn gemm16 = n >= GEMM_MIN ? isa->gemm16[type] : NULL; /* the same bits as dot (see hk.h) */
+    /* the same bits as dot, or as dot16 where there is one (see hk.h): which runs is a matter of speed only;
+       a 16-row kernel does a single tile of tokens as fast */
+    const hk_gemm16_fn gemm16 = n >= GEMM_MIN && (!dot16 || n > tile_of(isa, type)) ? isa->gemm16[type] : NULL;
     const int tile = gemm16 ? GEMM_TILE : tile_of(isa, type), nb = cols / ti->block;
     for (int t0 = 0; t0 < n; t0 += tile) {
         int nt = n - t0 < tile ? n - t0 : tile, r = r0;

@@ -50,13 +50,22 @@ def main(argv: list[str] | None = None) -> int:
         return models_main(argv[1:])
     if argv[:1] == ["serve"]:
         from engine.serve.cli import main as serve_main
-        return serve_main(argv[1:])
+        return serve_main(argv[1:], library=library_models)
     args = _parse(argv)
     if args.version:
         import engine
         print(f"hearth {engine.__version__}")
         return 0
     return run_app(args)
+
+
+def library_models(data: str | None) -> dict[str, str]:
+    """The model library's runnable models by the id API clients send (``hearth serve --library``)."""
+    from engine.serve.library import model_id
+
+    from .models.library import ModelLibrary
+    from .paths import data_dir
+    return {model_id(e.path): str(e.path) for e in ModelLibrary(data_dir(data)).list() if e.supported}
 
 
 def run_app(args: argparse.Namespace) -> int:

@@ -1,15 +1,17 @@
 """The composition root: the store, the engine host, the controller and the window of one app session.
 
 Start-up order: the conversation store; the built-in model (ready, or to be assembled from its part packages, or
-missing); the snapshot cache and engine host; the controller, telemetry, downloads and window. ``start`` opens the
-last conversation and loads its model; on a first start it first assembles the built-in model on a background
-thread with a progress dialog, and loads it when that is done.
+missing); the snapshot cache, the remote endpoints and the engine host (whose factory opens local files and remote
+models alike); the controller, telemetry, downloads, the API server (on the engine host) and window. ``start`` opens
+the last conversation and loads its model, and starts the API server if it was left on; on a first start it first
+assembles the built-in model on a background thread with a progress dialog, and loads it when that is done.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from .api_server import ApiServer
 from .builtin_model import BuiltinModel, BuiltinModelError
 from .builtin_setup import BuiltinAssembly
 from .chat_controller import ChatController
@@ -17,6 +19,8 @@ from .conversation_actions import ConversationActions
 from .downloads_bridge import DownloadsBridge
 from .model_choices import ModelChoices
 from .models.downloads import DownloadManager
+from .models.remote_endpoints import RemoteEndpoints
+from .models.library import ModelLibrary
 from .snapshot_cache import SnapshotCache, default_memory_budget, default_memory_dir
 from .store import DB_FILENAME, ConversationStore
 from .telemetry import SystemSampler, Telemetry
@@ -40,7 +44,9 @@ class AppSession:
         self.snapshots = SnapshotCache(data / "snapshots", memory_dir=default_memory_dir(data),
                                        memory_budget=default_memory_budget())
         self.snapshots.retain(c.id for c in self.store.conversations())
-        self.host = EngineHost(engine_factory or load_engine_model, snapshots=self.snapshots)
+        self.remote = RemoteEndpoints(data)  # remote models open through the same engine factory as local files
+        self.host = EngineHost(self.remote.engine_factory(engine_factory or load_engine_model),
+                               snapshots=self.snapshots)
         default = model or (str(builtin) if builtin else None)
         self.controller = ChatController(self.store, self.host, default, builtin_path=str(builtin) if builtin else None)
         self.actions = ConversationActions(self.controller)
@@ -48,9 +54,11 @@ class AppSession:
         self.host.telemetry.connect(self.telemetry.add_engine_sample)
         self.host.thermal_decided.connect(self.telemetry.add_thermal_decision)
         self.downloads = DownloadsBridge(DownloadManager(data))
-        self.window = MainWindow(self.controller, ModelChoices(data, builtin), telemetry=self.telemetry,
-                                 actions=self.actions,
-                                 downloads=self.downloads)
+        choices = ModelChoices(data, builtin, remote=self.remote)
+        self.api_server = ApiServer(self.host, self.store, library=lambda: library_ids(choices),
+                                    n_ctx=lambda: self.controller.default_settings().n_ctx)
+        self.window = MainWindow(self.controller, choices, telemetry=self.telemetry, actions=self.actions,
+                                 downloads=self.downloads, api_server=self.api_server)
 
     def _find_builtin(self) -> tuple[Path | None, str | None]:
         """The built-in model's path (ready, or to be assembled from parts that are all installed), or the problem."""
@@ -67,13 +75,16 @@ class AppSession:
         if pending:
             self.controller.pending_model = self.controller.builtin_path
         self.controller.start()
-        problems = [self.recovery_notice, *self.downloads.manager.notices]
+        problems = [self.recovery_notice, *self.downloads.manager.notices, *self.snapshots.notices,
+                    *ModelLibrary(self.data, scan_dirs=[], builtin=None).check_registry()]
         if any(problems):
             self.window.notice_bar.show_notice("error", " ".join(p for p in problems if p))
         elif self.builtin_problem:
             self.window.notice_bar.show_notice("error", f"The built-in model is missing: {self.builtin_problem}")
         if pending:
             self._assemble_builtin()
+        if self.api_server.settings.enabled:
+            self.api_server.start()
 
     def _assemble_builtin(self) -> None:
         """Assemble the built-in model in the background; the controller loads it when that is done."""
@@ -106,8 +117,23 @@ class AppSession:
             self.assembly.stop()
         self._close_progress()
         self.controller.stop_and_forget()
+        self.api_server.stop()
         self.host.shutdown()
         self.snapshots.close()
         self.downloads.shutdown()
         self.window.close()
         self.store.close()
+
+
+def library_ids(choices: ModelChoices) -> dict[str, str]:
+    """The library's usable local models by the id API clients send (the file name without .gguf).
+
+    Remote models are left out: the app's server answers from this machine's engine, it does not proxy endpoints.
+    """
+    from engine.remote import is_remote_ref
+    from engine.serve.library import model_id
+    try:
+        rows = choices.list()
+    except Exception:  # noqa: BLE001 - a broken scan leaves the API with the loaded model only
+        return {}
+    return {model_id(row.path): row.path for row in rows if row.usable and not is_remote_ref(row.path)}

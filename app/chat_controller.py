@@ -13,6 +13,7 @@ from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
 from engine.context import reply_room
 from engine.reasoning import ReasoningProfile, ReasoningSplitter
+from engine.remote import is_remote_ref, parse_remote_ref
 from engine.thermal import Mode
 
 from .chat_settings import ChatSettings
@@ -424,11 +425,15 @@ class ChatController(QObject):
     def _author_stats(self, reply: _Reply) -> dict:
         """Which model wrote a reply, kept in its stats: its display name and file (no directory, for exports)."""
         path = reply.model[0]
+        if is_remote_ref(path):  # the server's model id; never the endpoint's address or key (exports carry this)
+            return {"model_name": self._display_name(path), "model_file": parse_remote_ref(path)[1]}
         return {"model_name": self._display_name(path), "model_file": path.replace("\\", "/").rsplit("/", 1)[-1]}
 
     def _display_name(self, path: str) -> str:
         if path == self.builtin_path:
             return BUILTIN_MODEL_NAME
+        if is_remote_ref(path):
+            return f"{parse_remote_ref(path)[1]} (remote)"
         if self.model_info.get("path") == path and self.model_info.get("name"):
             return self.model_info["name"]
         return display_name(None, path)
@@ -453,6 +458,8 @@ class ChatController(QObject):
     def _on_loaded(self, info: dict) -> None:
         if info.get("path") == self.builtin_path:
             info = {**info, "name": BUILTIN_MODEL_NAME}
+        elif is_remote_ref(info.get("path")):
+            info = {**info, "name": self._display_name(info["path"])}
         else:
             info = {**info, "name": display_name(info.get("name"), info.get("path"))}
         self.model_info = info

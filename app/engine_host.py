@@ -25,6 +25,8 @@ class EngineHost(QObject):
         load_requested(str, int): path and n_ctx, to the worker.
         prompt_requested(ReplyRequest): a reply to generate, to the worker.
         unload_requested(): to the worker.
+        pump_requested(): the API server submitted sequences to the loaded model's scheduler; to the worker, which
+            steps them (beside the chat's replies) while any is left.
         activate_requested(object), save_state_requested(int, str, int, str, list, dict),
         restore_state_requested(int, str, int, str): to the worker.
         loaded(dict), unloaded(), load_failed(str, str), tokens(int, str), finished(int, dict),
@@ -38,6 +40,7 @@ class EngineHost(QObject):
     load_requested = Signal(str, int)
     prompt_requested = Signal(object)
     unload_requested = Signal()
+    pump_requested = Signal()
     activate_requested = Signal(object)
     save_state_requested = Signal(int, str, int, str, object, object)
     restore_state_requested = Signal(int, str, int, str)
@@ -81,7 +84,7 @@ class EngineHost(QObject):
         self._worker.moveToThread(self._thread)
         self._worker.note_shown(self._shown)
         w = self._worker
-        links = [(self.load_requested, w.load), (self.prompt_requested, w.generate),
+        links = [(self.load_requested, w.load), (self.prompt_requested, w.generate), (self.pump_requested, w.pump),
                  (self.unload_requested, w.unload), (w.crashed, self._on_crashed),
                  (self.activate_requested, w.activate), (self.save_state_requested, w.save_state),
                  (self.restore_state_requested, w.restore_state), (w.finished, self._on_answered),
@@ -141,6 +144,21 @@ class EngineHost(QObject):
 
     def restore_state(self, conversation_id: int, model_path: str, n_ctx: int, path: str) -> None:
         emit(self.restore_state_requested, conversation_id, model_path, n_ctx, path)
+
+    @property
+    def model(self):
+        """The loaded ``engine.model.Model``, or None; safe to read from any thread (the API server's)."""
+        worker = self._worker
+        return worker.model if worker is not None else None
+
+    @property
+    def streaming(self) -> bool:
+        """Chat replies are queued or streaming (requests not yet answered)."""
+        return bool(self._unanswered)
+
+    def pump(self) -> None:
+        """Have the engine thread step sequences submitted to the loaded model's scheduler; any thread."""
+        emit(self.pump_requested)
 
     def stop(self, request_id: int) -> None:
         if self._worker is not None:

@@ -3,6 +3,9 @@
 No Qt. Both come from the engine's ``engine.compatibility.check`` on the file's GGUF header (metadata and
 tensor table): the architecture, the tokenizer, every required tensor and its shape, the tensor types the
 backend this machine would use can hold, and that backend's memory estimate (weights, KV cache, runtime).
+A mixture-of-experts model's weights count all its experts (all resident); ``active_weights`` is what one
+token reads. When only the memory-mapped weights do not fit in the free memory, the verdict is ``"paged"``:
+it runs, with the OS page cache reading the weights from the file as needed, more slowly (the summary says so).
 
 A Hub file's header is read with HTTP ``Range`` requests: the first ``HEADER_BYTES``, then more, doubling,
 while the header continues past what was read (a large vocabulary comes before the tensor table), up to
@@ -22,7 +25,7 @@ from huggingface_hub import get_session
 
 from engine.compatibility import Compatibility, check
 from engine.gguf_file import GGUFFile, GGUFHeader, IncompleteHeaderError, ModelFormatError
-from engine.memory_estimate import fit_verdict, system_memory
+from engine.memory_estimate import fit_verdict, paging_note, system_memory
 
 HEADER_BYTES = 1 << 20
 MAX_HEADER_BYTES = 32 << 20
@@ -42,13 +45,15 @@ class FitEstimate:
     weights: int
     kv_cache: int
     overhead: int
-    verdict: str  # memory: "fits", "tight" or "won't fit"
+    verdict: str  # memory: "fits", "tight", "paged" (runs from the page cache, slower) or "won't fit"
     available: int
     rough: bool = False  # the memory is a guess (the header could not be read or describes no model)
     runs: bool | None = None  # None: unknown, the header could not be read
     reasons: tuple[str, ...] = ()  # why it will not load (one line each), or why it could not be judged
     backend: str | None = None
     architecture: str | None = None
+    active_weights: int | None = None  # weight bytes one token reads (a sparse model's chosen experts); None: all
+    mapped: int = 0  # weight bytes that stay pages of the memory-mapped file
 
     @property
     def total(self) -> int:
@@ -78,9 +83,13 @@ def verdict_summary(e: dict) -> str:
         return f"Not checked ({e['reasons'][0]}) · needs {need}" if e.get("reasons") else f"Not checked · needs {need}"
     if e["verdict"] == "won't fit":
         return f"Won't fit · needs {need}, {gb_text(e['available'])} free"
+    if e["verdict"] == "paged":
+        return f"Runs here, slowly · needs {need}; {paging_note(e.get('mapped', 0), e['available'])}"
+    sparse = e.get("active_weights") is not None and e["active_weights"] < e["weights"]
+    reads = f" · reads {gb_text(e['active_weights'])} per token (all experts resident)" if sparse else ""
     if e["verdict"] == "tight":
-        return f"Runs here, tight · needs {need} of {gb_text(e['available'])} free"
-    return f"Runs here · needs {need}"
+        return f"Runs here, tight · needs {need} of {gb_text(e['available'])} free{reads}"
+    return f"Runs here · needs {need}{reads}"
 
 
 def judged_estimate(gguf: GGUFFile, file_size: int, n_ctx: int, available: int | None = None) -> FitEstimate:
@@ -91,8 +100,10 @@ def judged_estimate(gguf: GGUFFile, file_size: int, n_ctx: int, available: int |
     if estimate is None:  # the header describes no model the engine runs: memory only roughly
         return _rough(file_size, n_ctx, available, runs=False, reasons=verdict.reasons, judged=verdict)
     return FitEstimate(estimate.weights_bytes, estimate.kv_cache_bytes, estimate.overhead_bytes,
-                       fit_verdict(estimate.total_bytes, available), available, runs=verdict.runs,
-                       reasons=verdict.reasons, backend=verdict.backend, architecture=verdict.architecture)
+                       fit_verdict(estimate.total_bytes, available, estimate.mapped_bytes), available,
+                       runs=verdict.runs, reasons=verdict.reasons, backend=verdict.backend,
+                       architecture=verdict.architecture, active_weights=estimate.active_weights_bytes,
+                       mapped=estimate.mapped_bytes)
 
 
 def unknown_estimate(file_size: int, n_ctx: int, why: str, available: int | None = None) -> FitEstimate:

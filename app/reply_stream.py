@@ -1,7 +1,9 @@
 """The per-token stream: every reply of the loaded model, one or several, stepped through the engine's scheduler.
 
 A lone reply is a batch of one; a request that arrives while replies stream is submitted to the same scheduler
-and joins them at the next step (no hand-over: every reply keeps its sequence from start to finish). Each step
+and joins them at the next step (no hand-over: every reply keeps its sequence from start to finish). API requests
+from the app's server are sequences in the same scheduler: the loop steps while any sequence is left, so they
+decode in the chat's passes and the chat's replies in theirs, under one thermal policy. Each step
 the loop follows the conversation on screen (its reply decodes first), delivers each reply's new text at once (a
 piece held back until a later step could wait as long as the next token takes; the chat view coalesces repaints
 instead), and rests as the thermal policy asks, in slices that Stop cuts short. No Qt here: the worker passes
@@ -64,10 +66,12 @@ class Hooks:
     admit: Callable[[ReplyLoop], None]  # add the requests that arrived since the last step
     event: Callable[[Reply, GenerationEvent], None]  # a token of a reply decoding alone (telemetry)
     sample: Callable[[int, float, int], None]  # (request id on screen or 0, aggregate decode tok/s, batch size)
+    halted: Callable[[], bool] = lambda: False  # stop stepping sequences that are no reply (the engine shuts down)
 
 
 class ReplyLoop:
-    """Steps a model's scheduler until every reply it was given has ended.
+    """Steps a model's scheduler until every reply it was given, and every other sequence in it (API requests),
+    has ended.
 
     Args:
         scheduler: the loaded model's ``engine.scheduler.Scheduler`` (its monitor sets the limits).
@@ -86,15 +90,17 @@ class ReplyLoop:
         self.replies[reply.handle.id] = reply
 
     def run(self) -> None:
-        """Step until every reply has ended; on an exception every unfinished reply is dropped and gets an error."""
+        """Step until every reply and every other sequence has ended; on an exception every unfinished reply is
+        dropped and gets an error (the API's requests see their model go)."""
         decoded, since, batch = 0, self.clock(), -1
         try:
-            while self.replies:
+            while self.replies or self._others_left():
                 self.hooks.admit(self)
                 self._follow_the_user()
                 report = self.scheduler.step()
+                others = report.decode_batch > len(self.replies)  # API sequences decoded (before replies end)
                 self._deliver(report.decode_batch)
-                if report.decode_batch > 1 or batch > 1:
+                if report.decode_batch > 1 or batch > 1 or others:
                     decoded += report.decode_batch
                     now = self.clock()
                     # every interval, and at once when the number of replies decoding together changes
@@ -103,7 +109,7 @@ class ReplyLoop:
                         self.hooks.sample(self._shown_request(), rate, report.decode_batch)
                         decoded, since = 0, now
                 batch = report.decode_batch
-                if report.pause_s > 0 and self.replies:
+                if report.pause_s > 0 and (self.replies or self._others_left()):
                     rest(report.pause_s, self._any_stopped, self.sleep)
         except Exception as exc:
             for sid, reply in self.replies.items():
@@ -113,6 +119,10 @@ class ReplyLoop:
             raise
 
     # -- internals ---------------------------------------------------------------------------------
+    def _others_left(self) -> bool:
+        """Sequences that are no reply of this loop (API requests) are left to step."""
+        return self.scheduler.has_work and not self.hooks.halted()
+
     def _follow_the_user(self) -> None:
         """Priorities follow the conversation on screen."""
         shown = self.hooks.shown()
@@ -135,7 +145,10 @@ class ReplyLoop:
                     self._end(sid, reply, "cancelled")
                 elif event.kind == "failed":
                     del self.replies[sid]
-                    self.hooks.failed(reply.request_id, ValueError(event.detail))  # the backend refused the prompt
+                    if reply.pending:  # text that came with the failure (a remote stream) is kept, then the error
+                        self.hooks.tokens(reply.request_id, reply.pending)
+                        reply.pending = ""
+                    self.hooks.failed(reply.request_id, ValueError(event.detail))  # refused prompt, broken stream
             if sid in self.replies and reply.pending:  # now: the next step may take as long as a slow token
                 self.hooks.tokens(reply.request_id, reply.pending)
                 reply.pending = ""

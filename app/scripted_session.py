@@ -1,9 +1,12 @@
 """A test hook: with HEARTH_SCRIPT set, the app sends the scripted prompts itself and reports progress on stdout.
 
 HEARTH_SCRIPT is JSON: ``{"prompts": [{"text": "...", "max_tokens": 8, "temperature": 0.0}, ...]}``. Each prompt is
-sent once the previous answer finished. Every line printed is one JSON object: ``{"event": "text", "message_id":
-M, "text": DELTA}`` as an answer streams in and ``{"event": "finished", "message_id": M, "content": TEXT}`` when it
-is saved. End-to-end tests kill the process mid-answer and compare the database with what was printed.
+sent once the previous answer finished; a step ``{"model": PATH}`` instead switches the conversation's model (as the
+model menu does) and the script goes on once it is loaded; ``{"new_chat": true}`` opens a new conversation. Every line printed is one JSON object: ``{"event": "sent",
+...}`` when a prompt is saved and sent, ``{"event": "text", "message_id": M, "text": DELTA}`` as an answer streams in,
+``{"event": "finished", "message_id": M, "content": TEXT}`` when it is saved, ``{"event": "switching", "path": P}``
+once the switch is saved and ``{"event": "switched", "path": P}`` when the model is loaded. End-to-end tests kill the
+process at these moments and compare the database with what was printed.
 """
 
 from __future__ import annotations
@@ -41,6 +44,15 @@ class ScriptedSession(QObject):
             return
         prompt = self.prompts.pop(0)
         c = self.controller
+        if prompt.get("new_chat"):
+            self._print(event="new_chat", conversation_id=c.new_conversation())
+            QTimer.singleShot(0, self._next)
+            return
+        if "model" in prompt:
+            c.model_changed.connect(self._on_model_changed)
+            c.set_model(prompt["model"])
+            self._print(event="switching", path=prompt["model"])
+            return
         overrides = {k: prompt[k] for k in ("max_tokens", "temperature", "seed") if k in prompt}
         c.update_settings(dataclasses.replace(c.settings(), **overrides))
         c.send(prompt["text"])
@@ -54,6 +66,11 @@ class ScriptedSession(QObject):
     def _on_finished(self, message_id: int, stats: dict) -> None:
         content = self.controller.store.message(message_id).content
         self._print(event="finished", message_id=message_id, content=content, stats=stats)
+        QTimer.singleShot(0, self._next)
+
+    def _on_model_changed(self, info: dict) -> None:
+        self.controller.model_changed.disconnect(self._on_model_changed)
+        self._print(event="switched", path=info.get("path"))
         QTimer.singleShot(0, self._next)
 
     @staticmethod

@@ -10,20 +10,31 @@ Qwen3 writes one (``<think>…</think>`` then the answer), fed through the app's
 splitter, tokenized by the built-in model's tokenizer for its token count, and opened in the real window
 (``chat-thinking*.png``; the transcript's ``thinking_sample`` says so).
 
+Then the Server page while the app's API server answers a few streaming requests from clients on threads of
+this process, in the app's own engine (``server-streaming*.png``; the transcript's ``server`` has the request log).
+
 Then the chat polish, on stored sample answers too: a question with three answers (as Regenerate keeps them),
 the second shown with its Python code block in syntax colours and ‹ 2/3 › (``chat-code.png``, ``chat-code-dark.png``),
 and the window at 760×520 with the settings open (``chat-narrow.png``, ``chat-narrow-dark.png``).
+
+Last, a remote model (``app/smoke_remote.py``): the built-in model behind an in-process ``hearth serve`` on
+loopback, answering as a remote endpoint's model (``chat-remote*.png``, ``dashboard-remote.png``,
+``models-remote.png``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import http.client
 import io
 import json
+import socket
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from pathlib import Path
 
 from PySide6.QtCore import QObject, QTimer
@@ -35,6 +46,7 @@ from engine.tokenizer import IncrementalDecoder, Tokenizer
 
 from .app_session import AppSession
 from .qt_compat import emit
+from .smoke_remote import RemoteStage
 from .ui.theme import dark_palette
 
 PROMPT = "Hello! Who are you?"
@@ -45,6 +57,8 @@ DASHBOARD_AFTER_S = 6  # of decoding (or half the tokens) before dashboard.png, 
 # (400 tok/s with prompt lookup) once finished between two samples.
 DASHBOARD_MAX_TOKENS = 1500
 TIMEOUT_S = 600
+SERVER_CLIENTS = 4  # streaming API requests running while the Server page is grabbed
+SERVER_MAX_TOKENS = 96
 THINKING_PROMPT = "Is 97 a prime number?"
 THINKING_REPLY = (  # as a thinking model (Qwen3, SmolLM3) writes it; a sample, not generated here
     "<think>\nThe user asks whether 97 is prime. The square root of 97 is a little under 10, so I only need to "
@@ -100,6 +114,7 @@ class SmokeTest(QObject):
         self.pages: dict[str, str] = {}  # screenshot name -> file
         self.sent_at = self.first_text_at = None
         self.transcript: dict | None = None  # set once the first answer is captured; then the dashboard's turn
+        self._remote: RemoteStage | None = None  # the last stage, once it has begun
         self._deadline = QTimer(self, singleShot=True, interval=TIMEOUT_S * 1000)
         self._deadline.timeout.connect(lambda: self._fail(f"no answer within {TIMEOUT_S} s"))
 
@@ -141,6 +156,8 @@ class SmokeTest(QObject):
             self.pages["chat-streaming"] = self._grab("chat-streaming")
 
     def _on_finished(self, message_id: int, stats: dict) -> None:
+        if self._remote is not None:  # the remote stage's answer: that stage follows it
+            return
         if self.transcript is not None:
             self._finish_dashboard(stats)
             return
@@ -238,8 +255,51 @@ class SmokeTest(QObject):
         pages["models-add-error-dark"] = self._grab_dark("models-add-error-dark")
         window.show_page("defaults")
         pages["defaults-dark"] = self._grab_dark("defaults-dark")
-        window.show_page("chat")
-        self._capture_polish()  # before the base model, so the samples are shown under the built-in model
+        self._capture_server()
+
+    def _capture_server(self) -> None:
+        """The Server page while API requests stream: one short request first (a row in the log), then
+        ``SERVER_CLIENTS`` streaming ones, grabbed once they all run."""
+        from engine.serve.library import model_id
+        from .api_server import ServerSettings
+
+        server = self.session.api_server
+        server.apply(ServerSettings(enabled=True, port=_free_port()))
+        if not server.running:
+            self._fail(f"the API server did not start: {server.error}")
+            return
+        self.session.window.show_page("server")
+        name = model_id(self.session.controller.model_info["path"])
+        self._api_replies: list[str] = []
+        ask = lambda stream: self._api_replies.append(_ask_api(server.settings.base_url, name, stream))  # noqa: E731
+        threading.Thread(target=ask, args=(False,), daemon=True).start()
+        self._server_polls, self._streams_started = 0, False
+        self._server_timer = QTimer(self, interval=100)
+        self._server_timer.timeout.connect(lambda: self._poll_server(ask))
+        self._server_timer.start()
+
+    def _poll_server(self, ask) -> None:
+        served, self._server_polls = self.session.api_server.served, self._server_polls + 1
+        if self._server_polls > 10 * TIMEOUT_S // 2:
+            self._server_timer.stop()
+            self._fail("the API server's requests did not run")
+        elif served.stats.log and not self._streams_started:
+            self._streams_started = True
+            for _ in range(SERVER_CLIENTS):
+                threading.Thread(target=ask, args=(True,), daemon=True).start()
+        elif self._streams_started and served.active >= SERVER_CLIENTS \
+                and self.session.host.model.scheduler.has_work and len(self._api_replies) == 1 \
+                and self.session.telemetry.engine.phase == "decode":
+            self._server_timer.stop()
+            self.session.api_server.report()
+            self.pages["server-streaming"] = self._grab("server-streaming")
+            self.pages["server-streaming-dark"] = self._grab_dark("server-streaming-dark")
+            self.transcript["server"] = {"running": served.active, "log": [
+                {"endpoint": r.endpoint, "status": r.status, "completion_tokens": r.completion_tokens}
+                for r in served.stats.log]}
+            self.session.api_server.stop()
+            self.session.window.show_page("chat")
+            self._capture_polish()  # before the base model, so the samples are shown under the built-in model
 
     def _store_two_model_chat(self) -> dict:
         """The first real answer (the built-in model's) and a stored sample answer recorded as another model's."""
@@ -277,6 +337,12 @@ class SmokeTest(QObject):
         with contextlib.suppress(OSError):  # (a file still mapped cannot be deleted on Windows: the OS's temp dir)
             self._scratch.unlink()
             self._scratch.parent.rmdir()
+        self._remote = RemoteStage(self.session, self._grab, self._grab_dark, self._remote_done, self._fail)
+        self._remote.start()
+
+    def _remote_done(self, part: dict) -> None:
+        self.pages.update(part.pop("screenshots"))
+        self.transcript["remote"] = part
         (self.out / "transcript.json").write_text(json.dumps(self.transcript, indent=2, ensure_ascii=False))
         self.exit_code = 0
         QApplication.instance().quit()
@@ -363,3 +429,21 @@ class SmokeTest(QObject):
         print(f"smoke test failed: {message}", file=sys.stderr)
         self.exit_code = 1
         QApplication.instance().quit()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ask_api(base_url: str, model: str, stream: bool) -> str:
+    """One chat completion from the app's API server, read to its end; the raw body (or why it failed)."""
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Tell me about lighthouses."}],
+                       "max_tokens": SERVER_MAX_TOKENS if stream else 8, "temperature": 0, "stream": stream}).encode()
+    request = urllib.request.Request(f"{base_url}/chat/completions", body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+            return response.read().decode()
+    except (OSError, http.client.HTTPException) as e:  # the server stopped after the screenshot: the stream ends
+        return f"error: {e}"

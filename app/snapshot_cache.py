@@ -26,7 +26,7 @@ from typing import Literal
 import psutil
 
 from engine.atomic_write import atomic_write
-from engine.session import SessionError
+from engine.session import SessionError, check_file
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,7 @@ class SnapshotCache:
         self.dirs: dict[Tier, Path | None] = {"disk": Path(disk_dir), "memory": Path(memory_dir) if memory_dir else None}
         self.budgets: dict[Tier, int] = {"disk": disk_budget, "memory": memory_budget if memory_dir else 0}
         self._entries: collections.OrderedDict[tuple[int, str], CacheEntry] = collections.OrderedDict()  # oldest first
+        self.notices: list[str] = []  # for the user: damaged snapshots found at start-up and where they went
         self._lock = threading.RLock()
         self.dirs["disk"].mkdir(parents=True, exist_ok=True)
         if self.dirs["memory"] is not None:  # made on first use, so a run that never parks leaves nothing there
@@ -165,11 +166,29 @@ class SnapshotCache:
             m = NAME.fullmatch(path.name)
             if m is None:
                 continue
+            try:
+                check_file(path)
+            except (SessionError, OSError) as e:
+                self._move_aside(path, int(m.group(1)), str(e))
+                continue
             st = path.stat()
             found.append((st.st_mtime_ns, CacheEntry(int(m.group(1)), m.group(2), "disk", path, st.st_size)))
         for _, entry in sorted(found, key=lambda item: item[0]):
             self._entries[(entry.conversation_id, entry.model_sha256)] = entry
         self._enforce_budgets()
+
+    def _move_aside(self, path: Path, conversation_id: int, reason: str) -> None:
+        """Keep a damaged snapshot out of the cache's way (renamed beside it, not deleted) and say so."""
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        target = path.with_name(f"{path.name}.damaged-{stamp}")
+        try:
+            os.replace(path, target)
+        except OSError as e:
+            log.warning("could not move the damaged snapshot %s aside: %s", path, e)
+            return
+        self.notices.append(f"The saved state of conversation {conversation_id} was damaged ({reason}); it was "
+                            f"moved to {target}. The conversation itself is intact: its next answer reads it again "
+                            "from the start.")
 
     def _touch(self, entry: CacheEntry) -> None:
         self._entries.move_to_end((entry.conversation_id, entry.model_sha256))

@@ -24,6 +24,8 @@ import psutil
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
 from engine.model import CHAT_PREFILL_CHUNK, KVCacheUsage
+from engine.remote import RemoteModel
+from engine.remote.model import RemoteStats
 from engine.thermal import Limits, PolicyDecision, ThermalPolicy, ThermalProvider, ThermalState, default_provider
 from engine.thermal.monitor import POLL_INTERVAL_S
 
@@ -60,6 +62,7 @@ class EngineSample:
     prefill_chunk: int = 0  # tokens per prefill step the worker asks for
     batch: int = 0  # sequences in flight
     weights_bytes: int = 0
+    active_weights_bytes: int | None = None  # weight bytes one decode step reads (a sparse model); None: all
     scratch_bytes: int = 0
     device_active_bytes: int | None = None  # MLX only
     device_peak_bytes: int | None = None
@@ -69,6 +72,7 @@ class EngineSample:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     speedup_estimate: float | None = None  # decode tok/s so far over a plain step's, as speculation measured it
+    remote: RemoteStats | None = None  # a remote model's endpoint: requests in flight, errors, latency
 
     @property
     def prefill_tps(self) -> float:
@@ -100,9 +104,11 @@ def read_engine(model, phase: str, now: float, request_id: int = 0, event=None, 
                        speedup_estimate=estimated_speedup(event.decode_tps, speculator.controller.costs.step_s))
     return EngineSample(now, phase, model.name, model.backend.name, request_id, **timings,
                         decode_tps_now=decode_tps_now, prefill_chunk=prefill_chunk, batch=batch,
-                        weights_bytes=memory.weights_bytes, scratch_bytes=memory.scratch_bytes,
+                        weights_bytes=memory.weights_bytes, active_weights_bytes=memory.active_weights_bytes,
+                        scratch_bytes=memory.scratch_bytes,
                         device_active_bytes=memory.device_active_bytes, device_peak_bytes=memory.device_peak_bytes,
-                        device_cache_bytes=memory.device_cache_bytes, kv=model.kv_cache_usage)
+                        device_cache_bytes=memory.device_cache_bytes, kv=model.kv_cache_usage,
+                        remote=model.scheduler.stats() if isinstance(model, RemoteModel) else None)
 
 
 class EngineProbe:
@@ -283,6 +289,12 @@ class MemoryBreakdown:
     scratch_bytes: int
     kv_used_positions: int
     n_ctx: int
+    active_weights_bytes: int | None = None  # of weights_bytes, what one decode step reads (a sparse model)
+
+    @property
+    def sparse(self) -> bool:
+        """A mixture of experts: every expert resident, only the chosen ones read per token."""
+        return self.active_weights_bytes is not None and self.active_weights_bytes < self.weights_bytes
 
     @property
     def other_bytes(self) -> int:
@@ -301,7 +313,7 @@ def memory_breakdown(system: SystemSample, engine: EngineSample) -> MemoryBreakd
     kv = engine.kv or KVCacheUsage(0, 0, 0, 0, 0)
     return MemoryBreakdown(system.rss_bytes, engine.weights_bytes, kv.allocated_bytes,
                            kv.used_positions * kv.bytes_per_position, kv.max_bytes, engine.scratch_bytes,
-                           kv.used_positions, kv.max_positions)
+                           kv.used_positions, kv.max_positions, engine.active_weights_bytes)
 
 
 def memory_warnings(breakdown: MemoryBreakdown | None, system: SystemSample) -> list[str]:

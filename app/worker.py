@@ -4,7 +4,9 @@ scheduler (app/reply_stream.py); the wiring between the engine and the window, a
 The GUI thread talks to it through queued signals (app/engine_host.py) and a few thread-safe direct calls:
 ``request_stop`` (and ``stop_all``), which set a reply's Stop flag, checked by the engine every token and between
 prefill chunks; ``offer``, which gives a new request to the replies streaming now so it joins them at the next step
-instead of waiting in the queue; and ``note_shown``, the conversation on screen, whose reply decodes first.
+instead of waiting in the queue; ``note_shown``, the conversation on screen, whose reply decodes first; and
+``model``, the loaded model, whose scheduler the app's API server submits its sequences to (``pump`` then steps
+them, beside any reply, on this thread).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from engine.chat_template import TemplateError
 from engine.context import ContextOverflowError
 from engine.gguf_file import ModelFormatError
 from engine.model import CHAT_PREFILL_CHUNK
+from engine.remote import RemoteModel
 from engine.sampling import NonFiniteLogitsError
 from engine.thermal import Mode, ThermalMonitor, default_provider
 
@@ -126,6 +129,7 @@ class EngineWorker(QObject):
         self._model_key: tuple[str, int] | None = None
         self._stopped: set[int] = set()  # request ids the user stopped
         self._stopped_through = -1  # every request id up to this one is stopped (shutdown)
+        self._halted = threading.Event()  # shutting down: stop stepping the API's sequences too
         self._running: dict[int, Reply] = {}  # replies in the scheduler, by request id (Stop sets their flag)
         self._lock = threading.Lock()  # guards _busy and _offers, shared with the GUI thread
         self._busy = False  # in generate: requests offered now join the running replies
@@ -144,6 +148,7 @@ class EngineWorker(QObject):
     def stop_all(self) -> None:
         """Stop every request, running or queued; thread-safe."""
         self._stopped_through = 1 << 62
+        self._halted.set()
         for reply in list(self._running.values()):
             reply.cancel.set()
 
@@ -159,6 +164,11 @@ class EngineWorker(QObject):
     def note_shown(self, conversation_id: int | None) -> None:
         """The conversation on screen, for the priorities of replies running together; thread-safe."""
         self._shown_now = conversation_id
+
+    @property
+    def model(self):
+        """The loaded ``engine.model.Model`` or None; thread-safe to read (it changes only on this thread)."""
+        return self._model
 
     # -- slots, run on the engine thread ------------------------------------------------------------
     @Slot(str, int)
@@ -221,13 +231,32 @@ class EngineWorker(QObject):
         try:
             self._serve(request)
         finally:
-            while True:
-                with self._lock:
-                    if not self._offers:
-                        self._busy = False
-                        break
-                    offer = self._offers.pop(0)
-                self._serve(offer)
+            self._serve_offers()
+
+    @Slot()
+    def pump(self) -> None:
+        """Step the loaded model's scheduler while it holds sequences that are no reply (the API server's),
+        with every reply offered meanwhile beside them; nothing to do while ``generate`` steps it anyway."""
+        with self._lock:
+            if self._busy:
+                return
+            self._busy = True
+        try:
+            if self._model is not None and self._model.scheduler.has_work:
+                self._step(None, ReplyLoop(self._model.scheduler, self._hooks()))
+                self._probe.model_changed(self._model)  # the dashboard goes back to idle
+        finally:
+            self._serve_offers()
+
+    def _serve_offers(self) -> None:
+        """Serve the requests offered while busy, oldest first, then stop being busy."""
+        while True:
+            with self._lock:
+                if not self._offers:
+                    self._busy = False
+                    return
+                offer = self._offers.pop(0)
+            self._serve(offer)
 
     def _is_stopped(self, request_id: int) -> bool:
         return request_id in self._stopped or request_id <= self._stopped_through
@@ -247,15 +276,20 @@ class EngineWorker(QObject):
         if self._is_stopped(request.request_id):  # stopped while the model loaded
             emit(self.finished, request.request_id, ReplyStats("cancelled", 0).as_dict())
             return
+        self._step(request, ReplyLoop(self._model.scheduler, self._hooks()))
+
+    def _step(self, request: ReplyRequest | None, loop: ReplyLoop) -> None:
+        """Start ``request`` (None: only step what the scheduler holds) and run ``loop`` to its end; an
+        unexpected exception closes the model and reports a crash."""
         try:
-            self._switch(request.conversation_id)
-            loop = ReplyLoop(self._model.scheduler, self._hooks())
-            emit(self.progress, "Reading the conversation…")
-            self._start(request, loop)
+            if request is not None:
+                self._switch(request.conversation_id)
+                emit(self.progress, "Reading the conversation…")
+                self._start(request, loop)
             loop.run()
         except Exception as exc:  # noqa: BLE001
             self._probe.model_changed(self._model)  # back to idle (or "none" once closed below)
-            if request.request_id not in self._running:  # (a reply in the loop got its error from the loop)
+            if request is not None and request.request_id not in self._running:  # (the loop told its replies)
                 emit(self.error, request.request_id, describe(exc))
             if not classify(exc):
                 self._close_model()
@@ -269,7 +303,9 @@ class EngineWorker(QObject):
         model's resident cache (its conversation's state) and may speculate; replies that join it get caches of
         their own and decode plainly (one model pass per step serves them all)."""
         model, alone = self._model, not loop.replies
-        speculator, notice = (self._speculators.for_reply(model, request.speculation) if alone else (None, None))
+        local = not isinstance(model, RemoteModel)  # a remote server speculates (or not) on its own
+        speculator, notice = (self._speculators.for_reply(model, request.speculation) if alone and local
+                              else (None, None))
         mode = thermal_mode(request.thermal_mode)
         if mode is not None and mode != self._monitor.policy.mode:
             self._monitor.set_mode(mode)
@@ -293,9 +329,10 @@ class EngineWorker(QObject):
     def _hooks(self) -> Hooks:
         model = self._model
         return Hooks(tokens=lambda rid, text: emit(self.tokens, rid, text), finished=self._finished,
-                     failed=lambda rid, exc: emit(self.error, rid, describe(exc)), shown=lambda: self._shown_now,
+                     failed=self._failed, shown=lambda: self._shown_now,
                      admit=self._admit_offers, event=lambda reply, event: self._probe.event(model, event),
-                     sample=lambda rid, rate, batch: self._probe.batched(model, rid, rate, batch))
+                     sample=lambda rid, rate, batch: self._probe.batched(model, rid, rate, batch),
+                     halted=self._halted.is_set)
 
     def _finished(self, reply: Reply, reason: str) -> None:
         """A reply ended: its stats, with the speculation figures and the snapshot note of the resident reply."""
@@ -311,6 +348,11 @@ class EngineWorker(QObject):
             if notice:
                 extra["speculation_notice"] = notice
         emit(self.finished, reply.request_id, reply.stats(reason, self._model.n_ctx, self._model.name, extra).as_dict())
+
+    def _failed(self, request_id: int, exc: Exception) -> None:
+        emit(self.error, request_id, describe(exc))
+        if isinstance(self._model, RemoteModel):  # the dashboard's remote card counts the error now
+            self._probe.model_changed(self._model)
 
     def _admit_offers(self, loop: ReplyLoop) -> None:
         """Start the offered requests for this model in ``loop``; the others wait for the next generate."""
@@ -351,11 +393,12 @@ class EngineWorker(QObject):
         self._model, self._model_key = model, (path, n_ctx)
         model.set_monitor(self._monitor)
         memory = measure_load(model, rss_before)
-        self._states.attach(model)
+        if not isinstance(model, RemoteModel):  # a remote model's KV state is on its server: nothing to snapshot
+            self._states.attach(model)
         emit(self.loaded, {"path": path, "name": model.name, "n_ctx": model.n_ctx,
                           "arch": getattr(model.config, "arch", ""), "notices": list(model.notices),
                           "backend": getattr(model.backend, "name", ""), "sha256": model.sha256,
-                          "reasoning": model.reasoning.to_dict(), **memory})
+                          "reasoning": model.reasoning.to_dict(), **memory, **remote_info(model)})
         self._probe.model_changed(model)
         self._switch(self._shown)
 
@@ -393,6 +436,14 @@ def measure_load(model, rss_before: int) -> dict:
     except Exception:  # noqa: BLE001 - an estimate is information; it never fails a load (MLX is not modelled)
         estimate = None
     return {"rss_before": rss_before, "rss_after": _rss(), "estimate": estimate}
+
+
+def remote_info(model) -> dict:
+    """For a remote model, what the window shows and greys out: its endpoint, what it supports, what it cannot do."""
+    if not isinstance(model, RemoteModel):
+        return {}
+    return {"remote": {"endpoint": model.endpoint.root, "model_id": model.model_id,
+                       "capabilities": model.capabilities.to_dict()}, "unsupported": dict(model.unsupported)}
 
 
 def _rss() -> int:

@@ -17,6 +17,9 @@ _ARRAY_PREVIEW = 8
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # its own command line, with sub-forms (make-models, kernels, bandwidth)
+        return _bench(argv[1:])
     args = _parser().parse_args(argv)
     try:
         return args.func(args)
@@ -53,8 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_render)
 
-    p = sub.add_parser("generate", help="generate text from a prompt (streamed)")
-    p.add_argument("model", type=Path)
+    p = sub.add_parser("generate", help="generate text from a prompt (streamed), here or on a remote server")
+    p.add_argument("model", help="a GGUF file, or with --remote the model's id on that server")
     p.add_argument("--prompt", help="raw prompt text (special tokens in it are parsed)")
     p.add_argument("--chat", help="a user message, wrapped in the model's chat template")
     p.add_argument("--system", help="system prompt for --chat")
@@ -73,27 +76,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--load-session", type=Path, metavar="FILE",
                    help="restore a snapshot and continue generating where it stopped (no --prompt needed)")
     p.add_argument("--json", action="store_true", help="print one JSON object with ids, text and timings")
+    p.add_argument("--remote", metavar="URL", help="an OpenAI-compatible server (http://host:port[/v1]) that "
+                   "serves MODEL; --prompt and --chat are then sent as a user message of a chat request")
+    p.add_argument("--api-key-env", metavar="VAR", help="with --remote: the environment variable holding the key")
+    p.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'",
+                   help="with --remote: an extra request header (repeatable)")
+    p.add_argument("--allow-self-signed", action="store_true", help="with --remote: accept any https certificate")
+    p.add_argument("--stall-timeout", type=float, default=60.0, metavar="S",
+                   help="with --remote: end the answer when nothing arrives for S seconds (default 60)")
     p.set_defaults(func=cmd_generate)
 
-    p = sub.add_parser("bench", help="prefill/decode tokens per second, load time and memory, optionally beside a peer")
-    p.add_argument("model", type=Path)
-    p.add_argument("--backend", choices=BACKENDS, default="cpu")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: physical cores)")
-    p.add_argument("--prompt-tokens", type=int, default=512)
-    p.add_argument("--gen-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3, help="interleaved runs; medians are reported")
-    p.add_argument("--compare", choices=["llama.cpp", "mlx-lm"], default=None)
-    p.add_argument("--concurrency", type=int, default=None, help="decode N sequences batched; report aggregate and single tok/s")
-    p.add_argument("--thermal-script", type=Path, default=None, help="replay a JSON trace of [t_seconds, state] through the thermal policy")
-    p.add_argument("--session-restore", action="store_true",
-                   help="time restoring a snapshot of --prompt-tokens tokens against processing them again")
-    p.add_argument("--draft", type=Path, default=None, metavar="DRAFT_MODEL",
-                   help="speculative decoding with this draft model beside plain decoding (greedy, interleaved)")
-    p.add_argument("--lookup", action="store_true", help="speculative decoding by prompt lookup beside plain decoding")
-    p.add_argument("--prompt-file", type=Path, default=None, metavar="FILE",
-                   help="with --draft/--lookup: the prompt, as a user message in the chat template")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_bench)
+    p = sub.add_parser("bench", add_help=False,
+                       help="prefill/decode speed, load time and memory beside peers; bench models and kernels "
+                            "(python -m engine bench --help)")
+    p.set_defaults(func=lambda args: _bench([]))
     return parser
 
 
@@ -111,16 +107,20 @@ def _metadata_summary(value):
 
 def cmd_inspect(args) -> int:
     from .compatibility import check
+    from .memory_estimate import fit_verdict, system_memory
 
     with read_gguf(args.model) as gguf:
         verdict = check(gguf, args.backend, args.n_ctx)
         judged = verdict.memory.get(verdict.backend)
+        available = system_memory().available_bytes
         data = {
             "file": str(args.model), "file_bytes": gguf.file_size, "gguf_version": gguf.version,
             "architecture": verdict.architecture, "backend": verdict.backend, "runs": verdict.runs,
             "reasons": list(verdict.reasons), "parameters": verdict.parameter_count, "tensors": len(gguf.tensors),
             "context_length": verdict.context_length, "tensor_types": verdict.tensor_types,
             "memory_estimate": _estimate_dict(judged, args.n_ctx) if judged else None,
+            "available_bytes": available, "fit": fit_verdict(judged.total_bytes, available, judged.mapped_bytes)
+            if judged else None,
             "memory_estimates": {name: _estimate_dict(e, args.n_ctx) for name, e in verdict.memory.items()},
             "metadata": {k: _metadata_summary(v) for k, v in gguf.metadata.items()},
         }
@@ -131,17 +131,24 @@ def cmd_inspect(args) -> int:
 def _estimate_dict(e, n_ctx: int) -> dict:
     return {"n_ctx": n_ctx, "weights_bytes": e.weights_bytes, "kv_cache_bytes": e.kv_cache_bytes,
             "overhead_bytes": e.overhead_bytes, "total_bytes": e.total_bytes,
-            "active_weights_bytes": e.active_weights_bytes}
+            "active_weights_bytes": e.active_weights_bytes, "mapped_bytes": e.mapped_bytes}
 
 
 def _inspect_lines(data: dict, n_ctx: int) -> list[str]:
-    """The verdict first (one line per reason it will not load), then the facts and the metadata."""
+    """The verdict first (one line per reason it will not load, or how it fits in memory), then the facts and
+    the metadata."""
+    from .memory_estimate import paging_note
+
     mib = 2 ** 20
     backend = data["backend"]
     if data["runs"]:
         need = data["memory_estimate"]
         lines = [f"runs here ({backend} backend)" + (f", needs {need['total_bytes'] / mib:,.0f} MiB at n_ctx {n_ctx}"
                                                    if need else "")]
+        if need and data.get("fit") == "paged":
+            lines.append(f"memory: {paging_note(need['mapped_bytes'], data['available_bytes'])}")
+        elif need and data.get("fit") == "won't fit":
+            lines.append(f"memory: won't fit in the {data['available_bytes'] / mib:,.0f} MiB free")
     else:
         lines = [f"won't load ({backend} backend): {reason}" for reason in data["reasons"]]
     lines += [f"{data['architecture'] or 'no architecture'}  {data['parameters'] / 1e6:.1f}M parameters  "
@@ -151,7 +158,8 @@ def _inspect_lines(data: dict, n_ctx: int) -> list[str]:
         lines.append(f"estimated memory on {name} at n_ctx {n_ctx}: {e['total_bytes'] / mib:,.0f} MiB "
                      f"(weights {e['weights_bytes'] / mib:,.0f}, KV {e['kv_cache_bytes'] / mib:,.0f}, "
                      f"overhead {e['overhead_bytes'] / mib:,.0f})"
-                     + (f"; weights read per token {e['active_weights_bytes'] / mib:,.1f} MiB (chosen experts only)"
+                     + (f"; all experts resident{' (memory-mapped)' if e['mapped_bytes'] else ''}, weights read "
+                        f"per token {e['active_weights_bytes'] / mib:,.1f} MiB (the chosen experts only)"
                         if e["active_weights_bytes"] < e["weights_bytes"] else ""))
     return lines + [""] + [f"{k} = {v}" for k, v in data["metadata"].items()]
 
@@ -187,6 +195,10 @@ def cmd_render(args) -> int:
 
 
 def cmd_generate(args) -> int:
+    if args.remote:
+        from .remote.cli import cmd_generate_remote
+
+        return cmd_generate_remote(args)
     from .model import load
 
     from .sampling import SamplingParams
@@ -234,31 +246,7 @@ def _stats(event) -> dict:
             "finish_reason": event.finish_reason}
 
 
-def cmd_bench(args) -> int:
-    if args.session_restore:
-        from .bench import run_session_bench
+def _bench(argv: list[str]) -> int:
+    from .bench.cli import main as bench_main  # the bench package: measurement apart from the product
 
-        report = run_session_bench(args.model, args.backend, args.prompt_tokens, args.repeats)
-    elif args.draft or args.lookup:
-        from .bench_speculative import run_speculative_bench
-
-        report = run_speculative_bench(args.model, args.backend, args.threads, args.prompt_file, args.prompt_tokens,
-                                       args.gen_tokens, args.draft, args.lookup, args.repeats)
-    elif args.compare == "mlx-lm" or args.backend == "mlx":
-        from .backends.mlx_bench import run_mlx_bench
-
-        report = run_mlx_bench(args.model, prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens,
-                               compare=args.compare == "mlx-lm", repeats=args.repeats)
-    elif args.concurrency or args.thermal_script:
-        from .bench_concurrency import run_concurrency_bench
-
-        report = run_concurrency_bench(args.model, args.backend, args.threads, args.prompt_tokens, args.gen_tokens,
-                                       args.concurrency or 1, args.repeats, args.thermal_script)
-    else:
-        from .bench import run_bench
-
-        report = run_bench(args.model, args.backend, args.threads, args.prompt_tokens, args.gen_tokens,
-                           args.compare, args.repeats)
-    text = "\n".join(f"{k}: {v}" for k, v in report.items())
-    _emit(args, report, text)
-    return 0
+    return bench_main(argv)

@@ -56,7 +56,8 @@ class Compatibility:
                 "architecture": self.architecture, "parameter_count": self.parameter_count,
                 "context_length": self.context_length, "tensor_types": self.tensor_types, "n_ctx": self.n_ctx,
                 "memory": {name: {"weights_bytes": e.weights_bytes, "kv_cache_bytes": e.kv_cache_bytes,
-                                  "overhead_bytes": e.overhead_bytes, "total_bytes": e.total_bytes}
+                                  "overhead_bytes": e.overhead_bytes, "total_bytes": e.total_bytes,
+                                  "active_weights_bytes": e.active_weights_bytes, "mapped_bytes": e.mapped_bytes}
                            for name, e in self.memory.items()}}
 
 

@@ -15,16 +15,21 @@ import math
 from .gguf_file import GGUFFile, ModelFormatError
 from .packed_strings import PackedStrings
 
-EXPERT_GATING = ("softmax", "sigmoid")  # llama.cpp's expert_gating_func 1 and 2: how router logits become weights
+# how router logits become weights: llama.cpp's expert_gating_func 1 (softmax), 2 (sigmoid) and 3 (softmax_weight:
+# the top-k are chosen on the raw logits and only the chosen logits go through a softmax, gpt-oss)
+EXPERT_GATING = ("softmax", "sigmoid", "softmax_weight")
 ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")  # rope.scaling.type values llama.cpp knows (alpha: no)
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "mistral3", "smollm3",
-                           "granite", "olmo2")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "gpt-oss", "gemma2", "gemma3", "phi3",
+                           "mistral3", "smollm3", "granite", "olmo2", "qwen35", "qwen35moe", "gemma4")
+HYBRID_ARCHS = ("qwen35", "qwen35moe")  # Gated DeltaNet layers between gated full-attention layers
 MAX_LAYERS = 1024
 MAX_HEADS = 4096
-NEOX_ROPE_ARCHS = ("qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2")  # llama.cpp's LLAMA_ROPE_TYPE_NEOX
+# llama.cpp's LLAMA_ROPE_TYPE_NEOX; qwen35's IMROPE rotates as NEOX when every section has the token's position (text)
+NEOX_ROPE_ARCHS = ("qwen2", "qwen2moe", "qwen3", "qwen3moe", "gpt-oss", "gemma2", "gemma3", "gemma4", "phi3", "olmo2",
+                   "qwen35", "qwen35moe")
 # where llama.cpp's graph asserts rope.dimension_count == head_dim (only phi3 and gemma rotate part of a head)
-FULL_ROTARY_ARCHS = ("llama", "qwen3", "qwen3moe", "mistral3", "smollm3", "granite", "olmo2")
+FULL_ROTARY_ARCHS = ("llama", "qwen2moe", "qwen3", "qwen3moe", "gpt-oss", "mistral3", "smollm3", "granite", "olmo2")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +53,7 @@ class ModelConfig:
     qkv_bias: bool = False
     qk_norm: bool = False  # per-head q/k RMS norms (head_dim,) before RoPE (gemma3, qwen3)
     post_norms: bool = False  # norm on the attention and FFN outputs before the residual add
-    activation: str = "silu"  # "silu" or "gelu_tanh", applied to the gate
+    activation: str = "silu"  # gated FFN: "silu" or "gelu_tanh" of the gate times up, or "swiglu_oai" (gpt-oss)
     embed_scale: float = 1.0
     attn_scale: float = 0.0  # multiplier of q·k; filled in __post_init__ when 0
     sliding_window: int = 0  # 0: no sliding-window layers
@@ -83,6 +88,32 @@ class ModelConfig:
     expert_gating: str = "softmax"  # router logits -> probabilities: "softmax" or "sigmoid"
     expert_norm_weights: bool = False  # the chosen experts' weights renormalised to sum to 1
     expert_weights_scale: float = 1.0  # the chosen experts' weights multiplied by it
+    expert_weights_before: bool = False  # the weight multiplies the expert's input, not its output (llama4)
+    expert_selection_bias: bool = False  # exp_probs_b: a per-expert bias added to the probabilities for the choice
+    moe_biases: bool = False  # gpt-oss: router bias (ffn_gate_inp.bias) and per-expert gate/up/down biases
+    n_ff_shexp: int = 0  # hidden width of the shared expert every token also runs (0: none)
+    shexp_gate: bool = False  # the shared expert's output times sigmoid(ffn_gate_inp_shexp . x) (qwen2moe)
+    # -- attention blocks -----------------------------------------------------------------------------------
+    attn_sinks: bool = False  # gpt-oss: a learned per-head logit (attn_sinks) that joins every softmax
+    attn_out_bias: bool = False  # gpt-oss: attn_output.bias
+    # -- hybrid models (qwen35): Gated DeltaNet layers (engine.deltanet) among gated attention layers --------
+    recurrent_layers: tuple[int, ...] = ()  # the layers that are Gated DeltaNet; () = every layer is attention
+    attn_output_gate: bool = False  # attn_q holds per head the query then a gate; output *= sigmoid(gate)
+    ssm_d_conv: int = 0  # ssm.conv_kernel: the causal conv's width
+    ssm_d_state: int = 0  # ssm.state_size: head_k_dim (= head_v_dim)
+    ssm_n_k_heads: int = 0  # ssm.group_count
+    ssm_n_v_heads: int = 0  # ssm.time_step_rank
+    ssm_value_dim: int = 0  # ssm.inner_size = n_v_heads * head_v_dim
+    n_mtp_layers: int = 0  # nextn_predict_layers: multi-token-prediction blocks after the n_layers trunk, not run
+    # -- gemma4 (engine.gemma4): layer geometry by kind, shared KV, per-layer embeddings -------------------
+    head_dim_swa: int = 0  # head width (q, k and v) of the sliding-window layers; 0: head_dim
+    rope_dim_swa: int = 0  # rotated dimensions of the sliding-window layers; 0: rope_dim
+    v_norm: bool = False  # values RMS-normed without a weight; a layer without attn_v uses its raw keys
+    n_kv_shared_layers: int = 0  # the last n layers attend over the cache of the last earlier layer of their kind
+    n_embd_per_layer: int = 0  # width of the per-layer embedding inputs; 0: none
+    n_kv_heads_swa: int = 0  # KV heads of the sliding-window layers where they differ (head_count_kv array); 0: same
+    n_ff_shared: int = 0  # FFN width of the shared-KV layers where it differs (double-wide MLP); 0: n_ff
+    ffn_dense_and_experts: bool = False  # gemma4 26B-A4B: a dense FFN and the experts side by side, own norms
 
     def __post_init__(self):
         if self.attn_scale == 0.0:
@@ -103,8 +134,49 @@ class ModelConfig:
         return self.n_expert > 0
 
     @property
+    def is_hybrid(self) -> bool:
+        return bool(self.recurrent_layers)
+
+    def is_recurrent(self, layer: int) -> bool:
+        """Whether ``layer`` is a Gated DeltaNet layer (a recurrent state, no KV cache)."""
+        return layer in self.recurrent_layers
+
+    @property
+    def ssm_head_v_dim(self) -> int:
+        return self.ssm_value_dim // self.ssm_n_v_heads if self.ssm_n_v_heads else 0
+
+    @property
+    def ssm_conv_dim(self) -> int:
+        """Channels of the conv: q and k (n_k_heads * d_state each), then v (value_dim)."""
+        return 2 * self.ssm_n_k_heads * self.ssm_d_state + self.ssm_value_dim
+
+    @property
     def local_rope_scale(self) -> float:
         return self.rope_scale if self.rope_scale_local is None else self.rope_scale_local
+
+    def layer_head_dim(self, layer: int) -> int:
+        """Head width of ``layer``'s queries, keys and values where it depends on the layer kind (gemma4)."""
+        return self.head_dim_swa if self.head_dim_swa and self.is_sliding(layer) else self.head_dim
+
+    def layer_n_kv_heads(self, layer: int) -> int:
+        return self.n_kv_heads_swa if self.n_kv_heads_swa and self.is_sliding(layer) else self.n_kv_heads
+
+    def layer_n_ff(self, layer: int) -> int:
+        return self.n_ff_shared if self.n_ff_shared and self.kv_layer(layer) != layer else self.n_ff
+
+    def layer_v_head_dim(self, layer: int) -> int:
+        return self.head_dim_swa if self.head_dim_swa and self.is_sliding(layer) else self.v_head_dim
+
+    def layer_rope_dim(self, layer: int) -> int:
+        return self.rope_dim_swa if self.rope_dim_swa and self.is_sliding(layer) else self.rope_dim
+
+    def kv_layer(self, layer: int) -> int:
+        """The layer whose KV cache ``layer`` attends over: itself, or for gemma4's shared layers the last
+        layer of the same kind that has keys and values (llama.cpp's ``layer_reuse_cb``)."""
+        n_kv = self.n_layers - self.n_kv_shared_layers
+        if layer < n_kv:
+            return layer
+        return n_kv - (2 if self.is_sliding(layer) else 1)
 
     def is_sliding(self, layer: int) -> bool:
         """Whether ``layer`` attends only to the last ``sliding_window`` positions."""
@@ -130,7 +202,11 @@ class ModelConfig:
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ModelFormatError(f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
 
+        arrays = _layer_arrays(gguf, arch)
+
         def num(key: str, default=dataclasses.MISSING, kind=int):
+            if key in arrays:  # gemma4's per-layer values: the largest here, by layer kind in _gemma4
+                return max(arrays[key])
             return gguf.get(f"{arch}.{key}", kind, default)
 
         n_embd = _positive(num("embedding_length"), "embedding_length", 1 << 20)
@@ -177,6 +253,15 @@ class ModelConfig:
         config = cls(**fields)
         _check_rope_mscale(config)
         return config
+
+
+def _layer_arrays(gguf: GGUFFile, arch: str) -> dict[str, list[int]]:
+    """gemma4's per-layer head_count_kv / feed_forward_length arrays, by key; other architectures have none."""
+    if arch != "gemma4":
+        return {}
+    from .gemma4 import layer_arrays
+
+    return layer_arrays(gguf, arch)
 
 
 def _no_fields(gguf: GGUFFile, arch: str, fields: dict) -> dict:
@@ -233,18 +318,52 @@ def _gemma3(gguf: GGUFFile, arch: str, fields: dict) -> dict:
     return out
 
 
+def _gemma4(gguf: GGUFFile, arch: str, fields: dict) -> dict:
+    from .gemma4 import gemma4_fields  # its own module: the geometry checks are long
+
+    out = _gemma_common(gguf, arch, fields, default_window=0, default_pattern=6)
+    out.update(gemma4_fields(gguf, arch, fields, out))
+    return out
+
+
 def _qwen3(gguf: GGUFFile, arch: str, fields: dict) -> dict:
     return dict(qk_norm=True)
 
 
-def _qwen3moe(gguf: GGUFFile, arch: str, fields: dict) -> dict:
-    """qwen3moe: every layer's FFN is a softmax-routed mixture with renormalised top-k weights."""
+def _experts(gguf: GGUFFile, arch: str, fields: dict, ff_required: bool = False) -> dict:
+    """expert_count, expert_used_count and expert_feed_forward_length (by default n_ff / n_expert_used, as
+    llama.cpp's qwen MoE loaders; required where llama.cpp requires it)."""
     n_expert = _positive(gguf.get(f"{arch}.expert_count", int, 0), f"{arch}.expert_count", 1 << 12)
     used = _positive(gguf.get(f"{arch}.expert_used_count", int, 0), f"{arch}.expert_used_count", n_expert)
-    n_ff_exp = gguf.get(f"{arch}.expert_feed_forward_length", int, 0) or fields["n_ff"] // used  # llama.cpp's default
-    return dict(qk_norm=True, n_expert=n_expert, n_expert_used=used,
-                n_ff_exp=_positive(n_ff_exp, f"{arch}.expert_feed_forward_length", 1 << 20),
-                expert_gating="softmax", expert_norm_weights=True)
+    key = f"{arch}.expert_feed_forward_length"
+    n_ff_exp = gguf.get(key, int) if ff_required else gguf.get(key, int, 0) or fields["n_ff"] // used
+    return dict(n_expert=n_expert, n_expert_used=used, n_ff_exp=_positive(n_ff_exp, key, 1 << 20))
+
+
+def _qwen3moe(gguf: GGUFFile, arch: str, fields: dict) -> dict:
+    """qwen3moe: every layer's FFN is a softmax-routed mixture with renormalised top-k weights."""
+    return dict(qk_norm=True, expert_gating="softmax", expert_norm_weights=True, **_experts(gguf, arch, fields))
+
+
+def _qwen2moe(gguf: GGUFFile, arch: str, fields: dict) -> dict:
+    """qwen2moe: softmax routing without renormalisation, plus a shared expert gated by sigmoid(w . x)."""
+    n_ff_shexp = gguf.get(f"{arch}.expert_shared_feed_forward_length", int, 0) or fields["n_ff"]
+    return dict(expert_gating="softmax", expert_norm_weights=False, shexp_gate=True,
+                n_ff_shexp=_positive(n_ff_shexp, f"{arch}.expert_shared_feed_forward_length", 1 << 20),
+                **_experts(gguf, arch, fields))
+
+
+def _gpt_oss(gguf: GGUFFile, arch: str, fields: dict) -> dict:
+    """gpt-oss (llama.cpp LLM_ARCH_OPENAI_MOE): attention sinks, every other layer (the even ones) a sliding
+    window, an output bias, and a biased mixture routed by a softmax over the chosen logits with the clamped
+    SwiGLU (alpha 1.702, limit 7)."""
+    window = _positive(gguf.get(f"{arch}.attention.sliding_window", int), f"{arch}.attention.sliding_window",
+                       1 << 24)
+    return dict(sliding_window=window, swa_pattern=_swa_pattern(gguf, arch, fields["n_layers"], 2),
+                rope_base_local=gguf.get(f"{arch}.rope.freq_base_swa", float, fields["rope_base"]),
+                attn_sinks=True, attn_out_bias=True, moe_biases=True, activation="swiglu_oai",
+                expert_gating="softmax_weight", expert_norm_weights=False,
+                **_experts(gguf, arch, fields, ff_required=True))
 
 
 def _phi3(gguf: GGUFFile, arch: str, fields: dict) -> dict:
@@ -300,8 +419,49 @@ def _olmo2(gguf: GGUFFile, arch: str, fields: dict) -> dict:
     return out
 
 
-_ARCH_FIELDS = {"gemma2": _gemma2, "gemma3": _gemma3, "qwen3": _qwen3, "qwen3moe": _qwen3moe, "phi3": _phi3, "mistral3": _mistral3,
-                "smollm3": _smollm3, "granite": _granite, "olmo2": _olmo2}
+def _qwen35(gguf: GGUFFile, arch: str, fields: dict) -> dict:
+    """qwen35 / qwen35moe (llama.cpp src/models/qwen35*.cpp): recurrent layers from attention.recurrent_layers,
+    else every layer but each full_attention_interval-th; gated attention with per-head q/k norms."""
+    n_mtp = gguf.get(f"{arch}.nextn_predict_layers", int, 0)  # block_count counts them; llama.cpp skips them
+    if not 0 <= n_mtp < fields["n_layers"]:
+        raise ModelFormatError(f"metadata {arch}.nextn_predict_layers = {n_mtp} is out of range "
+                               f"(0 to block_count - 1)")
+    n_layers = fields["n_layers"] - n_mtp
+    flags = gguf.metadata.get(f"{arch}.attention.recurrent_layers")
+    if flags is not None:
+        if not hasattr(flags, "__len__") or len(flags) < n_layers:
+            raise ModelFormatError(f"metadata {arch}.attention.recurrent_layers must flag each of the {n_layers} layers")
+        recurrent = tuple(il for il in range(n_layers) if flags[il])
+    else:
+        interval = _positive(gguf.get(f"{arch}.full_attention_interval", int, 4), f"{arch}.full_attention_interval",
+                             MAX_LAYERS)
+        recurrent = tuple(il for il in range(n_layers) if (il + 1) % interval != 0)
+    out = dict(qk_norm=True, attn_output_gate=True, recurrent_layers=recurrent, n_layers=n_layers, n_mtp_layers=n_mtp,
+               ssm_d_conv=_positive(gguf.get(f"{arch}.ssm.conv_kernel", int), f"{arch}.ssm.conv_kernel", 64),
+               ssm_d_state=_positive(gguf.get(f"{arch}.ssm.state_size", int), f"{arch}.ssm.state_size", 1 << 12),
+               ssm_n_k_heads=_positive(gguf.get(f"{arch}.ssm.group_count", int), f"{arch}.ssm.group_count", MAX_HEADS),
+               ssm_n_v_heads=_positive(gguf.get(f"{arch}.ssm.time_step_rank", int), f"{arch}.ssm.time_step_rank",
+                                       MAX_HEADS),
+               ssm_value_dim=_positive(gguf.get(f"{arch}.ssm.inner_size", int), f"{arch}.ssm.inner_size", 1 << 20))
+    if out["ssm_n_v_heads"] % out["ssm_n_k_heads"]:
+        raise ModelFormatError(f"metadata {arch}.ssm.time_step_rank {out['ssm_n_v_heads']} is not a multiple of "
+                               f"ssm.group_count {out['ssm_n_k_heads']}")
+    if out["ssm_value_dim"] != out["ssm_n_v_heads"] * out["ssm_d_state"]:
+        raise ModelFormatError(f"metadata {arch}.ssm.inner_size {out['ssm_value_dim']} is not ssm.time_step_rank x "
+                               f"ssm.state_size (head_k_dim and head_v_dim must be equal)")
+    if fields["head_dim"] != fields["v_head_dim"]:
+        raise ModelFormatError(f"{arch} needs attention.key_length == attention.value_length")
+    if arch == "qwen35moe":
+        moe = _qwen3moe(gguf, arch, fields)
+        moe.update(n_ff_shexp=gguf.get(f"{arch}.expert_shared_feed_forward_length", int, 0) or fields["n_ff"],
+                   shexp_gate=True)  # the shared expert scaled by sigmoid(ffn_gate_inp_shexp . x), as qwen2moe's
+        out.update(moe)
+    return out
+
+
+_ARCH_FIELDS = {"gemma2": _gemma2, "gemma3": _gemma3, "qwen3": _qwen3, "qwen3moe": _qwen3moe, "qwen2moe": _qwen2moe,
+                "gpt-oss": _gpt_oss, "phi3": _phi3, "mistral3": _mistral3, "qwen35": _qwen35, "qwen35moe": _qwen35,
+                "gemma4": _gemma4, "smollm3": _smollm3, "granite": _granite, "olmo2": _olmo2}
 
 
 def _swa_pattern(gguf: GGUFFile, arch: str, n_layers: int, default: int) -> int:

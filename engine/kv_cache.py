@@ -76,8 +76,10 @@ class SteppedKVCache(KVCache):
         cfg = self.config
         if len(state.keys) != cfg.n_layers or len(state.values) != cfg.n_layers:
             raise ValueError(f"the state has {len(state.keys)} layers, the model {cfg.n_layers}")
-        for k, v in zip(state.keys, state.values):
-            if k.shape != (cfg.n_kv_heads, state.n_past, cfg.head_dim) or v.shape != (cfg.n_kv_heads, state.n_past, cfg.v_head_dim):
+        for layer, (k, v) in enumerate(zip(state.keys, state.values)):
+            heads = cfg.layer_n_kv_heads(layer)
+            if k.shape != (heads, state.n_past, cfg.layer_head_dim(layer)) \
+                    or v.shape != (heads, state.n_past, cfg.layer_v_head_dim(layer)):
                 raise ValueError(f"KV shapes {k.shape}/{v.shape} do not fit this model")
         self._n_past = 0
         self.reserve(state.n_past)
@@ -102,8 +104,10 @@ class NumpyKVCache(SteppedKVCache):
 
     def _grow_to(self, capacity: int) -> None:
         cfg, filled = self.config, self._n_past
-        keys = [np.zeros((cfg.n_kv_heads, capacity, cfg.head_dim), self.dtype) for _ in range(cfg.n_layers)]
-        values = [np.zeros((cfg.n_kv_heads, capacity, cfg.v_head_dim), self.dtype) for _ in range(cfg.n_layers)]
+        keys = [np.zeros((cfg.layer_n_kv_heads(il), capacity, cfg.layer_head_dim(il)), self.dtype)
+                for il in range(cfg.n_layers)]
+        values = [np.zeros((cfg.layer_n_kv_heads(il), capacity, cfg.layer_v_head_dim(il)), self.dtype)
+                  for il in range(cfg.n_layers)]
         if filled:
             for new, old in zip(keys + values, self.keys + self.values):
                 new[:, :filled] = old[:, :filled]

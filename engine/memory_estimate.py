@@ -3,10 +3,14 @@
 The estimate has three parts:
 
 * **weights** — all resident, also a sparse model's every expert; ``active_weights_bytes`` is what one decode
-  step reads (``active_weight_fraction``). Per backend (``weights_bytes``): the CPU backend memory-maps the GGUF and computes on the
+  step reads (``active_weight_fraction``), the memory traffic that bounds decode speed. On the CPU backend the
+  weights are pages of the memory-mapped file (``mapped_bytes``): the OS page cache holds them, so a file larger
+  than the free memory still runs (pages are read from disk again as they are needed, and decoding slows down);
+  ``fit_verdict`` calls that ``"paged"``. Per backend (``weights_bytes``): the CPU backend memory-maps the GGUF and computes on the
   quantized blocks, so once every page has been touched the resident weights are exactly the tensor bytes
   (the alignment padding between tensors is a few KiB in total); the NumPy backend dequantizes every matrix
-  to float32 (the token embedding stays packed, plus a float32 copy when it is also the output); the MLX
+  to float32 (the token embedding stays packed, plus a float32 copy when it is also the output) and keeps the
+  file mapped, its pages resident once read for that; the MLX
   backend's figure comes from its own loader (``engine/backends/mlx/weights.py``). All three read the
   tensor table only, so a header without tensor data (``GGUFHeader``) is enough.
 * **KV cache** — keys and values for ``n_ctx`` positions in every layer, as the backend stores them
@@ -14,15 +18,20 @@ The estimate has three parts:
   the reference path) and gives a sliding-window layer (Gemma 3) the full
   ``n_ctx`` like any other; a backend with rings (MLX) keeps only a ring there, as long as its cache module
   says (``engine/backends/mlx/kv_cache.py``: the window plus one prefill chunk).
-* **overhead** — a runtime baseline plus scratch:
+* **overhead** — a runtime baseline plus scratch, per backend:
 
   - runtime baseline: the parsed metadata (tokenizer vocabulary and merges packed into UTF-8 buffers, scores
-    and token types as arrays; the reader drops the header's pages once parsed).
-  - scratch: float32 activations of one micro-batch of ``min(n_ctx, 512)`` tokens — hidden state, residual
-    and normed copies (3 × n_embd), q/k/v and the attention output, the FFN gate, up and product
-    (3 × n_ff) — plus the attention scores of one head for that micro-batch over ``n_ctx`` positions and one
-    row of logits. This assumes a backend that computes attention head by head; it is an assumption about a
-    backend not yet written and must be re-validated against the real backend's load.
+    and token types as arrays; the reader drops the header's pages once parsed), plus ``RUNTIME_BASELINE_BYTES``
+    for what loading a model adds besides (the backend's code and C extension, its thread pool, the tokenizer's
+    tables), measured on the three test models.
+  - scratch of the CPU backend's fused C decoder: its arena, allocated once for ``MAX_ROWS`` rows (float32
+    activations, quantized activations of the widest input, the attention's per-row partial states) and one
+    row of logits; its attention runs in online-softmax blocks, so nothing grows with ``n_ctx``.
+  - scratch of the NumPy backend (and of the CPU backend's reference path, for mixture-of-experts models): the
+    activations of one ``PREFILL_CHUNK``, and at the peak the attention scores of every head for that chunk over
+    ``n_ctx`` positions twice (the scores and the masked copy) with the mask and its index arrays.
+  - MLX: the NumPy-style activations of one micro-batch and one head's scores over ``n_ctx`` (not validated
+    against a measured MLX load).
 """
 
 from __future__ import annotations
@@ -37,19 +46,30 @@ import numpy as np
 import psutil
 
 from .config import ModelConfig
+from .deltanet import recurrent_state_bytes
 from .gguf_file import GGUFFile
+from .hybrid_cache import MAX_ANCHORS
 from .packed_strings import PackedStrings
 
-MICRO_BATCH = 512  # tokens per prefill step assumed for the scratch buffers
+# a hybrid sequence's recurrent states: the live one, the checkpoint before the latest call, the prompt anchors
+# (a verify pass's per-token snapshots come and go with it and are not counted)
+RECURRENT_STATE_COPIES = 2 + MAX_ANCHORS
+MICRO_BATCH = 512  # tokens per prefill step assumed for the scratch buffers (NumPy's PREFILL_CHUNK, MLX)
 FLOAT32_BYTES = 4
+# What a load adds besides weights, KV cache, metadata and scratch (the backend's modules and C extension, the
+# thread pool, the tokenizer's tables): 10-16 MiB measured on SmolLM2, Gemma 3 and Qwen2.5 (CPU backend, Linux
+# x86-64, tests/app/models/measure_memory.py)
+RUNTIME_BASELINE_BYTES = 12 << 20
 
-# Fit thresholds, as fractions of the memory available now. The estimate is validated to within 15 % of the
+# Fit thresholds, as fractions of the memory available now. The estimate is validated to within 8 % of the
 # measured load, and the rest of the system keeps growing while a model runs: "fits" keeps 25 % in reserve,
-# "tight" means it should load but may push other programs into swap.
+# "tight" means it should load but may push other programs into swap; "paged" means only the memory-mapped
+# weights do not fit: they stay in the file and the OS page cache reads them in as decoding needs them (it
+# runs, more slowly: each token waits on the disk for the pages that were evicted).
 FITS_FRACTION = 0.75
 TIGHT_FRACTION = 1.0
 
-Verdict = Literal["fits", "tight", "won't fit"]
+Verdict = Literal["fits", "tight", "paged", "won't fit"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +83,7 @@ class KVLayout:
 
 KV_LAYOUTS = {"cpu": KVLayout(element_bytes=2, sliding_rings=False), "numpy": KVLayout(element_bytes=4, sliding_rings=False)}
 BACKENDS = ("cpu", "numpy", "mlx")  # the backends whose memory is modelled
+MAPPED_BACKENDS = ("cpu",)  # compute on the memory-mapped file's pages (the others copy the weights)
 
 
 def kv_layout(backend: str) -> KVLayout:
@@ -91,6 +112,7 @@ class MemoryEstimate:
     kv_cache_bytes: int
     overhead_bytes: int
     active_weights_bytes: int = 0  # weight bytes one decode step reads (a sparse model: its chosen experts only)
+    mapped_bytes: int = 0  # weight bytes that are pages of the memory-mapped file (the OS page cache holds them)
 
     @property
     def total_bytes(self) -> int:
@@ -127,15 +149,20 @@ def estimate_memory(gguf: GGUFFile, n_ctx: int, backend: str = "cpu") -> MemoryE
     if n_ctx <= 0:
         raise ValueError(f"n_ctx must be positive, got {n_ctx}")
     config = ModelConfig.from_gguf(gguf)
-    if backend == "cpu" and config.is_moe:  # the CPU backend runs MoE models on the reference path's float32 cache
-        layout = KV_LAYOUTS["numpy"]
+    scratch_backend = backend
+    if backend == "cpu":
+        from .backends.cpu_backend import runs_in_c_decoder
+        if not runs_in_c_decoder(config):  # the CPU backend's reference path: NumPy's float32 cache and scratch
+            layout, scratch_backend = KV_LAYOUTS["numpy"], "numpy"
     weights = weights_bytes(gguf, backend)
     return MemoryEstimate(
         weights_bytes=weights,
         active_weights_bytes=round(weights * active_weight_fraction(gguf, config)),
+        mapped_bytes=weights if backend in MAPPED_BACKENDS else 0,
         kv_cache_bytes=kv_cache_bytes(config, n_ctx, layout.element_bytes, layout.sliding_rings,
-                                      layout.ring_slots(config, n_ctx) if layout.ring_slots else None),
-        overhead_bytes=metadata_bytes(gguf) + scratch_bytes(config, n_ctx),
+                                      layout.ring_slots(config, n_ctx) if layout.ring_slots else None)
+        + recurrent_state_bytes(config, RECURRENT_STATE_COPIES),
+        overhead_bytes=metadata_bytes(gguf) + RUNTIME_BASELINE_BYTES + scratch_bytes(config, n_ctx, scratch_backend),
     )
 
 
@@ -169,11 +196,13 @@ def active_weight_fraction(gguf: GGUFFile, config: ModelConfig) -> float:
 
 def numpy_weight_bytes(gguf: GGUFFile) -> int:
     """The NumPy backend's weights: every tensor as float32, except the token embedding, which it reads packed
-    row by row (and dequantizes whole, as float32, only when it is also the output projection)."""
-    total = 0
+    row by row (and dequantizes whole, as float32, only when it is also the output projection); plus the file
+    itself, which stays memory-mapped and whose pages, read once to dequantize, stay resident until the system
+    needs the memory back."""
+    total = sum(t.nbytes for t in gguf.tensors.values())
     for info in gguf.tensors.values():
         if info.name == "token_embd.weight":
-            total += info.nbytes + (FLOAT32_BYTES * info.n_elements if "output.weight" not in gguf.tensors else 0)
+            total += FLOAT32_BYTES * info.n_elements if "output.weight" not in gguf.tensors else 0
         else:
             total += FLOAT32_BYTES * info.n_elements
     return total
@@ -181,13 +210,17 @@ def numpy_weight_bytes(gguf: GGUFFile) -> int:
 
 def kv_cache_bytes(config: ModelConfig, n_ctx: int, bytes_per_element: int, sliding_rings: bool,
                    ring_slots: int | None = None) -> int:
-    """Keys and values of every layer; with ``sliding_rings`` a sliding-window layer holds at most
-    ``ring_slots`` positions (by default ``sliding_window``)."""
-    per_position = config.n_kv_heads * (config.head_dim + config.v_head_dim) * bytes_per_element
+    """Keys and values of every attention layer (a hybrid model's recurrent layers hold none); with
+    ``sliding_rings`` a sliding-window layer holds at most ``ring_slots`` positions (by default ``sliding_window``)."""
     ring = config.sliding_window if ring_slots is None else ring_slots
-    positions = sum(min(n_ctx, ring) if sliding_rings and config.is_sliding(layer) else n_ctx
-                    for layer in range(config.n_layers))
-    return positions * per_position
+    total = 0
+    for layer in range(config.n_layers):  # head widths differ by layer kind in gemma4
+        if config.is_recurrent(layer):
+            continue
+        per_position = config.layer_n_kv_heads(layer) * (config.layer_head_dim(layer) + config.layer_v_head_dim(layer))
+        positions = min(n_ctx, ring) if sliding_rings and config.is_sliding(layer) else n_ctx
+        total += positions * per_position * bytes_per_element
+    return total
 
 
 def metadata_bytes(gguf: GGUFFile) -> int:
@@ -203,23 +236,68 @@ def metadata_bytes(gguf: GGUFFile) -> int:
     return total
 
 
-def scratch_bytes(config: ModelConfig, n_ctx: int) -> int:
-    """Float32 activations of one micro-batch, one head's attention scores and one row of logits."""
+def scratch_bytes(config: ModelConfig, n_ctx: int, backend: str = "cpu") -> int:
+    """The working memory of a forward pass on ``backend`` (see the module docstring), at its peak."""
+    if backend == "cpu":
+        return cpu_decoder_scratch_bytes(config)
+    if backend == "numpy":
+        return numpy_scratch_bytes(config, n_ctx)
+    return _activations_bytes(config, min(n_ctx, MICRO_BATCH)) + (min(n_ctx, MICRO_BATCH) * n_ctx
+                                                                   + config.n_vocab) * FLOAT32_BYTES
+
+
+def cpu_decoder_scratch_bytes(config: ModelConfig) -> int:
+    """The fused C decoder's arena (``csrc/decoder.c`` ``layout``, ``attention.c`` prefill partials) for
+    ``MAX_ROWS`` rows, and one row of logits."""
+    from .backends.cpu.decoder import MAX_ROWS
+
+    c, rows = config, MAX_ROWS
+    widest = max(c.n_embd, c.n_heads * c.v_head_dim, c.n_ff)
+    rope_sets = len({c.layer_rope_base(layer) for layer in range(c.n_layers)})  # global, and sliding layers' own
+    floats_per_row = (3 * c.n_embd + c.n_heads * c.head_dim + c.n_kv_heads * (c.head_dim + c.v_head_dim)
+                      + c.n_heads * c.v_head_dim + 2 * c.n_ff  # x, h, o; q, k, v; attention output; gate, up
+                      + c.rope_dim * rope_sets  # cos and sin of each row's position
+                      + c.n_heads * (c.v_head_dim + 4) * 5 // 4)  # attention partials (m, l, O; M, L), grown by 1/4
+    quantized_per_row = 2 * widest + widest * 25 // 64  # two activation kinds: int8 values plus block scales
+    return rows * (floats_per_row * FLOAT32_BYTES + quantized_per_row) + c.n_vocab * FLOAT32_BYTES
+
+
+def numpy_scratch_bytes(config: ModelConfig, n_ctx: int) -> int:
+    """The NumPy forward's peak: one chunk's activations, and its attention over ``n_ctx`` positions: the scores
+    of every head twice (scores and the masked copy), the float32 mask, its boolean and int64 index arrays."""
+    n = min(n_ctx, MICRO_BATCH)
+    scores = 2 * config.n_heads * n * n_ctx * FLOAT32_BYTES
+    mask = n * n_ctx * (FLOAT32_BYTES + 1 + 8)
+    return _activations_bytes(config, n) + scores + mask + config.n_vocab * FLOAT32_BYTES
+
+
+def _activations_bytes(config: ModelConfig, n: int) -> int:
+    """Float32 activations of ``n`` tokens: hidden, residual and normed (3 × n_embd), q/k/v and the attention
+    output, the FFN gate, up and product (3 × n_ff)."""
     c = config
-    n_batch = min(n_ctx, MICRO_BATCH)
     per_token = (3 * c.n_embd + c.n_heads * c.head_dim + c.n_kv_heads * (c.head_dim + c.v_head_dim)
                  + c.n_heads * c.v_head_dim + 3 * c.n_ff)
-    scores = n_batch * n_ctx  # (n_batch, n_ctx) for one head at a time
-    return (n_batch * per_token + scores + c.n_vocab) * FLOAT32_BYTES
+    return n * per_token * FLOAT32_BYTES
 
 
-def fit_verdict(total_bytes: int, available_bytes: int) -> Verdict:
-    """``"fits"`` up to 75 % of the available memory, ``"tight"`` up to 100 %, else ``"won't fit"``."""
+def fit_verdict(total_bytes: int, available_bytes: int, mapped_bytes: int = 0) -> Verdict:
+    """``"fits"`` up to 75 % of the available memory, ``"tight"`` up to 100 %; past that ``"paged"`` when all
+    but the ``mapped_bytes`` of memory-mapped weights fit (the page cache reads those from the file as needed:
+    it runs, slower), else ``"won't fit"``."""
     if total_bytes <= FITS_FRACTION * available_bytes:
         return "fits"
     if total_bytes <= TIGHT_FRACTION * available_bytes:
         return "tight"
+    if mapped_bytes and total_bytes - mapped_bytes <= TIGHT_FRACTION * available_bytes:
+        return "paged"
     return "won't fit"
+
+
+def paging_note(mapped_bytes: int, available_bytes: int) -> str:
+    """What a ``"paged"`` verdict means, for people."""
+    return (f"the memory-mapped weights ({mapped_bytes / 1e9:.1f} GB) are more than the free memory "
+            f"({available_bytes / 1e9:.1f} GB): the OS page cache reads them from the file as they are needed, "
+            "so the model runs, but decoding slows down to the speed of the disk")
 
 
 def system_memory() -> SystemMemory:

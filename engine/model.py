@@ -17,6 +17,7 @@ from .backends import create_backend
 from .chat_template import ChatTemplate
 from .config import ModelConfig
 from .context import fit_messages, reply_room
+from .deltanet import recurrent_state_bytes, recurrent_state_shapes
 from .generate import GenerationEvent, prefill, reusable_prefix
 from .gguf_file import GGUFFile, read_gguf
 from .memory_estimate import kv_cache_bytes
@@ -107,8 +108,9 @@ class Model:
     def _kv_element_bytes(self) -> int:
         """Bytes per cached key/value element (2 for float16, 4 for float32), measured on a one-position cache
         from the backend; KV_ELEMENT_BYTES when such a cache allocates nothing up front."""
-        probe = self.backend.new_cache(1)
-        per_position, elements = probe.nbytes, kv_cache_bytes(self.config, 1, 1, False)
+        probe = self.backend.new_cache(1)  # a hybrid model's cache also holds its (float32) recurrent states
+        per_position = probe.nbytes - recurrent_state_bytes(self.config)
+        elements = kv_cache_bytes(self.config, 1, 1, False)
         return per_position // elements if per_position >= elements else KV_ELEMENT_BYTES
 
     # -- text ----------------------------------------------------------------------------------------
@@ -151,7 +153,10 @@ class Model:
         if self._cache is None:
             self._cache = self.backend.new_cache(self.n_ctx)
         common = reusable_prefix(self._tokens, ids)
-        self._cache.truncate(common)
+        try:
+            self._cache.truncate(common)
+        except ValueError:  # a cache that cannot go back there (a restored recurrent state): start afresh
+            self._cache, common = self.backend.new_cache(self.n_ctx), 0
         self._tokens = self._tokens[:common]
         return common
 
@@ -359,7 +364,8 @@ class Model:
             SessionError: another model, a damaged file, wrong shapes or a context that is too small.
         """
         c = self.config
-        session = load_session(path, self.sha256, c.n_layers, (c.n_kv_heads, c.head_dim, c.v_head_dim))
+        session = load_session(path, self.sha256, c.n_layers, (c.n_kv_heads, c.head_dim, c.v_head_dim),
+                               c.recurrent_layers, list(recurrent_state_shapes(c)) * len(c.recurrent_layers))
         if len(session.tokens) > self.n_ctx:
             raise SessionError(f"the session has {len(session.tokens)} tokens; this model's context is {self.n_ctx}")
         cache = self.backend.new_cache(self.n_ctx)

@@ -45,12 +45,14 @@ def rope_tables(gguf: GGUFFile, config: ModelConfig, n_ctx: int | None = None) -
             ``rope_factors_short``. None means a context within the original one (short factors).
 
     Returns:
-        ``(inv_freq, layer_set)``: inv_freq float64 of shape (n_sets, rope_dim // 2); layer_set, per
+        ``(inv_freq, layer_set)``: inv_freq float64 of shape (n_sets, rope_dim // 2) (a list of rows where the
+        sliding layers rotate fewer dimensions, gemma4's ``rope_dim_swa``); layer_set, per
         layer, the row of ``inv_freq`` it rotates with, or -1 for a layer without RoPE.
     """
     factors = _frequency_factors(gguf, config, n_ctx)
     global_set = _inv_freq(config, config.rope_base, config.rope_scale, factors)
-    local_set = _inv_freq(config, config.layer_rope_base(_first_sliding(config)), config.local_rope_scale, None)
+    local_set = _inv_freq(config, config.layer_rope_base(_first_sliding(config)), config.local_rope_scale, None,
+                          config.rope_dim_swa or config.rope_dim)
     sets = [global_set]
     layer_set = []
     for il in range(config.n_layers):
@@ -63,6 +65,8 @@ def rope_tables(gguf: GGUFFile, config: ModelConfig, n_ctx: int | None = None) -
             layer_set.append(1)
         else:
             layer_set.append(0)
+    if len({s.shape for s in sets}) > 1:  # gemma4: the sliding layers rotate fewer dimensions
+        return sets, layer_set
     return np.stack(sets), layer_set
 
 
@@ -110,9 +114,10 @@ def _first_sliding(config: ModelConfig) -> int:
     return next((il for il in range(config.n_layers) if config.is_sliding(il)), 0)
 
 
-def _inv_freq(config: ModelConfig, base: float, scale: float, factors: np.ndarray | None) -> np.ndarray:
+def _inv_freq(config: ModelConfig, base: float, scale: float, factors: np.ndarray | None,
+              n_dims: int | None = None) -> np.ndarray:
     """ggml's per-dimension theta for position 1: base^(-2i/d) / factor, then linear or YaRN scaling."""
-    n_dims = config.rope_dim
+    n_dims = n_dims or config.rope_dim
     inv_freq = base ** (-np.arange(0, n_dims, 2, dtype=np.float64) / n_dims)  # (rope_dim // 2,)
     if factors is not None:
         inv_freq = inv_freq / factors

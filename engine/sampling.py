@@ -179,7 +179,7 @@ def _log_softmax_at(logits: np.ndarray, index: int, top: float) -> float:
     The sum over the vocabulary is the CPU extension's vector exp in one pass (NumPy's exp and sum took four
     times as long, per token of every greedy sequence); NumPy computes it where the extension is not built.
     """
-    from .backends.cpu.kernels import log_sum_exp  # imported here: sampling needs no backend otherwise
+    from .backends.vector_math import log_sum_exp  # imported here: sampling needs no backend otherwise
 
     return float(logits[index]) - top - log_sum_exp(np.ascontiguousarray(logits), top)
 

@@ -1,4 +1,5 @@
-"""Session snapshots: a conversation plus the engine state (tokens, every layer's KV cache, sampler state).
+"""Session snapshots: a conversation plus the engine state (tokens, every layer's KV cache or, in a hybrid
+model's recurrent layers, its conv and delta-rule states, sampler state).
 
 The container is safetensors (a JSON header and raw arrays; nothing in it can execute). The header holds the
 format version, the model's fingerprint (GGUF sha256), backend, context length and KV dtype, and a sha256
@@ -12,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -51,10 +53,13 @@ def save_session(path: str | os.PathLike, session: Session) -> None:
     for i, (k, v) in enumerate(zip(session.kv.keys, session.kv.values)):
         arrays[f"k.{i:04d}"] = np.ascontiguousarray(k, dtype=np.float32)
         arrays[f"v.{i:04d}"] = np.ascontiguousarray(v, dtype=np.float32)
+    for j, state in enumerate(session.kv.recurrent or ()):  # hybrid models: conv and delta-rule states
+        arrays[f"r.{j:04d}"] = np.ascontiguousarray(state, dtype=np.float32)
     header = {
         "format": FORMAT, "version": str(FORMAT_VERSION), "model_sha256": session.model_sha256,
         "model_name": session.model_name, "backend": session.backend, "n_ctx": str(session.n_ctx),
         "kv_dtype": "float32", "n_past": str(session.kv.n_past), "n_layers": str(len(session.kv.keys)),
+        "n_recurrent": str(len(session.kv.recurrent or ())),
         "conversation": json.dumps(session.conversation, ensure_ascii=False),
         "sampler_state": json.dumps(session.sampler_state),
     }
@@ -85,6 +90,29 @@ def read_header(path: str | os.PathLike) -> dict[str, str]:
     return header
 
 
+def check_file(path: str | os.PathLike) -> dict[str, str]:
+    """Cheap whole-file check (no payload read): a valid header and exactly the bytes its arrays need.
+
+    Returns:
+        The header, as ``read_header``.
+
+    Raises:
+        SessionError: a garbled header or a file shorter or longer than its arrays (a truncated write).
+    """
+    header = read_header(path)
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        table = json.loads(f.read(n))
+    try:
+        end = max((int(t["data_offsets"][1]) for k, t in table.items() if k != "__metadata__"), default=0)
+    except (TypeError, KeyError, IndexError, ValueError) as e:
+        raise SessionError(f"the session's array table is damaged ({e!r})") from None
+    size = os.path.getsize(path)
+    if size != 8 + n + end:
+        raise SessionError(f"the session file is truncated or damaged ({size} bytes, its arrays need {8 + n + end})")
+    return header
+
+
 def read_conversation(path: str | os.PathLike) -> Any:
     """The conversation stored in a snapshot, for a text-only import when the engine state cannot be used."""
     try:
@@ -93,7 +121,8 @@ def read_conversation(path: str | os.PathLike) -> Any:
         raise SessionError(f"the session's conversation cannot be read ({e})") from None
 
 
-def load_session(path: str | os.PathLike, model_sha256: str, n_layers: int, kv_shape: tuple[int, int, int]) -> Session:
+def load_session(path: str | os.PathLike, model_sha256: str, n_layers: int, kv_shape: tuple[int, int, int],
+                 recurrent_layers: Sequence[int] = (), recurrent_shapes: Sequence[tuple[int, ...]] = ()) -> Session:
     """Read and verify a snapshot for a model.
 
     Args:
@@ -101,6 +130,8 @@ def load_session(path: str | os.PathLike, model_sha256: str, n_layers: int, kv_s
         model_sha256: the loaded model's GGUF sha256; a snapshot of another model is refused.
         n_layers: the loaded model's layer count.
         kv_shape: (n_kv_heads, head_dim, v_head_dim) of the loaded model.
+        recurrent_layers: a hybrid model's recurrent layers, which hold no keys and values.
+        recurrent_shapes: the shape of each recurrent state array, in ``KVState.recurrent`` order.
 
     Raises:
         SessionError: with the reason the snapshot cannot be restored.
@@ -116,7 +147,7 @@ def load_session(path: str | os.PathLike, model_sha256: str, n_layers: int, kv_s
         raise SessionError(f"the session file is damaged or truncated ({e})") from None
     if _payload_digest(arrays, header) != header.get("payload_sha256"):
         raise SessionError("the session file is corrupt (checksum mismatch)")
-    kv = _kv_state(arrays, header, n_layers, kv_shape)
+    kv = _kv_state(arrays, header, n_layers, kv_shape, recurrent_layers, recurrent_shapes)
     tokens = arrays["tokens"].astype(np.int64).tolist() if "tokens" in arrays else []
     if len(tokens) < kv.n_past:
         raise SessionError("the session holds fewer tokens than KV positions")
@@ -130,7 +161,8 @@ def load_session(path: str | os.PathLike, model_sha256: str, n_layers: int, kv_s
 
 
 def _kv_state(arrays: dict[str, np.ndarray], header: dict[str, str], n_layers: int,
-              kv_shape: tuple[int, int, int]) -> KVState:
+              kv_shape: tuple[int, int, int], recurrent_layers: Sequence[int] = (),
+              recurrent_shapes: Sequence[tuple[int, ...]] = ()) -> KVState:
     n_kv_heads, head_dim, v_head_dim = kv_shape
     n_past = int(header.get("n_past", "-1")) if header.get("n_past", "").isdigit() else -1
     if header.get("n_layers") != str(n_layers) or n_past < 0:
@@ -138,11 +170,19 @@ def _kv_state(arrays: dict[str, np.ndarray], header: dict[str, str], n_layers: i
     keys, values = [], []
     for i in range(n_layers):
         k, v = arrays.get(f"k.{i:04d}"), arrays.get(f"v.{i:04d}")
-        if k is None or v is None or k.shape != (n_kv_heads, n_past, head_dim) or v.shape != (n_kv_heads, n_past, v_head_dim):
+        held = 0 if i in recurrent_layers else n_past
+        if k is None or v is None or k.shape != (n_kv_heads, held, head_dim) or v.shape != (n_kv_heads, held, v_head_dim):
             raise SessionError(f"the session's KV arrays of layer {i} have the wrong shape for this model")
         keys.append(k)
         values.append(v)
-    return KVState(keys, values, n_past)
+    if header.get("n_recurrent", "0") != str(len(recurrent_shapes)):
+        raise SessionError(f"the session holds {header.get('n_recurrent', '0')} recurrent state arrays, "
+                           f"the model {len(recurrent_shapes)}")
+    recurrent = [arrays.get(f"r.{j:04d}") for j in range(len(recurrent_shapes))]
+    for j, (state, shape) in enumerate(zip(recurrent, recurrent_shapes)):
+        if state is None or state.shape != tuple(shape):
+            raise SessionError(f"the session's recurrent state array {j} has the wrong shape for this model")
+    return KVState(keys, values, n_past, recurrent or None)
 
 
 def _payload_digest(arrays: dict[str, np.ndarray], header: dict[str, str]) -> str:
@@ -152,5 +192,6 @@ def _payload_digest(arrays: dict[str, np.ndarray], header: dict[str, str]) -> st
     for name in sorted(arrays):
         a = np.ascontiguousarray(arrays[name])
         digest.update(f"{name}:{a.dtype.str}:{a.shape}\n".encode())
-        digest.update(memoryview(a).cast("B"))
+        if a.size:  # a recurrent layer's keys hold no positions; memoryview cannot cast an empty array
+            digest.update(memoryview(a).cast("B"))
     return digest.hexdigest()

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Build Hearth for Linux: the one-folder bundle dist/hearth/ (start it with dist/hearth/hearth) and, unless
-# --no-archive, dist/hearth-<version>-linux-<arch>.tar.gz around it. The folder also carries install.sh, which
-# puts Hearth in the desktop's application menu (a .desktop file and icons under ~/.local/share).
-# No AppImage: appimagetool is neither on PyPI nor in Debian (see RELEASING.md).
+# Build Hearth for Linux: the one-folder bundle dist/hearth/ (start it with dist/hearth/hearth), unless
+# --no-archive dist/hearth-<version>-linux-<arch>.tar.gz around it, and with --deb the Debian/Ubuntu package
+# dist/hearth_<version>_<debian-arch>.deb (packaging/build_deb.py). The folder also carries install.sh, which puts
+# Hearth in the desktop's application menu (a .desktop file and icons under ~/.local/share).
+# No AppImage: appimagetool and the AppImage runtime are neither on PyPI nor in Debian (see RELEASING.md).
 #
-#   packaging/build_linux.sh [--no-install] [--no-archive]
+#   packaging/build_linux.sh [--no-install] [--no-archive] [--deb]
 #     --no-install  use the current environment as it is (default: pip install -e '.[packaging]' first,
 #                   which also compiles the C kernels)
 #     --no-archive  leave out the .tar.gz (CI only needs the folder)
+#     --deb         also build the .deb (needs dpkg-deb, which every Debian and Ubuntu has)
 #   Environment: PYTHON (default python), HEARTH_DIST_DIR (default dist/), HEARTH_WORK_DIR (default
 #   build/pyinstaller/).
 set -euo pipefail
@@ -18,11 +20,13 @@ DIST=${HEARTH_DIST_DIR:-$ROOT/dist}
 WORK=${HEARTH_WORK_DIR:-$ROOT/build/pyinstaller}
 install=1
 archive=1
+deb=0
 for arg in "$@"; do
   case $arg in
     --no-install) install=0 ;;
     --no-archive) archive=0 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --deb) deb=1 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "build_linux.sh: unknown option $arg" >&2; exit 2 ;;
   esac
 done
@@ -53,4 +57,7 @@ if [ "$archive" = 1 ]; then
   tarball="$DIST/hearth-$version-linux-$(uname -m).tar.gz"
   tar -C "$DIST" -czf "$tarball" --transform "s,^hearth,hearth-$version,S" hearth  # S: leave link targets
   echo "archive: $tarball ($(du -sh "$tarball" | cut -f1))"
+fi
+if [ "$deb" = 1 ]; then
+  "$PYTHON" packaging/build_deb.py "$bundle" --out "$DIST"
 fi

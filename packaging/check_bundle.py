@@ -5,7 +5,10 @@
   download or assemble at first start;
 - nothing excluded crept in (llama_cpp, llm, mlx, WebEngine, QML, ...; see bundle_contents.py);
 - every library the bundle ships resolves its Qt/Python dependencies inside the bundle (``ldd``); missing system
-  libraries (GTK for the GTK theme plugin, Wayland, some xcb helpers) are listed as what a desktop provides.
+  libraries (GTK for the GTK theme plugin, Wayland) are listed as what a desktop provides;
+- the bundle carries every library Qt's xcb window needs (the xcb helpers a minimal system lacks, which
+  ``app/platform_check.py`` names) except libxcb, OpenGL/EGL and glibc, which it leaves to the system on purpose
+  (system_libraries.py; the .deb declares those).
 Prints the sizes; exits 1 with the reasons when a check fails.
 """
 
@@ -23,12 +26,16 @@ ROOT = Path(__file__).resolve().parents[1]
 BUNDLED_LIBRARY = re.compile(r"^lib(Qt6|pyside6|shiboken6|python3)")
 
 
-def _contents():
-    path = Path(__file__).with_name("bundle_contents.py")
-    spec = importlib.util.spec_from_file_location("hearth_bundle_contents", path)
+def _load(name: str):
+    path = Path(__file__).with_name(f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"hearth_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _contents():
+    return _load("bundle_contents")
 
 
 def source_version() -> str:
@@ -69,6 +76,21 @@ def content_problems(bundle: Path, files: list[str]) -> list[str]:
     return problems
 
 
+def xcb_problems(bundle: Path) -> list[str]:
+    """Libraries Qt's xcb window needs that the bundle should carry and does not (missing on the build machine)."""
+    libraries = _load("system_libraries")
+    if not (bundle / libraries.XCB_PLUGIN).is_file():
+        return [f"Qt's xcb platform plugin ({libraries.XCB_PLUGIN}) is missing: no window on X11"]
+    problems = []
+    for soname in libraries.uncarried_xcb_libraries(bundle):
+        try:
+            fix = f"install {libraries.debian_package(soname)} on the build machine and build again"
+        except libraries.UnknownLibraryError as e:
+            fix = str(e)
+        problems.append(f"the bundle does not carry {soname}, which Qt's xcb window needs: {fix}")
+    return problems
+
+
 def library_problems(bundle: Path, files: list[str]) -> tuple[list[str], set[str]]:
     """(problems, system libraries not found) from ``ldd`` over the executable and every shared object."""
     problems, system_missing = [], set()
@@ -106,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     files = sorted(str(p.relative_to(bundle)) for p in bundle.rglob("*") if p.is_file())
     problems = version_problems(bundle, source_version()) + content_problems(bundle, files)
     ldd_problems, system_missing = library_problems(bundle, files)
-    problems += ldd_problems
+    problems += ldd_problems + xcb_problems(bundle)
     report_sizes(bundle, files)
     if system_missing:
         print("system libraries some optional plugins want, not on this machine: " + ", ".join(sorted(system_missing)))

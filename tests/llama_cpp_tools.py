@@ -65,10 +65,8 @@ def build(jobs: int | None = None) -> Path:
         src = llama_cpp_tree()
         build_dir = root / "build"
         jobs = jobs or os.cpu_count() or 2
-        subprocess.run(["cmake", "-S", str(src), "-B", str(build_dir), *CMAKE_OPTIONS],
-                       check=True, stdout=subprocess.DEVNULL)
-        subprocess.run(["cmake", "--build", str(build_dir), "--config", "Release", "-j", str(jobs),
-                        "--target", *TOOLS], check=True, stdout=subprocess.DEVNULL)
+        _run(["cmake", "-S", str(src), "-B", str(build_dir), *CMAKE_OPTIONS])
+        _run(["cmake", "--build", str(build_dir), "--config", "Release", "-j", str(jobs), "--target", *TOOLS])
         staging = root / "bin.partial"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
@@ -78,6 +76,13 @@ def build(jobs: int | None = None) -> Path:
         staging.rename(out)
         shutil.rmtree(build_dir, ignore_errors=True)   # ~1 GB of objects; the binaries are all we keep
     return out
+
+
+def _run(cmd: list[str]) -> None:
+    """Run one build step quietly; on failure raise with the tail of its output (the compiler's warnings are noise)."""
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(cmd[:3])} … failed ({done.returncode}):\n{done.stdout[-4000:]}")
 
 
 def main() -> int:

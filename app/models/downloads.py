@@ -248,7 +248,11 @@ class DownloadManager:
                            "failed" if r["state"] == "failed" else "paused", r["error"])
             except (TypeError, KeyError, ValueError, DownloadError):
                 continue  # not ours, or tampered with: leave it alone
-            job.downloaded = _size_of(self._files(job)[0])
+            part = self._files(job)[0]
+            if not part.exists() and self.destination(job.repo, job.filename).exists():
+                state_file.unlink(missing_ok=True)  # moved into the library by a run killed before this cleanup
+                continue
+            job.downloaded = _size_of(part)
             self._jobs[job.key] = job
 
     def _launch(self, job: _Job, on_progress: ProgressCallback | None) -> None:

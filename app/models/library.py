@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..builtin_model import BuiltinModel
-from .json_files import read_json, write_json
+from .json_files import DamagedFile, read_json_state, salvage_objects, write_json
 from .metadata_cache import MetadataCache, ModelFileInfo, read_model_info
 
 Source = Literal["builtin", "downloaded", "imported", "external"]
@@ -125,6 +125,7 @@ class ModelLibrary:
         self.builtin = BuiltinModel() if builtin is DEFAULT_BUILTIN else builtin  # None: list no built-in model
         self._registry_path = self.data_dir / "imported.json"
         self._cache = MetadataCache(self.data_dir / "model-metadata-cache.json")
+        self.notices: list[str] = []  # for the user: a damaged registry found, where it went, what was kept
 
     # -- listing ---------------------------------------------------------------------------------------
     def list(self) -> list[ModelEntry]:
@@ -253,9 +254,24 @@ class ModelLibrary:
             write_json(self._registry_path, [r for r in self._registry() if Path(r["path"]) != plan.entry.path])
         return plan
 
+    def check_registry(self) -> list[str]:
+        """Read the registry of imported models once (at start-up); the notices about a damaged one."""
+        self._registry()
+        return self.notices
+
     def _registry(self) -> list[dict]:
-        records = read_json(self._registry_path, [])
-        return [r for r in records if isinstance(r, dict) and "path" in r and r.get("mode") in ("copy", "link")]
+        try:
+            records = read_json_state(self._registry_path, [])
+        except DamagedFile as e:  # keep every record still readable; the damaged file stays beside it
+            records = [r for r in salvage_objects(e.moved_to.read_bytes().decode("utf-8", "replace")) if _is_record(r)]
+            write_json(self._registry_path, records)
+            self.notices.append(f"The list of imported models was damaged; it was moved to {e.moved_to}. "
+                                f"{len(records)} imported model(s) could still be read from it and were kept.")
+        return [r for r in records if _is_record(r)] if isinstance(records, list) else []
+
+
+def _is_record(r: object) -> bool:
+    return isinstance(r, dict) and isinstance(r.get("path"), str) and r.get("mode") in ("copy", "link")
 
 
 @dataclasses.dataclass

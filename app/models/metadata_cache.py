@@ -100,9 +100,10 @@ class MetadataCache:
 
         signature = engine_signature()
         with self._lock:
-            stored = read_json(self.path, {})
-            valid = stored.get("version") == CACHE_VERSION and stored.get("engine") == signature
-            old = stored.get("files", {}) if valid else {}
+            stored = read_json(self.path, {})  # only a cache: an unreadable one is rebuilt from the files
+            valid = (isinstance(stored, dict) and stored.get("version") == CACHE_VERSION
+                     and stored.get("engine") == signature and isinstance(stored.get("files"), dict))
+            old = {k: r for k, r in stored["files"].items() if _usable(r)} if valid else {}
             new, result = ({} if prune else dict(old)), {}
             for path in files:
                 key = str(path)
@@ -120,3 +121,15 @@ class MetadataCache:
             if new != old:
                 write_json(self.path, {"version": CACHE_VERSION, "engine": signature, "files": new})
             return result
+
+
+def _usable(record: object) -> bool:
+    """A cached record of the shape ``lookup`` writes; anything else (a hand-edited or damaged cache) is re-read."""
+    if not (isinstance(record, dict) and isinstance(record.get("size"), int)
+            and isinstance(record.get("mtime_ns"), int) and isinstance(record.get("info"), dict)):
+        return False
+    try:
+        ModelFileInfo(**record["info"])
+    except TypeError:
+        return False
+    return True

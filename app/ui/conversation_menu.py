@@ -82,6 +82,14 @@ class ConversationMenu(QToolButton):
         self.actions_by_name["save_state"].setToolTip("The conversation with the model's memory of it (KV cache)")
         self.setMenu(menu)
 
+    def set_state_unavailable(self, reason: str | None) -> None:
+        """Grey out saving and restoring state, with ``reason`` as the tooltip (a remote model); None enables them."""
+        for name in ("save_state", "restore_state"):
+            self.actions_by_name[name].setEnabled(reason is None)
+        self.actions_by_name["save_state"].setToolTip(
+            reason or "The conversation with the model's memory of it (KV cache)")
+        self.actions_by_name["restore_state"].setToolTip(reason or "")
+
     def set_title(self, title: str) -> None:
         """The shown conversation's title, for suggested file names."""
         self.title = title

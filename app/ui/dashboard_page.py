@@ -18,6 +18,7 @@ from ..qt_compat import emit
 from ..speculation import speculation_text
 from ..telemetry import THERMAL_LEVELS, EngineSample, MemoryBreakdown, SystemSample, Telemetry, format_bytes
 from .charts import ChartCard, Line, StackedBar, TimeChart, legend_html, nice_ceiling
+from .remote_card import RemoteCard
 from .theme import NOTICE_COLORS
 
 WINDOWS_S = (60, 120, 300)
@@ -27,7 +28,11 @@ EXPORT_LIMIT = 100_000
 LIMITS_TIP = ("How hard the engine works. Prompt chunk: how many prompt tokens it reads in one step (at most 128). "
               "Replies at once: how many answers it writes together. Solid: what it uses now. Dashed: what the "
               "thermal policy allows, as of the engine's last step.")
+THERMAL_MODE_TIP = ("Thermal mode. Performance tolerates a warm machine; Balanced backs off as it heats; Cool keeps "
+                    "the load low even when the machine is cool. Applies from the next answer.")
 CARD_ORDER = ("decode", "prefill", "cpu", "thermal", "process", "system", "limits", "memory")
+# with a remote model the server's card stands for the local engine's memory, thermal and limits cards
+REMOTE_CARD_ORDER = ("decode", "prefill", "remote", "cpu", "system")
 FOUR_COLUMNS_PX, TWO_COLUMNS_PX = 960, 480  # page widths from which the cards sit 4 or 2 to a row
 
 GenerationLoader = Callable[[int], list[GenerationRecord]]  # (most rows) -> newest first
@@ -76,7 +81,10 @@ class MemoryView(QWidget):
         else:
             self.process_bar.set_parts([(b.weights_bytes, "weights", False), (b.kv_allocated_bytes, "kv", False),
                                         (b.scratch_bytes, "scratch", False), (b.other_bytes, "other", False)])
-            self.process_text.setText(legend_html([("weights", f"weights {format_bytes(b.weights_bytes)}"),
+            weights = f"weights {format_bytes(b.weights_bytes)}"
+            if b.sparse:  # a mixture of experts: all experts resident, the chosen ones read per token
+                weights += f" (all experts; {format_bytes(b.active_weights_bytes)} read per token)"
+            self.process_text.setText(legend_html([("weights", weights),
                                              ("kv", f"KV cache {format_bytes(b.kv_allocated_bytes)}"),
                                              ("scratch", f"scratch {format_bytes(b.scratch_bytes)}"),
                                              ("other", f"other {format_bytes(b.other_bytes)}")]))
@@ -127,6 +135,8 @@ class DashboardPage(QScrollArea):
         self.cards = {name: ChartCard(title, chart) for name, (title, chart) in self.charts.items()}
         self.memory_view = MemoryView()
         self.cards["memory"] = ChartCard("Model memory", self.memory_view)
+        self.cards["remote"] = self.remote_card = RemoteCard()
+        self.remote = False  # the loaded model runs on a remote server
         self._arrange(4)
         self.cards["limits"].setToolTip(LIMITS_TIP)
         self.cards["decode"].setToolTip("With speculative decoding: the share of drafted tokens the model accepted, "
@@ -150,8 +160,7 @@ class DashboardPage(QScrollArea):
         header.addSpacing(12)
         header.addWidget(self.subtitle, 1, Qt.AlignmentFlag.AlignBottom)
         self.mode_box = QComboBox()
-        self.mode_box.setToolTip("Thermal mode. Performance tolerates a warm machine; Balanced backs off as it heats; "
-                                 "Cool keeps the load low even when the machine is cool. Applies from the next answer.")
+        self.mode_box.setToolTip(THERMAL_MODE_TIP)
         for mode, label in THERMAL_MODE_LABELS.items():
             self.mode_box.addItem(label, mode)
         if self.thermal_mode is not None:
@@ -222,10 +231,14 @@ class DashboardPage(QScrollArea):
         if columns == self.columns:
             return
         self.columns = columns
-        for name in CARD_ORDER:
-            self.grid.removeWidget(self.cards[name])
-        for i, name in enumerate(CARD_ORDER):
+        for card in self.cards.values():
+            self.grid.removeWidget(card)
+            if card is self.remote_card or self.grid.parentWidget() is not None:
+                card.hide()
+        for i, name in enumerate(REMOTE_CARD_ORDER if self.remote else CARD_ORDER):
             self.grid.addWidget(self.cards[name], i // columns, i % columns)
+            if self.grid.parentWidget() is not None:  # (while building, a card without a parent would open a window)
+                self.cards[name].show()
         for column in range(4):
             self.grid.setColumnStretch(column, 1 if column < columns else 0)
 
@@ -238,6 +251,15 @@ class DashboardPage(QScrollArea):
     def set_model(self, info: dict) -> None:
         """The loaded model's info (name, backend, n_ctx), or {} when none is loaded."""
         self.model_info = dict(info)
+        remote = info.get("remote")
+        if bool(remote) != self.remote:
+            self.remote, columns, self.columns = bool(remote), self.columns, 0
+            self._arrange(columns)
+        if remote:
+            self.remote_card.set_endpoint(remote["endpoint"], remote["model_id"])
+        reason = (info.get("unsupported") or {}).get("thermal")
+        self.mode_box.setEnabled(self.thermal_mode is not None and reason is None)
+        self.mode_box.setToolTip(reason or THERMAL_MODE_TIP)
         if info:
             self.subtitle.setText(f"{info.get('name', 'Model')} · {info.get('backend') or 'unknown'} backend · "
                                   f"context {info.get('n_ctx', 0):,} tokens")
@@ -298,6 +320,8 @@ class DashboardPage(QScrollArea):
         chunk = f"prompt chunk {e.prefill_chunk or '–'} tokens (up to {s.allowed_prefill_chunk})"
         replies = f"replies at once {e.batch} (up to {s.allowed_batch})"
         cards["limits"].set_legend([("chunk", chunk), ("batch", replies)])
+        if e.remote is not None:
+            self.remote_card.show_stats(e.remote)
         decision = t.decision
         cards["limits"].setToolTip(LIMITS_TIP if decision is None else f"{LIMITS_TIP}\n\n{_decision_text(decision)}")
         self.memory_view.show_breakdown(t.breakdown(), t.warnings())

@@ -16,13 +16,15 @@ from PySide6.QtWidgets import (QComboBox, QFrame, QHBoxLayout, QLabel, QLineEdit
 
 from ..model_fit import verdict_summary
 from ..qt_compat import emit
+from .theme import NOTICE_COLORS
 
 REPO_ROLE = Qt.ItemDataRole.UserRole
 PICK_ROLE = Qt.ItemDataRole.UserRole + 1  # the recommended file of a curated repository
 VERDICT_ROLE = Qt.ItemDataRole.UserRole + 2  # a file row's verdict dict, None until judged
 CONTEXTS = (2048, 4096, 8192, 16384, 32768)
 CHECKING = "Checking the file's header…"
-WONT_LOAD_COLOR = "#c5322a"
+WONT_LOAD_COLOR = NOTICE_COLORS["error"]
+SLOW_COLOR = NOTICE_COLORS["warning"]  # "paged": runs from the OS page cache, slowly
 STATE_TEXT = {"running": "Downloading", "paused": "Paused", "verifying": "Checking the file…", "completed": "Done",
               "failed": "Failed", "cancelled": "Cancelled"}
 
@@ -55,6 +57,15 @@ def progress_text(p: dict) -> str:
     if p.get("error"):
         parts.append(p["error"])
     return " · ".join(x for x in parts if x)
+
+
+def verdict_color(e: dict) -> QColor | None:
+    """A file row's text colour: red when it won't load or fit, amber when it runs only from the page cache."""
+    if e.get("runs") is False or e.get("verdict") == "won't fit":
+        return QColor(WONT_LOAD_COLOR)
+    if e.get("verdict") == "paged":
+        return QColor(SLOW_COLOR)
+    return None
 
 
 def estimate_tip(e: dict) -> str:
@@ -266,7 +277,7 @@ class DownloadsPanel(QFrame):
     def _show_verdict(item: QTreeWidgetItem, e: dict) -> None:
         item.setData(0, VERDICT_ROLE, e)
         item.setText(2, verdict_summary(e))
-        color = QColor(WONT_LOAD_COLOR) if e.get("runs") is False or e.get("verdict") == "won't fit" else None
+        color = verdict_color(e)
         for column in range(3):
             item.setToolTip(column, estimate_tip(e))
             item.setData(column, Qt.ItemDataRole.ForegroundRole, QBrush(color) if color is not None else None)

@@ -1,5 +1,5 @@
 """The main window: navigation rail, the Chat page (sidebar, messages, composer, settings), the Models page, the
-dashboard and the Default settings page."""
+dashboard, the Server page and the Default settings page."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from ..downloads_bridge import DownloadsBridge
 from ..draft_models import DraftCompatibility
 from ..generation_history import recent_generations
 from ..model_choices import BASE_MODEL_LABEL, ModelChoices
+from ..remote_bridge import RemoteBridge
 from ..telemetry import Telemetry
 from .about_dialog import AboutDialog
 from .chat_view import ChatView
@@ -24,15 +25,17 @@ from .conversation_menu import ConversationMenu
 from .downloads_panel import DownloadsPanel
 from .elided_label import ElidedLabel
 from .models_page import ModelsPage
+from .remote_endpoint_dialog import RemoteEndpointDialog
 from .notice_bar import NoticeBar
+from .server_page import ServerPage
 from .settings_panel import SettingsPanel
 from .sidebar import Sidebar
 from .status_strip import StatusStrip
 from .theme import app_icon, icon
 
-PAGES = ("chat", "models", "dashboard", "defaults")
+PAGES = ("chat", "models", "dashboard", "server", "defaults")
 RAIL = (("chat", "Chat", "chat"), ("models", "Models", "models"), ("dashboard", "Live", "dashboard"),
-        ("defaults", "Defaults", "settings"))  # page, label, icon
+        ("server", "Server", "server"), ("defaults", "Defaults", "settings"))  # page, label, icon
 CHAT_MIN_WIDTH = 380
 
 
@@ -45,13 +48,15 @@ class MainWindow(QMainWindow):
 
     def __init__(self, controller: ChatController, model_choices: ModelChoices, parent: QWidget | None = None,
                  actions: ConversationActions | None = None,
-                 telemetry: Telemetry | None = None, downloads: DownloadsBridge | None = None):
+                 telemetry: Telemetry | None = None, downloads: DownloadsBridge | None = None, api_server=None):
         super().__init__(parent)
         self.controller = controller
         self.model_choices = model_choices
+        self.remote_bridge = RemoteBridge(model_choices, self) if model_choices.remote is not None else None
         self.actions = actions
         self.telemetry = telemetry or Telemetry(parent=self)
         self.downloads = downloads
+        self.api_server = api_server  # app.api_server.ApiServer, or None (the page then only shows its form)
         self.draft_compatibility = DraftCompatibility()
         self.confirm = lambda title, text: QMessageBox.question(self, title, text) == QMessageBox.StandardButton.Yes
         self._deleted: tuple[int, str] | None = None
@@ -64,6 +69,7 @@ class MainWindow(QMainWindow):
         self._connect()
         self._connect_conversation_menu()
         self._connect_downloads()
+        self._connect_server()
 
     # -- building ------------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -112,9 +118,10 @@ class MainWindow(QMainWindow):
                                        thermal_mode=self.controller)
         self.defaults_page = DefaultSettingsPage()
         self.defaults_page.set_defaults(self.controller.default_settings())
+        self.server_page = ServerPage()
         self.stack = QStackedWidget()
         self.pages = {"chat": self.splitter, "models": self.models_page, "dashboard": self.dashboard,
-                      "defaults": self.defaults_page}
+                      "server": self.server_page, "defaults": self.defaults_page}
         for name in PAGES:
             self.stack.addWidget(self.pages[name])
         self.rail = QFrame()
@@ -197,6 +204,13 @@ class MainWindow(QMainWindow):
         self.models_page.add_requested.connect(self._add_model)
         self.models_page.refresh_requested.connect(self._refresh_models)
         self.models_page.remove_requested.connect(self._remove_model)
+        self.models_page.add_remote_requested.connect(self._add_remote)
+        if self.remote_bridge is not None:
+            self.remote_bridge.added.connect(lambda text: (self._refresh_models(), self._tell("info", text)))
+            self.remote_bridge.failed.connect(lambda text: self._tell("error", text))
+            self.remote_bridge.refreshed.connect(lambda text: (self._refresh_models(),
+                                                               self._tell("warning", text) if text else None))
+            self.models_page.refresh_requested.connect(self.remote_bridge.refresh_all)
         self.notice_bar.action_triggered.connect(self._undo_delete)
         c.conversations_changed.connect(self._refresh_conversations)
         c.conversation_opened.connect(self._on_conversation_opened)
@@ -254,6 +268,16 @@ class MainWindow(QMainWindow):
         bridge.load_curated()
         for progress in bridge.downloads():  # paused or failed ones from an earlier run
             panel.update_download(progress)
+
+    def _connect_server(self) -> None:
+        server, page = self.api_server, self.server_page
+        if server is None:
+            return
+        page.set_settings(server.settings)
+        page.set_state(server.state())
+        page.apply_requested.connect(server.apply)
+        server.state_changed.connect(page.set_state)
+        server.request_logged.connect(page.add_record)
 
     def _on_downloaded(self, key: str, path: str) -> None:
         self._refresh_models()
@@ -346,6 +370,17 @@ class MainWindow(QMainWindow):
         self.controller.set_model(path)
         self.show_page("chat")
 
+    def _add_remote(self) -> None:
+        """Ask for a remote endpoint and add it in the background (the page says what came of it)."""
+        if self.remote_bridge is None:
+            self._tell("error", "Remote endpoints are not available in this window.")
+            return
+        dialog = RemoteEndpointDialog(self.model_choices.remote.secrets.where, self)
+        if dialog.exec() and dialog.values()[0]:
+            self._tell("info", f"Adding {dialog.values()[0]}: listing its models…")
+            self.remote_bridge.add(*dialog.values())
+        dialog.deleteLater()
+
     def _add_model(self, path: str) -> None:
         """Add a file to the library, and only that: the open conversation keeps its model."""
         try:
@@ -413,6 +448,9 @@ class MainWindow(QMainWindow):
         self._model_info = dict(info or {})
         self.models_page.set_current(info)
         self.settings_panel.set_thinking_available(self.controller.reasoning().has_switch)
+        unsupported = self._model_info.get("unsupported") or {}  # a remote model: greyed out, with the reason
+        self.settings_panel.set_speculation_unavailable(unsupported.get("speculation"))
+        self.conversation_menu.set_state_unavailable(unsupported.get("kv_snapshots"))
         self._show_model_text()
         self._on_messages_changed(self.controller.current_id)
 

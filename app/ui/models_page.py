@@ -1,6 +1,6 @@
 """The Models page: the loaded model and its memory, every model in the library with the engine's verdict
-("Runs here · needs 3.1 GB" or, greyed out, "Won't load: <reason>"), adding (a file that cannot be added gets a red
-row saying why), removing, downloading."""
+("Runs here · needs 3.1 GB" or, greyed out, "Won't load: <reason>"), the models of remote endpoints with their
+endpoint, adding (a file that cannot be added gets a red row saying why), removing, downloading."""
 
 from __future__ import annotations
 
@@ -28,12 +28,14 @@ class ModelsPage(QFrame):
         add_requested(str): add this GGUF file to the library.
         refresh_requested(): list the models again.
         remove_requested(str): remove the model at this path (after the window confirms it).
+        add_remote_requested(): the user wants to add a remote endpoint (the window asks for it).
     """
 
     use_requested = Signal(str)
     add_requested = Signal(str)
     refresh_requested = Signal()
     remove_requested = Signal(str)
+    add_remote_requested = Signal()
 
     def __init__(self, parent: QWidget | None = None, downloads: QWidget | None = None):
         super().__init__(parent)
@@ -57,12 +59,18 @@ class ModelsPage(QFrame):
         self.use_button.clicked.connect(lambda: self._use(self.list.currentItem()))
         add = QPushButton("Add a GGUF file…")
         add.clicked.connect(self._add)
+        add_remote = QPushButton("Add a remote endpoint…")
+        add_remote.setObjectName("addRemote")
+        add_remote.setToolTip("A server that speaks the OpenAI API: vLLM, llama.cpp's llama-server, Ollama, another "
+                              "Hearth (docs/remote-engines.md)")
+        add_remote.clicked.connect(self.add_remote_requested)
         refresh = QPushButton("Refresh")
         refresh.clicked.connect(self.refresh_requested)
         self.remove_button = QPushButton("Remove…")
         self.remove_button.clicked.connect(self._remove)
         buttons = QHBoxLayout()
         buttons.addWidget(add)
+        buttons.addWidget(add_remote)
         buttons.addWidget(refresh)
         buttons.addWidget(self.remove_button)
         buttons.addStretch(1)
@@ -151,6 +159,12 @@ class ModelsPage(QFrame):
     def set_current(self, info: dict) -> None:
         if not info:
             self.current.setText("No model loaded.")
+            return
+        remote = info.get("remote")
+        if remote:
+            self.current.setText(f"<b>{escape(info.get('name', ''))}</b> — remote, at {escape(remote['endpoint'])}"
+                                 "<br>It runs on that server: memory, KV snapshots, thermal policy and speculative "
+                                 "decoding are the server's.")
             return
         lines = [f"<b>{escape(info.get('name', ''))}</b> — loaded",
                  f"{escape(info.get('arch', ''))} · context {info.get('n_ctx', 0):,} tokens"

@@ -148,6 +148,7 @@ class SettingsPanel(QFrame):
         self.draft_note.setStyleSheet(f"color: {NOTICE_COLORS['warning']};")
         self.draft_note.hide()
         self._draft_models: list[tuple[str, str]] = []  # (name, path) that can draft for the model shown
+        self._speculation_off: str | None = None  # why speculation cannot apply to this model (a remote one)
         self.speculation.setToolTip(SPECULATION_TIP)
         for box, name in ((self.speculation, "Speculative decoding"), (self.draft_model, "Draft model")):
             box.setAccessibleName(name)
@@ -188,10 +189,18 @@ class SettingsPanel(QFrame):
         self.draft_model.setCurrentIndex(self.draft_model.findData(chosen) if chosen else 0)
         self._show_speculation()
 
+    def set_speculation_unavailable(self, reason: str | None) -> None:
+        """Grey out the speculative-decoding settings with ``reason`` (a remote model); None enables them."""
+        self._speculation_off = reason
+        self.speculation.setEnabled(reason is None)
+        self.speculation.setToolTip(reason or SPECULATION_TIP)
+        self._show_speculation()
+
     def _show_speculation(self, *_) -> None:
         mode = self.speculation.currentData()
-        self.draft_model.setEnabled(mode == "draft")
-        self.max_draft.setEnabled(mode != "off")
+        usable = self._speculation_off is None
+        self.draft_model.setEnabled(usable and mode == "draft")
+        self.max_draft.setEnabled(usable and mode != "off")
         self.draft_note.setText(self._draft_problem() if mode == "draft" else "")
         self.draft_note.setVisible(bool(self.draft_note.text()))
 

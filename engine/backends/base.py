@@ -19,6 +19,8 @@ class MemoryStats:
     weights_bytes: int
     kv_cache_bytes: int  # allocated across the caches this backend created and that are still alive
     scratch_bytes: int = 0
+    active_weights_bytes: int | None = None  # weight bytes one decode step reads (a sparse model's chosen experts
+                                             # and the shared tensors); None: all of weights_bytes
     device_active_bytes: int | None = None  # MLX: mx.get_active_memory()
     device_peak_bytes: int | None = None
     device_cache_bytes: int | None = None
@@ -29,8 +31,11 @@ class KVState:
     """A backend-neutral copy of a KV cache, for snapshots and cross-backend restore."""
 
     keys: list[np.ndarray]  # per layer: (n_kv_heads, n_past, head_dim)
-    values: list[np.ndarray]  # per layer: (n_kv_heads, n_past, v_head_dim)
+    values: list[np.ndarray]  # per layer: (n_kv_heads, n_past, v_head_dim); 0 positions in a recurrent layer
     n_past: int
+    # hybrid models: per recurrent layer in order, its conv state (d_conv - 1, conv_dim) then its
+    # delta-rule state (n_v_heads, head_k_dim, head_v_dim), float32 (engine.deltanet.RecurrentState)
+    recurrent: list[np.ndarray] | None = None
 
 
 class KVCache(abc.ABC):

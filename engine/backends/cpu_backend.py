@@ -5,9 +5,9 @@ near zero and resident memory is about the file size. Every forward call runs al
 released; the NumPy reference decoder this class inherits stays available as ``reference_forward`` (the
 same math with the same C matrix products, in NumPy), which the tests hold the C decoder to.
 
-Mixture-of-experts models do not run in the fused C decoder yet: they take that reference path (the C
-products on the packed, memory-mapped expert rows; only the chosen experts' rows are read) with a NumPy
-float32 KV cache.
+Mixture-of-experts, hybrid (Gated DeltaNet) and gemma4 models do not run in the fused C decoder yet: they take
+that reference path (the C products on the packed, memory-mapped rows; only the chosen experts' rows are read; the
+DeltaNet conv and recurrence in NumPy) with a NumPy float32 KV cache (``HybridKVCache`` for hybrids).
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..config import ModelConfig
+from ..gemma4 import uses_gemma4_blocks
 from ..gguf_file import GGUFFile, ModelFormatError
 from ..kv_cache import NumpyKVCache
+from ..memory_estimate import active_weight_fraction
 from .base import KVCache, MemoryStats
 from .cpu import kernels
 from .cpu.decoder import CpuDecoder, CpuKVCache
@@ -41,6 +43,11 @@ class PackedMatrix:
         return self.blocks.nbytes
 
 
+def runs_in_c_decoder(config: ModelConfig) -> bool:
+    """Whether the fused C decoder runs this model; MoE, hybrid and gemma4 models take the reference path."""
+    return not (config.is_moe or config.is_hybrid or uses_gemma4_blocks(config))
+
+
 class CpuBackend(NumpyBackend):
     """The C decoder: one call per prompt chunk or decode step, for one sequence or a batch of them.
 
@@ -57,8 +64,8 @@ class CpuBackend(NumpyBackend):
     def __init__(self, gguf: GGUFFile, config: ModelConfig, kv_dtype=DEFAULT_KV_DTYPE, n_ctx: int | None = None):
         super().__init__(gguf, config, n_ctx)
         self.kv_dtype = np.dtype(kv_dtype)
-        self.decoder: CpuDecoder | None = None  # None: the reference path (mixture-of-experts models)
-        if not config.is_moe:
+        self.decoder: CpuDecoder | None = None  # None: the reference path (MoE, hybrid and gemma4 models)
+        if runs_in_c_decoder(config):
             self.decoder = CpuDecoder(config, self.layers, (self.token_embd, int(self.token_embd_type)), self.output,
                                       self.output_norm, self.rope_inv_freq, self.rope_layer_set)
         self._caches: weakref.WeakSet[CpuKVCache | NumpyKVCache] = weakref.WeakSet()
@@ -88,7 +95,7 @@ class CpuBackend(NumpyBackend):
     # -- the decoder ---------------------------------------------------------------------------------
     def new_cache(self, n_ctx: int) -> CpuKVCache | NumpyKVCache:
         if self.decoder is None:
-            cache = NumpyKVCache(self.config, n_ctx)
+            cache = NumpyBackend.new_cache(self, n_ctx)
         else:
             cache = CpuKVCache(self.config, n_ctx, self.kv_dtype)
         self._caches.add(cache)
@@ -136,8 +143,10 @@ class CpuBackend(NumpyBackend):
         return cache
 
     def memory(self) -> MemoryStats:
-        return MemoryStats(weights_bytes=self.gguf.file_size, kv_cache_bytes=sum(c.nbytes for c in self._caches),
-                           scratch_bytes=0 if self.decoder is None else self.decoder.scratch_bytes)
+        weights = self.gguf.file_size
+        return MemoryStats(weights_bytes=weights, kv_cache_bytes=sum(c.nbytes for c in self._caches),
+                           scratch_bytes=0 if self.decoder is None else self.decoder.scratch_bytes,
+                           active_weights_bytes=round(weights * active_weight_fraction(self.gguf, self.config)))
 
     def close(self) -> None:
         super().close()

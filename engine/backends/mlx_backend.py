@@ -26,13 +26,15 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..generate import prefill
-from ..gguf_file import GGUFFile
-from ..moe import expert_groups, route
+from ..memory_estimate import active_weight_fraction
+from ..gguf_file import GGUFFile, ModelFormatError
 from ..model_tensors import TensorRef, layer_tensor_names, output_tensor_name
 from ..rope import attn_temperature, rope_tables
 from . import platform_mlx
 from .base import Backend, KVCache, MemoryStats
+from .mlx.deltanet import MlxHybridCache, load_mlx_deltanet, mlx_deltanet
 from .mlx.kv_cache import MAX_CHUNK, MlxKVCache
+from .mlx.moe import moe_ffn, swiglu_oai_gated
 from .mlx.weights import (RESIDUAL_DTYPE, Matrix, TensorReader, default_matmul_dtype, load_matrix, load_vector,
                           mlx_weight_bytes)
 
@@ -64,12 +66,35 @@ class LayerWeights:
     w_gate_exps: Matrix | None = None  # (n_expert * n_ff_exp, n_embd): expert e is rows e * n_ff_exp ...
     w_up_exps: Matrix | None = None  # (n_expert * n_ff_exp, n_embd)
     w_down_exps: Matrix | None = None  # (n_expert * n_embd, n_ff_exp)
+    b_router: mx.array | None = None  # (n_expert,) (gpt-oss's biases; engine/backends/mlx/moe.py uses them)
+    b_gate_exps: mx.array | None = None  # (n_expert * n_ff_exp,)
+    b_up_exps: mx.array | None = None  # (n_expert * n_ff_exp,)
+    b_down_exps: mx.array | None = None  # (n_expert * n_embd,)
+    exp_probs_b: mx.array | None = None  # (n_expert,)
+    w_gate_shexp: Matrix | None = None  # (n_ff_shexp, n_embd): the shared expert
+    w_up_shexp: Matrix | None = None
+    w_down_shexp: Matrix | None = None  # (n_embd, n_ff_shexp)
+    w_gate_inp_shexp: mx.array | None = None  # (n_embd,)
+    bo: mx.array | None = None  # (n_embd,) attn_output.bias
+    attn_sinks: mx.array | None = None  # (n_heads,) per-head sink logits (gpt-oss)
+    deltanet: object = None  # a hybrid model's recurrent layer: mlx.deltanet.MlxDeltaNet in place of attention
+    # gemma4 (engine.gemma4): wk / wv / k_norm are None in a layer that reads another layer's cache
+    out_scale: mx.array | None = None  # (1,) the layer's output multiplier
+    ple_gate: Matrix | None = None  # (n_embd_per_layer, n_embd): the per-layer embedding's gate
+    ple_proj: Matrix | None = None  # (n_embd, n_embd_per_layer)
+    ple_norm: mx.array | None = None  # (n_embd,)
+    router_scale: mx.array | None = None  # (n_embd,) gemma4 with experts: the router input's scale
+    pre_ffn_norm_2: mx.array | None = None  # (n_embd,) the experts' input norm
+    post_ffn_norm_1: mx.array | None = None  # (n_embd,) the dense FFN's output norm
+    post_ffn_norm_2: mx.array | None = None  # (n_embd,) the experts' output norm
+    down_exps_scale: mx.array | None = None  # (n_expert,)
 
 
 MATRIX_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "w_router", "w_gate_exps", "w_up_exps",
-                 "w_down_exps")
+                 "w_down_exps", "w_gate_shexp", "w_up_shexp", "w_down_shexp", "ple_gate", "ple_proj")
 # vectors applied to matrix-product outputs, so held in the matmul dtype; the others act on the residual stream
-MATMUL_SIDE_VECTORS = ("bq", "bk", "bv", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")
+MATMUL_SIDE_VECTORS = ("bq", "bk", "bv", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm", "bo", "attn_sinks",
+                       "b_gate_exps", "b_up_exps")
 
 
 @partial(mx.compile, shapeless=True)
@@ -86,7 +111,7 @@ def gelu_tanh_gated(gate: mx.array, up: mx.array) -> mx.array:
     return (0.5 * g * (1.0 + mx.tanh(GELU_COEF * (g + 0.044715 * g * g * g))) * u).astype(gate.dtype)
 
 
-GATED_ACTIVATIONS = {"silu": silu_gated, "gelu_tanh": gelu_tanh_gated}
+GATED_ACTIVATIONS = {"silu": silu_gated, "gelu_tanh": gelu_tanh_gated, "swiglu_oai": swiglu_oai_gated}
 
 
 def _device_argmax(logits: mx.array) -> mx.array:
@@ -126,14 +151,29 @@ class MlxBackend(Backend):
             tied = output == "token_embd.weight"
             self.token_embd = load_matrix(reader, "token_embd.weight")  # (n_vocab, n_embd)
             self.output = self.token_embd if tied else load_matrix(reader, output)
+            self.per_layer = self._load_per_layer(reader) if config.n_embd_per_layer else None
         finally:
             reader.close()
         self._rope_tables(gguf, n_ctx)
+        self.active_weight_fraction = active_weight_fraction(gguf, config)  # the share one decode step reads
         self.gated_activation = GATED_ACTIVATIONS[config.activation]
         self._caches: weakref.WeakSet[MlxKVCache] = weakref.WeakSet()
         mx.clear_cache()  # the load's chunk buffers
         platform_mlx.release_free_heap()
         self._previous_wired_limit = platform_mlx.wire_memory(weight_bytes)
+
+    def _load_per_layer(self, reader: TensorReader) -> tuple[Matrix, Matrix, mx.array]:
+        """gemma4's per-layer embeddings: the token rows (n_vocab, n_layers * n_embd_per_layer), the model
+        projection (n_layers * n_embd_per_layer, n_embd) and its norm (n_embd_per_layer,)."""
+        c = self.config
+        width = c.n_layers * c.n_embd_per_layer
+        for name, shape in (("per_layer_token_embd.weight", (width, c.n_vocab)),
+                            ("per_layer_model_proj.weight", (c.n_embd, width)),
+                            ("per_layer_proj_norm.weight", (c.n_embd_per_layer,))):
+            if reader.gguf.tensor(name).shape != shape:
+                raise ModelFormatError(f"tensor {name!r} has shape {reader.gguf.tensor(name).shape}, expected {shape}")
+        return (load_matrix(reader, "per_layer_token_embd.weight"), load_matrix(reader, "per_layer_model_proj.weight"),
+                load_vector(reader, "per_layer_proj_norm.weight"))
 
     def _load_layer(self, reader: TensorReader, i: int) -> LayerWeights:
         fields, fused = {}, {}  # fused: tensor name -> the whole matrix, loaded once for its row ranges
@@ -146,6 +186,8 @@ class MlxBackend(Backend):
                 dtype = self.dtype if field in MATMUL_SIDE_VECTORS else RESIDUAL_DTYPE
                 vector = load_vector(reader, ref.name, dtype)
                 fields[field] = vector if ref.is_whole else vector[ref.rows(vector.shape[0])]
+        if self.config.is_recurrent(i):
+            fields["deltanet"] = load_mlx_deltanet(reader, self.config, i)
         return LayerWeights(**fields)
 
     @staticmethod
@@ -166,7 +208,8 @@ class MlxBackend(Backend):
 
     # -- the contract ------------------------------------------------------------------------------------
     def new_cache(self, n_ctx: int) -> MlxKVCache:
-        cache = MlxKVCache(self.config, n_ctx, self._replay, self.dtype)
+        kind = MlxHybridCache if self.config.is_hybrid else MlxKVCache
+        cache = kind(self.config, n_ctx, self._replay, self.dtype)
         self._caches.add(cache)
         return cache
 
@@ -186,10 +229,18 @@ class MlxBackend(Backend):
         for cache in caches:
             cache.reserve(1)
         x = self.embed(mx.array(ids))[:, None, :]  # (B, 1, n_embd)
+        layer_inputs = self._per_layer_inputs(mx.array(ids)[:, None], x)
         starts = [cache.n_past for cache in caches]
+        if self.config.is_hybrid:
+            for cache in caches:
+                cache.recurrent.begin_call(1)
         for i, layer in enumerate(self.layers):
+            if layer.deltanet is not None:
+                x = x + self._residual(self._deltanet(i, layer, x, caches))
+                x = x + self._residual(self._ffn(layer, x))
+                continue
             x = x + self._residual(self._attention_batch(i, layer, x, caches, starts))
-            x = x + self._residual(self._ffn(layer, x))
+            x = self._layer_output(i, layer, x + self._residual(self._ffn(layer, x)), layer_inputs)
         for cache, token in zip(caches, ids):
             cache.advance(1)
             cache.record([token])
@@ -242,9 +293,11 @@ class MlxBackend(Backend):
         return token, logprob
 
     def memory(self) -> MemoryStats:
+        weights = self.weights_nbytes()
         return MemoryStats(
-            weights_bytes=self.weights_nbytes(),
+            weights_bytes=weights,
             kv_cache_bytes=sum(cache.nbytes for cache in self._caches),
+            active_weights_bytes=round(weights * self.active_weight_fraction),
             device_active_bytes=mx.get_active_memory(),
             device_peak_bytes=mx.get_peak_memory(),
             device_cache_bytes=mx.get_cache_memory(),
@@ -254,6 +307,7 @@ class MlxBackend(Backend):
         total = sum(getattr(layer, f).nbytes for layer in self.layers for f in MATRIX_FIELDS
                     if getattr(layer, f) is not None)  # a model has either the dense FFN or the experts
         total += sum(v.nbytes for layer in self.layers for v in vars(layer).values() if isinstance(v, mx.array))
+        total += sum(layer.deltanet.nbytes for layer in self.layers if layer.deltanet is not None)
         total += self.token_embd.nbytes + self.output_norm.nbytes
         return total + (self.output.nbytes if self.output is not self.token_embd else 0)
 
@@ -322,13 +376,57 @@ class MlxBackend(Backend):
         """
         start, last = cache.n_past, len(self.layers) - 1
         x = self.embed(ids)[None]  # (1, L, n_embd)
+        snapshot = cache.recurrent.begin_call(ids.size) if self.config.is_hybrid else False
+        layer_inputs = self._per_layer_inputs(ids[None], x)
         for i, layer in enumerate(self.layers):
-            if last_only and i == last and ids.size > 1:
+            if layer.deltanet is not None:  # every row feeds the recurrent state, even with last_only
+                x = x + self._residual(self._deltanet(i, layer, x, [cache], snapshot))
+                x = x[:, -1:] if last_only and i == last else x
+            elif last_only and i == last and ids.size > 1:
                 x = x[:, -1:] + self._residual(self._attention(i, layer, x, cache, start, last_query=True))
+                layer_inputs = None if layer_inputs is None else layer_inputs[:, :, -1:]
             else:
                 x = x + self._residual(self._attention(i, layer, x, cache, start))
-            x = x + self._residual(self._ffn(layer, x))
+            x = self._layer_output(i, layer, x + self._residual(self._ffn(layer, x)), layer_inputs)
         cache.advance(ids.size)
+        return x
+
+    def _deltanet(self, i: int, layer: LayerWeights, x: mx.array, caches: Sequence[MlxHybridCache],
+                  snapshot: bool = False) -> mx.array:
+        """A recurrent layer's mixer on ``x`` (B, L, n_embd), row ``b`` continuing ``caches[b]``'s state."""
+        states = [cache.recurrent.live[i] for cache in caches]
+        snapshots = [] if snapshot else None
+        out, new_states = mlx_deltanet(self._norm(x, layer.attn_norm), layer.deltanet, states, self.config,
+                                       self.dtype, snapshots)
+        for cache, state in zip(caches, new_states):
+            cache.recurrent.live[i] = state
+        for t, state in snapshots or ():
+            caches[0].recurrent.add_snapshot(caches[0].n_past + t + 1, i, state)
+        return out
+
+    def _per_layer_inputs(self, ids: mx.array, x: mx.array) -> mx.array | None:
+        """gemma4's per-layer inputs (n_layers, B, L, n_embd_per_layer) float32 for ids (B, L) embedded as
+        ``x`` (B, L, n_embd) (``engine.gemma4``); None without per-layer embeddings."""
+        if self.per_layer is None:
+            return None
+        c = self.config
+        token_rows, model_proj, proj_norm = self.per_layer
+        b, n = ids.shape
+        tok = token_rows.rows(ids.reshape(-1)).astype(RESIDUAL_DTYPE).reshape(b, n, c.n_layers, c.n_embd_per_layer)
+        proj = model_proj.matmul(x.astype(self.dtype)).astype(RESIDUAL_DTYPE) * (1.0 / np.sqrt(c.n_embd))
+        proj = mx.fast.rms_norm(proj.reshape(b, n, c.n_layers, c.n_embd_per_layer), proj_norm, c.rms_eps)
+        mixed = (proj + tok * float(np.sqrt(c.n_embd_per_layer))) * float(1.0 / np.sqrt(2.0))
+        return mixed.transpose(2, 0, 1, 3)
+
+    def _layer_output(self, i: int, layer: LayerWeights, x: mx.array, layer_inputs: mx.array | None) -> mx.array:
+        """A layer's residual after its FFN, plus gemma4's per-layer embedding block and output scale."""
+        if layer_inputs is not None:
+            gate = layer.ple_gate.matmul(x.astype(self.dtype)).astype(RESIDUAL_DTYPE)
+            gate = 0.5 * gate * (1.0 + mx.tanh(GELU_COEF * (gate + 0.044715 * gate * gate * gate))) * layer_inputs[i]
+            out = layer.ple_proj.matmul(gate.astype(self.dtype)).astype(RESIDUAL_DTYPE)
+            x = x + mx.fast.rms_norm(out, layer.ple_norm, self.config.rms_eps)
+        if layer.out_scale is not None:
+            x = x * layer.out_scale[0]
         return x
 
     def _residual(self, out: mx.array) -> mx.array:
@@ -337,8 +435,9 @@ class MlxBackend(Backend):
         return out if scale == 1.0 else out.astype(RESIDUAL_DTYPE) * scale
 
     def _qkv(self, i: int, layer: LayerWeights, x: mx.array, offset: int | list[int],
-             last_query: bool = False) -> tuple[mx.array, mx.array, mx.array]:
-        """Normed, biased, rotated queries (B, n_heads, L, head_dim), keys and values (B, n_kv_heads, L, dim).
+             last_query: bool = False) -> tuple[mx.array, mx.array, mx.array, mx.array | None]:
+        """Normed, biased, rotated queries (B, n_heads, L, head_dim), keys and values (B, n_kv_heads, L, dim),
+        and the output gate (B, L, n_heads * head_dim) of gated attention (qwen35), else None.
 
         ``offset`` is the position of the first row of ``x``: one int, or one per batch row (L = 1). With
         ``last_query``, the query of the last position only (B, n_heads, 1, head_dim).
@@ -347,22 +446,33 @@ class MlxBackend(Backend):
         b, n, _ = x.shape
         h = self._norm(x, layer.attn_norm)
         q = layer.wq.matmul(h[:, -1:] if last_query else h)
-        k, v = layer.wk.matmul(h), layer.wv.matmul(h)
+        if layer.wk is None:  # gemma4: a layer that reads an earlier layer's cache
+            q = q.reshape(b, q.shape[1], c.n_heads, c.layer_head_dim(i)).transpose(0, 2, 1, 3)
+            q = mx.fast.rms_norm(q, layer.q_norm, c.rms_eps)
+            return self._rope(i, q, offset + n - 1 if last_query else offset), None, None, None
+        k = layer.wk.matmul(h)
+        v = k if layer.wv is None else layer.wv.matmul(h)  # gemma4: no attn_v, the keys are the values
         if layer.bq is not None:
             q, k, v = q + layer.bq, k + layer.bk, v + layer.bv
+        gate = None
+        if c.attn_output_gate:  # per head: the query, then its gate
+            both = q.reshape(b, q.shape[1], c.n_heads, 2, c.head_dim)
+            q, gate = both[..., 0, :].reshape(b, -1, c.n_q_embd), both[..., 1, :].reshape(b, -1, c.n_q_embd)
         if c.qk_norm_whole:  # OLMo 2: over the whole projection, before the split into heads
             q, k = mx.fast.rms_norm(q, layer.q_norm, c.rms_eps), mx.fast.rms_norm(k, layer.k_norm, c.rms_eps)
-        q = q.reshape(b, q.shape[1], c.n_heads, c.head_dim).transpose(0, 2, 1, 3)
-        k = k.reshape(b, n, c.n_kv_heads, c.head_dim).transpose(0, 2, 1, 3)
-        v = v.reshape(b, n, c.n_kv_heads, c.v_head_dim).transpose(0, 2, 1, 3)
+        q = q.reshape(b, q.shape[1], c.n_heads, c.layer_head_dim(i)).transpose(0, 2, 1, 3)
+        k = k.reshape(b, n, c.layer_n_kv_heads(i), c.layer_head_dim(i)).transpose(0, 2, 1, 3)
+        v = v.reshape(b, n, c.layer_n_kv_heads(i), c.layer_v_head_dim(i)).transpose(0, 2, 1, 3)
         if layer.q_norm is not None and not c.qk_norm_whole:
             q = mx.fast.rms_norm(q, layer.q_norm, c.rms_eps)
             k = mx.fast.rms_norm(k, layer.k_norm, c.rms_eps)
+        if c.v_norm:
+            v = mx.fast.rms_norm(v, None, c.rms_eps)
         q_offset = offset + n - 1 if last_query else offset
         q, k = self._rope(i, q, q_offset), self._rope(i, k, offset)
         if c.attn_temp_scale:
             q = q * self._temperature(q_offset, q.shape[2])
-        return q, k, v
+        return q, k, v, gate
 
     def _rope(self, i: int, x: mx.array, offset: int | list[int]) -> mx.array:
         """Rotate the first ``rope_dim`` dims of ``x`` (B, heads, L, dim) with layer ``i``'s frequency set,
@@ -372,14 +482,15 @@ class MlxBackend(Backend):
         if which < 0:
             return x
         offset = mx.array(offset) if isinstance(offset, list) else offset
-        x = mx.fast.rope(x, c.rope_dim, traditional=not c.rope_neox, base=None, scale=1.0, offset=offset,
+        rope_dim = c.layer_rope_dim(i)
+        x = mx.fast.rope(x, rope_dim, traditional=not c.rope_neox, base=None, scale=1.0, offset=offset,
                          freqs=self.rope_periods[which])
         if c.rope_mscale == 1.0:
             return x
-        if c.rope_dim == x.shape[-1]:
+        if rope_dim == x.shape[-1]:
             return x * c.rope_mscale  # mscale multiplies cos and sin alike
         # partial rotary (phi3): ggml copies the dims past rope_dim unscaled
-        return mx.concatenate([x[..., :c.rope_dim] * c.rope_mscale, x[..., c.rope_dim:]], axis=-1)
+        return mx.concatenate([x[..., :rope_dim] * c.rope_mscale, x[..., rope_dim:]], axis=-1)
 
     def _temperature(self, offset: int | list[int], n: int) -> mx.array:
         """Query multipliers of attention temperature tuning (``rope.attn_temperature``): (1, 1, n, 1) for
@@ -389,44 +500,56 @@ class MlxBackend(Backend):
         factors = attn_temperature(self.config, np.arange(offset, offset + n))
         return mx.array(factors).reshape(1, 1, n, 1).astype(self.dtype)
 
-    def _attend(self, q: mx.array, keys: mx.array, values: mx.array, mask) -> mx.array:
-        """Attention of queries (1, n_heads, L, head_dim) over a cache view; the explicit path only with
-        soft-capped scores, which MLX's fused kernel does not do."""
+    def _attend(self, q: mx.array, keys: mx.array, values: mx.array, mask, sinks: mx.array | None = None) -> mx.array:
+        """Attention of queries (1, n_heads, L, head_dim) over a cache view, with per-head sink logits where the
+        model has them (gpt-oss); the explicit path only with soft-capped scores, which MLX's fused kernel does
+        not do."""
         c = self.config
         if c.attn_softcap:
             return softcapped_attention(q, keys, values, c.attn_scale, c.attn_softcap, mask)
-        return mx.fast.scaled_dot_product_attention(q, keys, values, scale=c.attn_scale, mask=mask)
+        return mx.fast.scaled_dot_product_attention(q, keys, values, scale=c.attn_scale, mask=mask, sinks=sinks)
 
     def _attention(self, i: int, layer: LayerWeights, x: mx.array, cache: MlxKVCache, start: int,
                    last_query: bool = False) -> mx.array:
         """Store the keys and values of every position of ``x``; with ``last_query``, output the last one's only."""
-        q, k, v = self._qkv(i, layer, x, start, last_query)
-        kv, end = cache.layers[i], start + x.shape[1]
-        kv.store(k, v, start)
+        q, k, v, gate = self._qkv(i, layer, x, start, last_query)
+        kv, end = cache.layers[self.config.kv_layer(i)], start + x.shape[1]
+        if k is not None:
+            kv.store(k, v, start)
         keys, values = kv.view(end)
         first = end - q.shape[2]  # the position of the first query
-        return self._attention_output(layer, self._attend(q, keys, values, kv.mask(first, end - first)))
+        return self._attention_output(layer, self._attend(q, keys, values, kv.mask(first, end - first),
+                                                          layer.attn_sinks), gate)
 
     def _attention_batch(self, i: int, layer: LayerWeights, x: mx.array, caches: Sequence[MlxKVCache],
                          starts: list[int]) -> mx.array:
-        q, k, v = self._qkv(i, layer, x, starts)
+        q, k, v, gate = self._qkv(i, layer, x, starts)
         outs = []
         for b, (cache, start) in enumerate(zip(caches, starts)):
-            kv = cache.layers[i]
-            kv.store(k[b:b + 1], v[b:b + 1], start)
+            kv = cache.layers[self.config.kv_layer(i)]
+            if k is not None:
+                kv.store(k[b:b + 1], v[b:b + 1], start)
             keys, values = kv.view(start + 1)
-            outs.append(self._attend(q[b:b + 1], keys, values, kv.mask(start, 1)))
-        return self._attention_output(layer, mx.concatenate(outs))
+            outs.append(self._attend(q[b:b + 1], keys, values, kv.mask(start, 1), layer.attn_sinks))
+        return self._attention_output(layer, mx.concatenate(outs), gate)
 
-    def _attention_output(self, layer: LayerWeights, out: mx.array) -> mx.array:
-        """Attention heads (B, n_heads, L, v_head_dim) -> the block's output (B, L, n_embd)."""
+    def _attention_output(self, layer: LayerWeights, out: mx.array, gate: mx.array | None = None) -> mx.array:
+        """Attention heads (B, n_heads, L, v_head_dim) -> the block's output (B, L, n_embd), gated by
+        ``sigmoid(gate)`` first where the architecture has an output gate."""
         b, _, n, _ = out.shape
-        out = layer.wo.matmul(out.transpose(0, 2, 1, 3).reshape(b, n, -1))
+        out = out.transpose(0, 2, 1, 3).reshape(b, n, -1)
+        if gate is not None:
+            out = out * mx.sigmoid(gate)
+        out = layer.wo.matmul(out)
+        if layer.bo is not None:
+            out = out + layer.bo
         if layer.post_attn_norm is not None:
             out = mx.fast.rms_norm(out, layer.post_attn_norm, self.config.rms_eps)
         return out
 
     def _ffn(self, layer: LayerWeights, x: mx.array) -> mx.array:
+        if self.config.ffn_dense_and_experts:
+            return mx.fast.rms_norm(self._dense_and_experts(layer, x), layer.post_ffn_norm, self.config.rms_eps)
         h = self._norm(x, layer.ffn_norm)
         if self.config.is_moe:
             out = self._moe(layer, h)
@@ -436,24 +559,22 @@ class MlxBackend(Backend):
             out = mx.fast.rms_norm(out, layer.post_ffn_norm, self.config.rms_eps)
         return out
 
-    def _moe(self, layer: LayerWeights, h: mx.array) -> mx.array:
-        """The mixture-of-experts FFN of normed rows h (..., n_embd): routed on the host (engine/moe.py), then
-        each chosen expert runs once on the rows that chose it; outputs summed with the router's weights."""
+    def _dense_and_experts(self, layer: LayerWeights, x: mx.array) -> mx.array:
+        """gemma4's FFN with experts (``engine.gemma4.dense_and_experts_ffn``), before ``post_ffw_norm``."""
         c = self.config
-        shape = h.shape
-        rows_in = h.reshape(-1, c.n_embd)  # (n, n_embd)
-        logits = np.array(layer.w_router.matmul(rows_in).astype(mx.float32))  # (n, n_expert), a host sync
-        experts, weights = route(logits, c)  # (n, n_expert_used) each
-        out = mx.zeros((rows_in.shape[0], c.n_embd), dtype=mx.float32)  # (n, n_embd)
-        for expert, rows, slots in expert_groups(experts):
-            ff = TensorRef("", expert * c.n_ff_exp, (expert + 1) * c.n_ff_exp)
-            down = TensorRef("", expert * c.n_embd, (expert + 1) * c.n_embd)
-            x = rows_in[mx.array(rows)]
-            act = self.gated_activation(row_range(layer.w_gate_exps, ff).matmul(x),
-                                        row_range(layer.w_up_exps, ff).matmul(x)).astype(self.dtype)
-            y = row_range(layer.w_down_exps, down).matmul(act).astype(mx.float32)
-            out = out.at[mx.array(rows)].add(y * mx.array(weights[rows, slots])[:, None])
-        return out.reshape(*shape[:-1], c.n_embd)
+        h = self._norm(x, layer.ffn_norm)
+        dense = layer.w_down.matmul(self.gated_activation(layer.w_gate.matmul(h), layer.w_up.matmul(h)))
+        router_in = mx.fast.rms_norm(x, None, c.rms_eps) * (1.0 / np.sqrt(c.n_embd)) * layer.router_scale
+        logits = layer.w_router.matmul(router_in.astype(self.dtype))
+        scale = None if layer.down_exps_scale is None else np.array(layer.down_exps_scale.astype(mx.float32))
+        experts = moe_ffn(self._norm(x, layer.pre_ffn_norm_2), layer, c, self.gated_activation, row_range, self.dtype,
+                          logits=logits, down_scale=scale)
+        return (mx.fast.rms_norm(dense.astype(RESIDUAL_DTYPE), layer.post_ffn_norm_1, c.rms_eps)
+                + mx.fast.rms_norm(experts, layer.post_ffn_norm_2, c.rms_eps))
+
+    def _moe(self, layer: LayerWeights, h: mx.array) -> mx.array:
+        """The mixture-of-experts FFN of normed rows h (..., n_embd) (``engine/backends/mlx/moe.py``)."""
+        return moe_ffn(h, layer, self.config, self.gated_activation, row_range, self.dtype)
 
 
 def row_range(matrix: Matrix, ref: TensorRef) -> Matrix:

@@ -3,10 +3,9 @@ tool_result blocks; a streamed reply with tools is sent when it is complete)."""
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -17,9 +16,9 @@ from ..sampling import SamplingParams
 from . import sse
 from .anthropic_schemas import Message, MessagesRequest, MessageUsage, TextBlock, ToolResultBlock, ToolUseBlock
 from .errors import APIError
-from .host import RequestRecord, ServedModel
-from .openai_routes import check_model, token_budget
-from .tool_calls import parse_tool_calls, template_messages_with_calls
+from .host import BoundModel, RequestRecord, ServedModel
+from .openai_routes import forced_tool_grammar, token_budget
+from .tool_calls import CallDelta, ToolCallStream, parse_tool_calls, template_messages_with_calls
 
 
 def _messages(body: MessagesRequest) -> list[dict]:
@@ -49,9 +48,9 @@ def _stop(finish: str | None, raw: str, shown: str, stops: list[str]) -> tuple[s
     return "end_turn", None
 
 
-async def messages(served: ServedModel, request: Request, body: MessagesRequest) -> Response:
+async def messages(server: ServedModel, request: Request, body: MessagesRequest) -> Response:
     """``POST /v1/messages``."""
-    check_model(served, body.model)
+    served = await server.bind(body.model)
     tools = [{"type": "function", "function": {"name": t.name, "description": t.description,
                                                "parameters": t.input_schema}} for t in body.tools or []]
     if (body.tool_choice or {}).get("type") == "none":
@@ -65,19 +64,34 @@ async def messages(served: ServedModel, request: Request, body: MessagesRequest)
         raise APIError(400, f"the chat template could not render the messages: {e}", param="messages") from e
     stops = body.stop_sequences or []
     max_tokens = token_budget(served, len(ids), body.max_tokens)
-    handle = served.submit(ids, params, max_tokens, stops)
+    grammar = forced_tool_grammar(served, tools, _forced_tool(body.tool_choice))
+    handle = served.submit(ids, params, max_tokens, stops, grammar)
     message_id = f"msg_{uuid.uuid4().hex}"
     events = served.events(handle, request.is_disconnected)
     if body.stream and not tools:
         return StreamingResponse(_stream(served, events, message_id, len(ids), stops, handle.id),
                                  media_type="text/event-stream")
-    reply = _whole_message(served, events, message_id, len(ids), stops, handle.id, bool(tools))
     if body.stream:
-        return StreamingResponse(_whole_message_events(reply), media_type="text/event-stream")
+        stream = ToolCallStream()
+        return StreamingResponse(_tool_stream(served, events, message_id, len(ids), stops, handle.id, stream),
+                                 media_type="text/event-stream")
+    reply = _whole_message(served, events, message_id, len(ids), stops, handle.id, bool(tools))
     return JSONResponse((await reply).model_dump())
 
 
-async def _whole_message(served: ServedModel, events: AsyncIterator[GenerationEvent], message_id: str, n_prompt: int,
+def _forced_tool(tool_choice: dict | None) -> str | bool:
+    """What Anthropic's ``tool_choice`` forces: False (nothing), True (some tool: "any") or a tool's name."""
+    kind = (tool_choice or {}).get("type")
+    if kind == "any":
+        return True
+    if kind == "tool":
+        if not isinstance(tool_choice.get("name"), str):
+            raise APIError(400, "tool_choice of type tool needs a name", param="tool_choice")
+        return tool_choice["name"]
+    return False
+
+
+async def _whole_message(served: BoundModel, events: AsyncIterator[GenerationEvent], message_id: str, n_prompt: int,
                          stops: list[str], request_id: int, tools: bool) -> Message:
     """The finished reply; with tools, the calls in it become tool_use blocks."""
     text, tokens, last = [], [], None
@@ -96,29 +110,76 @@ async def _whole_message(served: ServedModel, events: AsyncIterator[GenerationEv
                    stop_sequence=None if calls else matched, usage=_usage(last, n_prompt, len(tokens)))
 
 
-async def _whole_message_events(reply: Awaitable[Message]) -> AsyncIterator[bytes]:
-    """A finished reply sent as the stream's events: each block whole, then the stop reason."""
+async def _tool_stream(served: BoundModel, events: AsyncIterator[GenerationEvent], message_id: str, n_prompt: int,
+                       stops: list[str], request_id: int, stream: ToolCallStream) -> AsyncIterator[bytes]:
+    """A reply with tools, streamed as it is generated: text in text blocks, each tool call a tool_use block
+    whose input arrives as ``input_json_delta`` pieces."""
+    start = Message(id=message_id, model=served.name, content=[], usage=MessageUsage(input_tokens=n_prompt,
+                                                                                      output_tokens=0))
+    yield sse.named_event("message_start", {"type": "message_start", "message": start.model_dump()})
+    blocks = _Blocks()
+    text, tokens, last = [], [], None
     try:
-        message = await reply
+        async for event in events:
+            text.append(event.text)
+            tokens.append(event.id)
+            last = event
+            for delta in stream.feed(event.text):
+                for item in blocks.events(delta):
+                    yield item
+        for delta in stream.finish():
+            for item in blocks.events(delta):
+                yield item
     except APIError as e:
         yield sse.named_event("error", {"type": "error", "error": {"type": "api_error", "message": e.message}})
         return
-    start = message.model_copy(update={"content": [], "stop_reason": None, "stop_sequence": None})
-    yield sse.named_event("message_start", {"type": "message_start", "message": start.model_dump()})
-    for index, block in enumerate(message.content):
-        if isinstance(block, TextBlock):
-            opening, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block.text}
-        else:
-            opening = {"type": "tool_use", "id": block.id, "name": block.name, "input": {}}
-            delta = {"type": "input_json_delta", "partial_json": json.dumps(block.input)}
-        yield sse.named_event("content_block_start", {"type": "content_block_start", "index": index,
-                                                      "content_block": opening})
-        yield sse.named_event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
-        yield sse.named_event("content_block_stop", {"type": "content_block_stop", "index": index})
-    yield sse.named_event("message_delta", {"type": "message_delta", "delta": {
-        "stop_reason": message.stop_reason, "stop_sequence": message.stop_sequence},
-        "usage": {"output_tokens": message.usage.output_tokens}})
+    for item in blocks.close():
+        yield item
+    reason, matched = _stop(last.finish_reason if last else None, served.model.tokenizer.decode(tokens, True),
+                            "".join(text), stops)
+    if stream.calls:
+        reason, matched = "tool_use", None
+    yield sse.named_event("message_delta", {"type": "message_delta",
+                                            "delta": {"stop_reason": reason, "stop_sequence": matched},
+                                            "usage": {"output_tokens": len(tokens)}})
     yield sse.named_event("message_stop", {"type": "message_stop"})
+    _record(served, last, n_prompt, len(tokens), request_id)
+
+
+class _Blocks:
+    """The content blocks of a streamed message: a text block opened by text, a tool_use block by each call."""
+
+    def __init__(self):
+        self.index, self.kind = -1, None  # the open block
+
+    def events(self, delta: CallDelta) -> list[bytes]:
+        out = []
+        if delta.text:
+            if self.kind != "text":
+                out += self.close() + self._open({"type": "text", "text": ""}, "text")
+            return out + [self._delta({"type": "text_delta", "text": delta.text})]
+        if delta.name is not None:
+            opening = {"type": "tool_use", "id": "toolu_" + delta.id.removeprefix("call_"), "name": delta.name,
+                       "input": {}}
+            out += self.close() + self._open(opening, "tool_use")
+        if delta.arguments:
+            out.append(self._delta({"type": "input_json_delta", "partial_json": delta.arguments}))
+        return out
+
+    def close(self) -> list[bytes]:
+        if self.kind is None:
+            return []
+        self.kind = None
+        return [sse.named_event("content_block_stop", {"type": "content_block_stop", "index": self.index})]
+
+    def _open(self, block: dict, kind: str) -> list[bytes]:
+        self.index, self.kind = self.index + 1, kind
+        return [sse.named_event("content_block_start", {"type": "content_block_start", "index": self.index,
+                                                        "content_block": block})]
+
+    def _delta(self, delta: dict) -> bytes:
+        return sse.named_event("content_block_delta", {"type": "content_block_delta", "index": self.index,
+                                                       "delta": delta})
 
 
 def _usage(last: GenerationEvent | None, n_prompt: int, n: int) -> MessageUsage:
@@ -126,14 +187,14 @@ def _usage(last: GenerationEvent | None, n_prompt: int, n: int) -> MessageUsage:
     return MessageUsage(input_tokens=n_prompt - cached, output_tokens=n, cache_read_input_tokens=cached)
 
 
-def _record(served: ServedModel, last: GenerationEvent | None, n_prompt: int, n: int, request_id: int) -> None:
+def _record(served: BoundModel, last: GenerationEvent | None, n_prompt: int, n: int, request_id: int) -> None:
     if last is not None:
         served.stats.record(RequestRecord(request_id, "messages", served.name, n_prompt, last.cached_tokens, n,
                                           last.prefill_s, last.decode_tps, last.finish_reason or "cancelled",
                                           time.time()))
 
 
-async def _stream(served: ServedModel, events: AsyncIterator[GenerationEvent], message_id: str, n_prompt: int,
+async def _stream(served: BoundModel, events: AsyncIterator[GenerationEvent], message_id: str, n_prompt: int,
                   stops: list[str], request_id: int) -> AsyncIterator[bytes]:
     start = Message(id=message_id, model=served.name, content=[], usage=MessageUsage(input_tokens=n_prompt,
                                                                                       output_tokens=0))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pydantic
@@ -23,7 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from . import anthropic_routes, openai_routes
 from .anthropic_schemas import MessagesRequest
 from .errors import APIError, error_response
-from .host import ServedModel
+from .host import RequestRecord, ServedModel
 from .openai_schemas import ChatCompletionRequest, CompletionRequest
 
 MAX_BODY_BYTES = 4 << 20  # 4 MiB: far more than any prompt that fits a context
@@ -83,11 +84,14 @@ class APIKeyMiddleware:
 def _endpoint(served: ServedModel, handler: Callable[..., Awaitable[Response]], schema: type[pydantic.BaseModel],
               name: str, flavor: str = "openai") -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
+        body = None
         try:
             body = parse(schema, await read_json(request))
             response = await handler(served, request, body)
         except APIError as e:
             served.stats.requests[(name, e.status)] += 1
+            model = getattr(body, "model", "")
+            served.stats.record(RequestRecord(0, name, model, 0, 0, 0, 0.0, 0.0, "error", time.time(), e.status))
             return error_response(e, flavor)
         served.stats.requests[(name, response.status_code)] += 1
         return response
@@ -121,10 +125,11 @@ def create_app(served: ServedModel, api_key: str | None = None, allowed_origins:
     """The ASGI app serving ``served``.
 
     Args:
-        served: the model and its scheduler thread.
+        served: the server's models and the host whose scheduler runs their sequences.
         api_key: required on every request but ``/health`` when set.
         allowed_origins: origins allowed by CORS; none (the default) leaves CORS off.
-        manage_lifetime: start the scheduler thread when the app starts and stop it when the app stops.
+        manage_lifetime: start the host (the scheduler thread) when the app starts and stop it when the app stops;
+            False when the host outlives the server (the app's engine host).
     """
     async def models(request: Request) -> Response:
         served.stats.requests[("models", 200)] += 1

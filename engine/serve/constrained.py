@@ -1,4 +1,5 @@
-"""Constrained decoding with llguidance: ``response_format`` JSON schemas enforced token by token.
+"""Constrained decoding with llguidance: ``response_format`` JSON schemas, and the tool call ``tool_choice``
+requires, enforced token by token.
 
 The grammar library sees the model's vocabulary as token bytes (control tokens marked with a leading 0xFF
 byte, llguidance's convention, so no grammar can produce them as text); each step it masks the tokens that
@@ -56,6 +57,29 @@ def json_schema_grammar(schema: dict | None) -> str:
         raise ValueError(f"invalid JSON schema: {e}") from e
 
 
+def tool_call_grammar(tools: list[dict], name: str | None, template_source: str) -> str:
+    """A grammar for one call of a tool in ``tools`` (of ``name`` when given), written in the syntax the model's
+    chat template uses: Qwen/Hermes ``<tool_call>{...}</tool_call>``, else a bare JSON object
+    ``{"name": ..., "arguments": {...}}`` (which ``tool_calls.parse_tool_calls`` reads for every family).
+
+    Raises:
+        ValueError: ``name`` is not one of the tools, or a tool's parameters are not a schema llguidance compiles.
+    """
+    chosen = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
+    if not chosen:
+        raise ValueError(f"tool_choice names '{name}', which is not one of the tools")
+    calls = [{"type": "object", "properties": {"name": {"const": f["name"]},
+                                               "arguments": f.get("parameters") or {"type": "object"}},
+              "required": ["name", "arguments"], "additionalProperties": False} for f in chosen]
+    schema = json.dumps(calls[0] if len(calls) == 1 else {"anyOf": calls})
+    body = 'start: "<tool_call>\\n" call "\\n</tool_call>"' if "<tool_call>" in template_source else "start: call"
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_lark(f"{body}\ncall: %json {schema}")
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise ValueError(f"invalid tool parameters schema: {e}") from e
+    return grammar
+
+
 class ConstrainedSampler:
     """Wraps a sampler: tokens the grammar does not allow get no probability, and each chosen token advances
     the grammar.
@@ -63,7 +87,7 @@ class ConstrainedSampler:
     Args:
         sample: the request's own sampler, ``(logits, history) -> (token, logprob)``.
         tokenizer: the model's tokenizer.
-        grammar: a grammar from ``json_schema_grammar``.
+        grammar: a grammar from ``json_schema_grammar`` or ``tool_call_grammar``.
 
     Raises:
         ValueError: the grammar does not compile against this vocabulary.

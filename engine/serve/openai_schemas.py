@@ -96,6 +96,7 @@ class CompletionRequest(_Sampling):
     max_tokens: int | None = Field(default=16, ge=1)  # the legacy endpoint's default
     logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool = False
+    return_token_ids: bool = False  # an extension (vLLM's name): the choice's prompt_token_ids and token_ids
 
 
 class Model(BaseModel):
@@ -185,6 +186,8 @@ class CompletionChoice(BaseModel):
     text: str
     finish_reason: Literal["stop", "length"] | None
     logprobs: dict[str, Any] | None = None
+    prompt_token_ids: list[int] | None = None  # with return_token_ids only
+    token_ids: list[int] | None = None  # with return_token_ids only
 
 
 class Completion(BaseModel):

@@ -43,7 +43,8 @@ def test_smoke_test_chats_and_saves_every_page(tmp_path):
     for name in ("chat", "models", "chat-settings", "chat-dark", "chat-empty", "chat-streaming", "chat-thinking",
                  "chat-thinking-open", "chat-thinking-dark", "chat-two-models", "chat-two-models-dark",
                  "models-add-error", "models-add-error-dark", "defaults", "defaults-dark", "chat-base-model",
-                 "chat-base-model-dark", "chat-code", "chat-code-dark", "chat-narrow", "chat-narrow-dark"):
+                 "chat-base-model-dark", "chat-code", "chat-code-dark", "chat-narrow", "chat-narrow-dark",
+                 "server-streaming", "server-streaming-dark"):
         assert (out / f"{name}.png").stat().st_size > 5000, name
     assert transcript["two_models"]["authors"] == ["You", BUILTIN_MODEL_NAME, "You", "SmolLM2 135M Instruct"]
     assert transcript["base_model"]["model_text"].endswith("· base model — text completion")
@@ -51,7 +52,15 @@ def test_smoke_test_chats_and_saves_every_page(tmp_path):
     assert sample["thinking"].startswith("The user asks whether 97 is prime") and "<think>" not in sample["thinking"]
     counts = sample["stats"]
     assert sample["answer"].startswith("Yes") and 0 < counts["thinking_tokens"] < counts["generated_tokens"]
+    server = transcript["server"]  # the Server page was grabbed while API requests streamed in the app's engine
+    assert server["running"] >= 4 and server["log"][0]["status"] == 200 and server["log"][0]["completion_tokens"] > 0
     assert transcript["polish_sample"]["shown"] == 2 and len(transcript["polish_sample"]["answers"]) == 3
+    remote = transcript["remote"]  # the built-in model behind an in-process hearth serve, used as a remote model
+    assert remote["reply"].strip() and remote["stats"]["model_name"] == "hearth-builtin (remote)"
+    assert "Requests: " in remote["dashboard_card"] and "errors: 0" in remote["dashboard_card"]
+    for name in ("chat-remote", "chat-remote-dark", "dashboard-remote", "models-remote"):
+        assert (out / f"{name}.png").stat().st_size > 5000, name
+    assert "sk-smoke-" not in (out / "transcript.json").read_text()
 
 
 def test_help_lists_every_subcommand():

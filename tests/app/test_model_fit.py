@@ -38,17 +38,17 @@ def serve(hub, tmp_path, name, header):
     return path, HubClient().file_url(REPO, name)
 
 
-def qwen35_header():
+def rwkv7_header():
     header = model_header("llama", n_embd=512, n_ff=1024)
-    header.metadata = {k.replace("llama.", "qwen35."): v for k, v in header.metadata.items()}
-    header.metadata["general.architecture"] = "qwen35"
+    header.metadata = {k.replace("llama.", "rwkv7."): v for k, v in header.metadata.items()}
+    header.metadata["general.architecture"] = "rwkv7"
     return header
 
 
 @pytest.mark.parametrize("name, header", [
     ("llama.gguf", model_header("llama", n_embd=512, n_ff=1024)),
     ("gemma3-q4_k.gguf", model_header("gemma3", n_embd=512, n_ff=1024, qtype=GGMLQuantizationType.Q4_K)),
-    ("qwen35.gguf", qwen35_header()),
+    ("rwkv7.gguf", rwkv7_header()),
     ("llama-q8_1.gguf", model_header("llama", n_embd=512, n_ff=1024).with_types(GGMLQuantizationType.Q8_1)),
 ])
 def test_the_remote_verdict_is_the_local_one_from_a_few_ranged_bytes(hub, tmp_path, name, header):

@@ -30,10 +30,10 @@ Q = GGMLQuantizationType
 SCREENSHOT = os.environ.get("HEARTH_VERDICT_SCREENSHOT")  # where to save the page's picture, if anywhere
 
 
-def qwen35_header():
+def rwkv7_header():
     header = model_header("llama", n_embd=512, n_ff=1024)
-    header.metadata = {k.replace("llama.", "qwen35."): v for k, v in header.metadata.items()}
-    header.metadata["general.architecture"] = "qwen35"
+    header.metadata = {k.replace("llama.", "rwkv7."): v for k, v in header.metadata.items()}
+    header.metadata["general.architecture"] = "rwkv7"
     return header
 
 
@@ -42,7 +42,7 @@ def hub_files() -> dict[str, object]:
     files = {f"{arch}-q8_0.gguf": model_header(arch, n_embd=512, n_ff=1024) for arch in sorted(LAYER_TENSORS)}
     for qtype in (Q.Q4_K, Q.Q6_K, Q.F16, Q.IQ2_XS, Q.Q8_1):
         files[f"llama-{qtype.name.lower()}.gguf"] = model_header("llama", n_embd=512, n_ff=1024, qtype=qtype)
-    files["qwen35-q8_0.gguf"] = qwen35_header()
+    files["rwkv7-q8_0.gguf"] = rwkv7_header()
     files["qwen2-no-k-bias.gguf"] = model_header("qwen2", n_embd=512, n_ff=1024).drop("blk.1.attn_k.bias")
     return files
 
@@ -109,7 +109,7 @@ def test_every_hub_file_is_judged_from_its_header_before_any_download(qtbot, ses
         text = rows[f"{arch}-q8_0.gguf"].text(2)
         assert text.startswith("Runs here · needs ") if arch in SUPPORTED_ARCHITECTURES else \
             text.startswith(f"Won't load: unsupported architecture '{arch}'")
-    assert rows["qwen35-q8_0.gguf"].text(2).startswith("Won't load: unsupported architecture 'qwen35' (supported: ")
+    assert rows["rwkv7-q8_0.gguf"].text(2).startswith("Won't load: unsupported architecture 'rwkv7' (supported: ")
     assert rows["llama-q8_1.gguf"].text(2) == "Won't load: tensor type Q8_1 (16 tensors) has no CPU kernel"
     assert rows["qwen2-no-k-bias.gguf"].text(2) == \
         "Won't load: the model has no tensor 'blk.1.attn_k.bias', which qwen2 needs"
@@ -123,13 +123,13 @@ def test_every_hub_file_is_judged_from_its_header_before_any_download(qtbot, ses
 
 def test_a_file_that_cannot_run_is_downloaded_only_after_the_user_confirms(qtbot, session, hub, model_files):
     panel, rows = list_repo(qtbot, session)
-    name = "qwen35-q8_0.gguf"
+    name = "rwkv7-q8_0.gguf"
     select(panel, rows, name)
     assert panel.download_button.text() == "Download anyway…"
     asked = []
     panel.confirm = lambda title, text: asked.append(text) or False
     qtbot.mouseClick(panel.download_button, Qt.MouseButton.LeftButton)
-    assert len(asked) == 1 and asked[0].startswith(f"{name} won't load here: unsupported architecture 'qwen35'")
+    assert len(asked) == 1 and asked[0].startswith(f"{name} won't load here: unsupported architecture 'rwkv7'")
     assert html.unescape(panel.message.text()) == f"Not downloaded: {name} won't load here."
     assert all(r is not None and r.endswith(tuple("0123456789")) for r in hub.ranges(name))  # header reads only
     assert f"{REPO}/{name}" not in panel.rows
@@ -160,16 +160,16 @@ def test_a_runnable_file_is_downloaded_without_a_question(qtbot, session, model_
 
 def test_a_local_import_that_cannot_run_shows_the_reason_on_its_row(qtbot, session, model_files, tmp_path):
     page = session.window.models_page
-    bad = tmp_path / "mine" / "qwen35-q8_0.gguf"
+    bad = tmp_path / "mine" / "rwkv7-q8_0.gguf"
     bad.parent.mkdir()
-    bad.write_bytes(model_files["qwen35-q8_0.gguf"].read_bytes())
+    bad.write_bytes(model_files["rwkv7-q8_0.gguf"].read_bytes())
     good = bad.parent / "llama-q8_0.gguf"
     good.write_bytes(model_files["llama-q8_0.gguf"].read_bytes())
     for path in (bad, good):
         page.add_requested.emit(str(path))
     rows = {page.list.item(i).data(Qt.ItemDataRole.UserRole): page.list.item(i) for i in range(page.list.count())}
     text = rows[str(bad)].text()
-    assert "\nWon't load: unsupported architecture 'qwen35' (supported: " in text
+    assert "\nWon't load: unsupported architecture 'rwkv7' (supported: " in text
     assert not rows[str(bad)].flags() & Qt.ItemFlag.ItemIsEnabled
     assert rows[str(bad)].foreground().color().name() == "#c5322a"  # greyed out, yet the reason stays readable
     assert "Runs here · needs " in rows[str(good)].text() and rows[str(good)].flags() & Qt.ItemFlag.ItemIsEnabled
@@ -191,3 +191,13 @@ def test_a_fault_judging_one_file_leaves_it_unchecked_and_judges_the_others(qtbo
     panel, rows = list_repo(qtbot, session)
     assert rows["llama-f16.gguf"].text(2).startswith("Not checked (the file could not be judged: boom) · needs ≈ ")
     assert rows["llama-q8_0.gguf"].text(2).startswith("Runs here · needs ")
+
+
+def test_a_row_s_colour_follows_its_verdict(qapp):
+    """Red for a file that won't load or fit, amber for one that runs only from the OS page cache, plain otherwise."""
+    from app.ui.downloads_panel import SLOW_COLOR, WONT_LOAD_COLOR, verdict_color
+
+    assert verdict_color({"runs": False}).name() == WONT_LOAD_COLOR.lower()
+    assert verdict_color({"runs": True, "verdict": "won't fit"}).name() == WONT_LOAD_COLOR.lower()
+    assert verdict_color({"runs": True, "verdict": "paged"}).name() == SLOW_COLOR.lower()
+    assert verdict_color({"runs": True, "verdict": "fits"}) is None

@@ -16,6 +16,17 @@ def writer(size, content=b"x"):
     return write
 
 
+def session_writer(size):
+    """Writes a well-formed snapshot container of about ``size`` bytes (the cache checks files at start-up)."""
+    import numpy as np
+    from safetensors.numpy import save
+
+    def write(path):
+        path.write_bytes(save({"tokens": np.zeros(size // 4, np.int32)},
+                              metadata={"format": "hearth-session", "version": "1"}))
+    return write
+
+
 @pytest.fixture
 def dirs(tmp_path):
     return tmp_path / "disk", tmp_path / "shm"
@@ -78,7 +89,7 @@ def test_disk_entries_and_their_order_survive_a_restart_and_memory_does_not(dirs
     disk, shm = dirs
     cache = SnapshotCache(disk, memory_dir=shm, memory_budget=15 * KB)
     for conv in (1, 2, 3):
-        cache.save(conv, A, writer(10 * KB), tier="disk" if conv < 3 else "memory")
+        cache.save(conv, A, session_writer(10 * KB), tier="disk" if conv < 3 else "memory")
     os.utime(disk / f"c1-{A}.hearth", ns=(1, 1))  # make the order independent of the clock's resolution
     os.utime(disk / f"c2-{A}.hearth", ns=(2, 2))
     cache.lookup(1, A)

@@ -1,6 +1,7 @@
 """Telemetry without a window: engine samples, system samples against the operating system, history, memory warnings, CSV."""
 
 import csv
+import dataclasses
 import io
 import time
 from types import SimpleNamespace
@@ -185,6 +186,21 @@ def test_breakdown_splits_resident_memory_and_the_kv_cache():
     assert (b.weights_bytes, b.kv_allocated_bytes, b.kv_used_bytes, b.kv_max_bytes) == (300e6, 256e3, 1e5, 1e6)
     assert b.other_bytes == 500_000_000 - 300_000_000 - 256_000 and b.context_fraction == 0.1
     assert memory_breakdown(system(), EngineSample(0.0, "none")) is None
+
+
+def test_a_sparse_model_shows_all_experts_resident_and_the_bytes_read_per_token(qtbot):
+    from app.ui.dashboard_page import MemoryView
+
+    sparse = dataclasses.replace(engine_with_kv(100), active_weights_bytes=40_000_000)
+    b = memory_breakdown(system(rss=500_000_000), sparse)
+    assert b.sparse and b.active_weights_bytes == 40_000_000
+    assert not memory_breakdown(system(rss=500_000_000), engine_with_kv(100)).sparse  # None: every byte is read
+    view = MemoryView()
+    qtbot.addWidget(view)
+    view.show_breakdown(b, [])
+    assert "weights 300 MB (all experts; 40 MB read per token)" in view.process_text.text()
+    view.show_breakdown(memory_breakdown(system(rss=500_000_000), engine_with_kv(100)), [])
+    assert "read per token" not in view.process_text.text()
 
 
 def test_warnings_come_before_the_context_or_the_memory_runs_out():

@@ -30,16 +30,16 @@ def test_a_supported_file_runs_here_and_says_what_it_needs(tmp_path, capsys):
 
 def test_an_unsupported_architecture_is_named_in_one_line(tmp_path, capsys):
     header = model_header("llama")
-    header.metadata = {k.replace("llama.", "qwen35."): v for k, v in header.metadata.items()}
-    header.metadata["general.architecture"] = "qwen35"
-    path = write_model_file(tmp_path / "qwen35.gguf", header)
+    header.metadata = {k.replace("llama.", "rwkv7."): v for k, v in header.metadata.items()}
+    header.metadata["general.architecture"] = "rwkv7"
+    path = write_model_file(tmp_path / "rwkv7.gguf", header)
     code, out = inspect(capsys, path, "--backend", "cpu")
     (line,) = [line for line in out.splitlines() if line.startswith("won't load")]
     assert code == 0 and out.splitlines()[0] == line
-    assert line.startswith("won't load (cpu backend): unsupported architecture 'qwen35' (supported: ")
+    assert line.startswith("won't load (cpu backend): unsupported architecture 'rwkv7' (supported: ")
     data = json.loads(inspect(capsys, path, "--backend", "cpu", "--json")[1])
     assert data["runs"] is False and data["reasons"] == [line.removeprefix("won't load (cpu backend): ")]
-    assert data["memory_estimate"] is None and data["architecture"] == "qwen35"
+    assert data["memory_estimate"] is None and data["architecture"] == "rwkv7"
 
 
 def test_an_unsupported_type_is_named_in_one_line(tmp_path, capsys):

@@ -9,7 +9,6 @@ assert; a wrong nibble order, scale or offset misses it by orders of magnitude. 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -305,13 +304,12 @@ def test_real_tensors_match_reference(model):
 
 
 @pytest.mark.slow
-def test_bench_command_prints_its_numbers(capsys):
-    from engine.backends.cpu import bench_kernels
+def test_the_kernel_bench_command_prints_its_numbers():
+    from tests.engine.bench_cli import bench_json
+    from tests.model_store import model_path
 
-    before = kernels.get_threads()
-    assert bench_kernels.main(["--reps", "3", "--tensors", "blk.0.ffn_up.weight"]) == 0
-    assert kernels.get_threads() == before
-    report = json.loads(capsys.readouterr().out)
+    report = bench_json("kernels", "--model", model_path("qwen25coder"), "--reps", "3", "--tensors",
+                        "blk.0.ffn_up.weight")
     timing = report["tensors"]["blk.0.ffn_up.weight"]
     assert timing["type"] == "Q5_0" and timing["shape"] == [4864, 896]
     assert timing["matvec_gbps_1t"]["best"] > 0 and report["decode_pass"]["matrices"] == 169

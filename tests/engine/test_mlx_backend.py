@@ -441,9 +441,9 @@ def test_greedy_decode_one_token_at_a_time_matches_llama_cpp(real):
 
 @functools.cache
 def load_memory_of(name: str, what: str = "backend") -> dict:
-    """The benchmark's figures for a fresh process loading a real model (see mlx_bench.load_memory)."""
-    from engine.backends.mlx_bench import load_memory
-    return load_memory(model_path(name), what)
+    """The benchmark's figures for a fresh process loading a real model (``bench MODEL --load-memory``)."""
+    from tests.engine.bench_cli import bench_json
+    return bench_json(model_path(name), "--backend", "mlx", "--load-memory", what, "--json")
 
 
 @pytest.mark.slow
@@ -486,26 +486,30 @@ def test_process_resident_memory_after_load_is_at_most_1_21_times_the_q4_k_m_ggu
 
 
 # -- the benchmark peer ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("model, tolerance", [("tiny_llama", 1e-4), ("tiny_gemma", 1e-2)])
+@pytest.fixture(scope="module")
+def tiny_gemma_path(tmp_path_factory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("gemma-bench") / "tiny-gemma3.gguf")
+
+
+@pytest.mark.parametrize("model, tolerance", [("tiny_model_path", 1e-4), ("tiny_gemma_path", 1e-2)])
 def test_peer_built_from_our_arrays_computes_the_same_logits(model, tolerance, request):
     """mlx-lm's model code on our weights agrees with us, so the benchmark compares like with like.
 
     mlx-lm dequantizes a quantized embedding (the tiny Gemma's is Q8_0) to float16 rows; we keep float32.
     """
-    from engine.backends.mlx.peer import build_peer
-    from mlx_lm.models.cache import make_prompt_cache
+    from tests.engine.bench_cli import bench_json
 
-    ours, _ = request.getfixturevalue(model)
-    peer = build_peer(ours)
-    ids = token_ids(24, ours.config.n_vocab, seed=12)
-    got = np.array(peer(mx.array(ids)[None], cache=make_prompt_cache(peer))[0])
-    np.testing.assert_allclose(got, ours.forward(ids, ours.new_cache(32), all_logits=True), atol=tolerance, rtol=0)
+    report = bench_json(request.getfixturevalue(model), "--backend", "mlx", "--compare", "mlx-lm", "--no-memory",
+                        "--prompt-tokens", "24", "--gen-tokens", "4", "--repeats", "1", "--json")
+    assert 0 <= report["peer.max_abs_logit_diff"] <= tolerance
 
 
 def test_bench_reports_both_engines(tiny_model_path):
-    from engine.backends.mlx_bench import run_mlx_bench
+    from tests.engine.bench_cli import bench_json
 
-    report = run_mlx_bench(tiny_model_path, prompt_tokens=16, gen_tokens=4, compare=True, repeats=1)
+    report = bench_json(tiny_model_path, "--backend", "mlx", "--compare", "mlx-lm", "--prompt-tokens", "16",
+                        "--gen-tokens", "4", "--repeats", "1", "--json")
+    assert isinstance(report["host.same_tokens"], bool) and isinstance(report["peer.same_tokens"], bool)
     for key in ("prefill_tps", "decode_tps", "host.decode_tps", "peer.prefill_tps", "peer.decode_tps",
                 "ratio.prefill", "ratio.decode", "load_s", "peak_rss_mb", "mlx_active_mb", "gguf_mb",
                 "rss_before_load_mb", "rss_after_load_mb", "decode_cpu_tps", "peer.decode_cpu_tps",

@@ -406,16 +406,6 @@ def test_a_fresh_zero_page_cache_gets_all_the_room_of_its_request_at_the_start(t
     assert caches[0].capacity == 303  # not GROWTH_STEP's 256
 
 
-def test_the_bare_forward_bench_gives_every_cache_its_room_before_the_timed_loop(tiny_model_path):
-    """As the scheduler does: a cache grown inside the loop would time its copy as decode."""
-    from engine.bench_concurrency import forward_decode_speed
-
-    backend, caches = recording_caches(tiny_model_path)
-    speed = forward_decode_speed(backend, [[1, 2, 3], [4, 5]], gen_tokens=4, n_ctx=300)
-    assert speed.tokens == 2 * 3
-    assert [c.capacity for c in caches] == [300, 300]  # not GROWTH_STEP's 256
-
-
 def test_the_real_decoder_batched_through_the_scheduler_matches_solo_decoding(tiny_model_path):
     gguf = read_gguf(tiny_model_path)
     backend = NumpyBackend(gguf, ModelConfig.from_gguf(gguf))
@@ -508,19 +498,19 @@ def test_batched_greedy_decoding_on_smollm2_equals_each_prompt_alone(backend_nam
     assert outs == [greedy_alone(p) for p in prompts]
 
 
-def test_bench_concurrency_reports_aggregate_and_single_decode_speed(tiny_model_path, tmp_path, capsys):
-    import json
-
-    from engine.cli import main
+def test_bench_concurrency_reports_aggregate_and_single_decode_speed(tiny_model_path, tmp_path):
+    """Through the command line; the bare forward loops give every cache its room before timing (as the scheduler
+    does: a cache grown inside the loop would time its copy as decode)."""
+    from tests.engine.bench_cli import bench_json
 
     trace = tmp_path / "trace.json"
     trace.write_text('[[0, "nominal"], [3, "critical"], [4, "nominal"]]')
-    assert main(["bench", str(tiny_model_path), "--backend", "numpy", "--concurrency", "3", "--prompt-tokens", "12",
-                 "--gen-tokens", "4", "--repeats", "1", "--thermal-script", str(trace), "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+    report = bench_json(tiny_model_path, "--backend", "numpy", "--concurrency", "3", "--prompt-tokens", "12",
+                        "--gen-tokens", "260", "--repeats", "1", "--thermal-script", trace, "--json")
     assert report["concurrency"] == 3 and len(set(report["prompt_tokens"])) == 3
     for key in ("decode_tps", "single_decode_tps", "forward_batch_tps", "single_forward_tps",
                 "decode_tokens_per_cpu_s", "single_decode_tokens_per_cpu_s"):
         assert report[key] > 0
     assert report["ratio.decode"] == round(report["decode_tps"] / report["single_decode_tps"], 3)
+    assert report["forward_cache_growths"] == 0  # 280 positions: a cache starting at GROWTH_STEP's 256 would grow
     assert [d["max_batch"] for d in report["thermal"]["decisions"]][:2] == [8, 1]

@@ -150,9 +150,9 @@ def test_a_policy_needs_four_levels():
         ThermalPolicy(PolicyConfig(levels=(Limits(1, 1, 0.0),)))
 
 
-def test_the_bench_replays_a_trace_file_and_records_batch_decisions(tiny_model_path, tmp_path):
+def test_a_replayed_trace_file_records_the_batch_decisions(tiny_model_path, tmp_path):
     from engine.backends.numpy_backend import NumpyBackend
-    from engine.bench_concurrency import replay_thermal_trace
+    from engine.thermal.replay import replay_thermal_trace
     from engine.config import ModelConfig
     from engine.gguf_file import read_gguf
 

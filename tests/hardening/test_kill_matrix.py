@@ -32,11 +32,13 @@ from app.store import DB_FILENAME, ConversationStore
 from tests.app.models.fake_hub import FakeHub
 from tests.app.models.tiny_gguf import write_tiny_gguf
 from tests.engine.gguf_builders import write_tiny_llama
+from tests.model_store import model_path
 
 REPO = Path(__file__).resolve().parents[2]
 WAIT_S = 120  # for a child to reach a point it always reaches; generous on a loaded machine
 
-# A child's preamble: argv[1] names a file whose atomic rename (os.replace) waits to be killed, or is "-".
+# A child's preamble: argv[1] names a file whose atomic rename (os.replace) waits to be killed ("NAME": before the
+# rename, "after:NAME": right after it), or is "-".
 PAUSE = """
 import os, sys, time
 _replace = os.replace
@@ -44,7 +46,11 @@ def _paused_replace(src, dst, *args, **kwargs):
     if os.path.basename(dst) == sys.argv[1]:
         print("paused", flush=True)
         time.sleep(600)
-    return _replace(src, dst, *args, **kwargs)
+    result = _replace(src, dst, *args, **kwargs)
+    if "after:" + os.path.basename(dst) == sys.argv[1]:
+        print("paused", flush=True)
+        time.sleep(600)
+    return result
 os.replace = _paused_replace
 """
 
@@ -404,6 +410,46 @@ def test_kill_mid_download_then_resume_in_a_new_manager(tmp_path, monkeypatch):
     assert all(name.startswith(".") and name.endswith(".tmp") for name in leftovers), leftovers
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["before", "after"])
+def test_kill_at_a_downloads_final_move_leaves_it_complete_or_resumable(tmp_path, monkeypatch, moment):
+    """Killed with the verified file about to be renamed into the library, or just renamed (its state file not yet
+    removed): the next run has it either resumable (and it completes without downloading again) or complete."""
+    from app.models.downloads import DownloadManager
+    from app.models.hub import HubClient
+
+    body = write_tiny_gguf(tmp_path / FILENAME, name="Tiny Download", extra_bytes=1 << 20).read_bytes()
+    data = tmp_path / "data"
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    with FakeHub() as hub:  # a local HTTP server on loopback
+        hub.add_file(REPO_ID, FILENAME, body)
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        child = Child(DOWNLOAD_CHILD, data, REPO_ID, FILENAME,
+                      pause_at=FILENAME if moment == "before" else f"after:{FILENAME}")
+        child.wait_for(lambda line: line == "paused")
+        lines = child.kill()
+        assert any(line.startswith("verifying ") for line in lines)  # size and sha256 were checked first
+        assert not any(line.startswith("end") for line in lines)  # never acknowledged as completed
+        requests = len(hub.file_requests())
+        manager = DownloadManager(data, HubClient())  # the next run of Hearth
+        library = lambda: [e.name for e in ModelLibrary(data, scan_dirs=[], builtin=None).list()]  # noqa: E731
+        if moment == "before":
+            (saved,) = manager.list()
+            assert saved.state == "paused" and saved.downloaded == len(body) and library() == []
+            done = manager.wait(manager.start(REPO_ID, FILENAME), timeout=WAIT_S)
+            assert done.state == "completed" and done.path.read_bytes() == body
+            assert hub.file_requests()[requests:] == []  # nothing was downloaded again
+        else:
+            assert manager.list() == []  # the file is in the library: no stale paused download is left listed
+            assert manager.notices == []
+        assert library() == [f"{REPO_ID}/{FILENAME}"]
+        assert manager.destination(REPO_ID, FILENAME).read_bytes() == body
+    leftovers = [p.name for p in (data / "downloads").iterdir() if not p.name.endswith(".lock")]
+    assert all(name.startswith(".") and name.endswith(".tmp") for name in leftovers), leftovers
+
+
 # -- streaming in the real app -----------------------------------------------------------------------------
 SCRIPT = {"prompts": [
     {"text": "Say hello.", "max_tokens": 40, "temperature": 0.8, "seed": 1},
@@ -414,35 +460,61 @@ ROUNDS = 4
 
 
 class AppRun:
-    """``python -m app --data-dir D --model M`` driven by HEARTH_SCRIPT; its printed events are the acknowledgements."""
+    """``python -m app --data-dir D --model M`` driven by HEARTH_SCRIPT; its printed events are the acknowledgements.
 
-    def __init__(self, data: Path, model: Path, round_: int):
-        script = {"prompts": [{**p, "text": f"[round {round_}] {p['text']}"} for p in SCRIPT["prompts"]]}
+    ``arrived[i]`` is when ``events[i]`` reached this process; ``killed_at`` when the SIGKILL was sent.
+    """
+
+    def __init__(self, data: Path, model: Path, round_: int, prompts: list[dict] | None = None):
+        script = {"prompts": [{**p, "text": f"[round {round_}] {p['text']}"} if "text" in p else p
+                              for p in (SCRIPT["prompts"] if prompts is None else prompts)]}
         env = {**os.environ, "HEARTH_SCRIPT": json.dumps(script), "QT_QPA_PLATFORM": "offscreen"}
         self.proc = subprocess.Popen([sys.executable, "-m", "app", "--data-dir", str(data), "--model", str(model)],
                                      cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         self.events: list[dict] = []
+        self.arrived: list[float] = []
+        self.killed_at: float | None = None
 
     def _read(self) -> None:
         for line in complete_lines(self.proc.stdout):
-            self.lines.put(line)
-        self.lines.put(None)
+            self.lines.put((time.monotonic(), line))
+        self.lines.put((time.monotonic(), None))
+
+    def _take(self, timeout: float) -> dict:
+        at, line = self.lines.get(timeout=timeout)
+        assert line is not None, f"the app exited early: {self.proc.stderr.read()[-3000:]}"
+        self.events.append(json.loads(line))
+        self.arrived.append(at)
+        return self.events[-1]
 
     def run_until(self, n_events: int) -> None:
         while len(self.events) < n_events:
-            line = self.lines.get(timeout=WAIT_S)
-            assert line is not None, f"the app exited early: {self.proc.stderr.read()[-3000:]}"
-            self.events.append(json.loads(line))
-            if self.events[-1]["event"] == "done":
+            if self._take(WAIT_S)["event"] == "done":
+                return
+
+    def wait_for(self, predicate) -> dict:
+        """Read events until ``predicate(event)``; that event."""
+        while not predicate(event := self._take(WAIT_S)):
+            assert event["event"] != "done", "the script ended before the awaited moment"
+        return event
+
+    def events_until(self, deadline: float) -> None:
+        """Read the events that arrive before the monotonic ``deadline`` (the moment of the kill)."""
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                self._take(left)
+            except queue.Empty:
                 return
 
     def kill(self) -> None:
+        self.killed_at = time.monotonic()
         os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait(WAIT_S)
-        while (line := self.lines.get(timeout=WAIT_S)) is not None:
-            self.events.append(json.loads(line))
+        while (item := self.lines.get(timeout=WAIT_S))[1] is not None:
+            self.events.append(json.loads(item[1]))
+            self.arrived.append(item[0])
 
 
 def check_acknowledged(db_path: Path, events: list[dict]) -> None:
@@ -485,6 +557,8 @@ def test_kill_while_answers_stream_in_the_real_app(tmp_path):
               f"{kinds.count('finished')} finished events; the last was {kinds[-1] if kinds else 'none'}")
         assert integrity(db_path) == "ok"
         check_acknowledged(db_path, events)
+        lost, last_half_second = streamed_loss(run, db_path)
+        assert lost <= last_half_second, f"{lost} characters lost, {last_half_second} streamed in the last 0.5 s"
     store, notice = ConversationStore.open(db_path)  # the next start: cut replies are marked interrupted
     try:
         assert notice is None
@@ -496,3 +570,114 @@ def test_kill_while_answers_stream_in_the_real_app(tmp_path):
     assert finished <= answers.count("complete") <= finished + ROUNDS  # a kill may land after a save, before its ack
     assert sum(e["event"] == "sent" for e in events) >= ROUNDS
     check_acknowledged(db_path, events)
+
+
+# -- prefill, a model switch and streaming in the real app, each with the half-second bound ------------------------
+LONG_PROMPT = "Here are my notes; read them all before you answer. " + " ".join(
+    f"Note {i}: the {w} in room {i * 7 % 31} was moved on day {i % 12 + 1}." for i, w in
+    enumerate(["lamp", "chair", "desk", "plant", "clock", "shelf", "rug", "mirror"] * 6)) + " Which rooms changed?"
+STORIES = [{"text": f"Write a very long story about {topic}.", "max_tokens": 3000, "temperature": 0.8, "seed": i}
+           for i, topic in enumerate(("a lighthouse keeper", "a dragon who bakes", "the last train", "a map"))]
+HELLO = {"text": "Say hello.", "max_tokens": 8, "temperature": 0.0}
+NEW_CHAT = {"new_chat": True}
+LOSS_BOUND_S = 0.5  # the README: a killed process loses at most the last half second of streamed text
+
+
+def streamed_loss(run: AppRun, db_path: Path) -> tuple[int, int]:
+    """Characters of the reply streaming at the kill that are not on disk, and characters that arrived in the last
+    half second before the kill (text reaches the test after the app decoded it, so the second bounds the first)."""
+    texts: dict[int, list[tuple[float, str]]] = {}
+    finished = {e["message_id"] for e in run.events if e["event"] == "finished"}
+    for at, e in zip(run.arrived, run.events):
+        if e["event"] == "text" and e["message_id"] not in finished:
+            texts.setdefault(e["message_id"], []).append((at, e["text"]))
+    if not texts:
+        return 0, 0
+    (message_id, pieces), = texts.items()  # one reply streams at a time in these scripts
+    db = sqlite3.connect(db_path)
+    try:
+        (saved,), = db.execute("SELECT content FROM messages WHERE id = ?", (message_id,)).fetchall()
+    finally:
+        db.close()
+    text = "".join(t for _, t in pieces)
+    assert text.startswith(saved), "what was saved is not what was shown"
+    return len(text) - len(saved), sum(len(t) for at, t in pieces if at >= run.killed_at - LOSS_BOUND_S)
+
+
+def conversation_models(db_path: Path) -> list[tuple[int, str, str | None]]:
+    db = sqlite3.connect(db_path)
+    try:
+        return db.execute("SELECT id, title, model_path FROM conversations ORDER BY id").fetchall()
+    finally:
+        db.close()
+
+
+@pytest.mark.slow
+def test_kill_during_prefill_a_model_switch_and_streaming_loses_at_most_half_a_second(tmp_path):
+    """Six seeded kills of the real app on SmolLM2: two while a long prompt is prefilled (before its first token),
+    two while the conversation's model is switched (saved, not yet loaded), two while an answer streams. After each,
+    the next start finds every acknowledged conversation, message, finished reply and model choice, a sound
+    database, and at most the last half second of the streaming reply missing. Each round opens a new conversation,
+    so no round prefills the ones before it."""
+    small_model = str(model_path("smollm2"))
+    tiny = write_tiny_llama(tmp_path / "tiny.gguf", n_ctx=4096)
+    data = tmp_path / "data"
+    db_path = data / DB_FILENAME
+    rng = random.Random("prefill, switch, stream")
+    kinds = ["prefill", "switch", "stream"] * 2
+    rng.shuffle(kinds)
+    events: list[dict] = []
+    for round_, kind in enumerate(kinds):
+        if kind == "prefill":
+            prompts = [NEW_CHAT, HELLO, {"text": LONG_PROMPT, "max_tokens": 40, "temperature": 0.0}]
+        elif kind == "switch":  # to the tiny model (loads at once), then back to SmolLM2: the kill lands in its load
+            prompts = [NEW_CHAT, HELLO, {"model": str(tiny)}, HELLO, {"model": small_model}, HELLO]
+        else:
+            prompts = [NEW_CHAT, HELLO, *STORIES]
+        run = AppRun(data, Path(small_model), round_, prompts)
+        try:
+            run.wait_for(lambda e: e["event"] == "finished")  # the model is loaded and answered once
+            if kind == "prefill":
+                sent = run.wait_for(lambda e: e["event"] == "sent")
+                run.events_until(time.monotonic() + rng.uniform(0.05, 0.5))
+                run.kill()
+                first = [e for e in run.events if e["event"] == "text" and e["message_id"] == sent["message_id"]]
+                assert first == [] or run.arrived[run.events.index(first[0])] > run.killed_at, \
+                    "the prompt was prefilled before the kill: the kill did not land in the prefill"
+            elif kind == "switch":
+                run.wait_for(lambda e: e["event"] == "switching" and e["path"] == small_model)
+                run.events_until(time.monotonic() + rng.uniform(0.0, 0.2))
+                run.kill()
+                switched = [at for at, e in zip(run.arrived, run.events) if e["event"] == "switched"
+                            and e["path"] == small_model]
+                assert switched == [] or switched[0] > run.killed_at, "the switch ended before the kill"
+            else:
+                first = run.wait_for(lambda e: e["event"] == "text" and len(e["text"]) > 0)
+                run.events_until(run.arrived[-1] + rng.uniform(0.3, 0.9))
+                run.kill()
+                assert not any(e["event"] == "finished" and e["message_id"] == first["message_id"]
+                               for e in run.events), "the story ended before the kill"
+        finally:
+            if run.proc.poll() is None:
+                run.proc.kill()
+                run.proc.wait()
+        events += run.events
+        assert integrity(db_path) == "ok"
+        check_acknowledged(db_path, events)
+        lost, last_half_second = streamed_loss(run, db_path)
+        print(f"\nround {round_} ({kind}): {len(run.events)} events; {lost} characters lost, "
+              f"{last_half_second} arrived in the last half second")
+        assert lost <= last_half_second
+        opened = [e["conversation_id"] for e in events if e["event"] == "new_chat"]
+        models = conversation_models(db_path)
+        assert [i for i, _, _ in models] == opened  # the conversation list: one per round, none lost or added
+        # the acknowledged switch back to SmolLM2 (the default: stored as None) is on disk, and no other choice
+        assert [path for _, _, path in models] == [None] * len(opened)
+    store, notice = ConversationStore.open(db_path)  # the next start: cut replies are marked interrupted
+    try:
+        assert notice is None
+        answers = [m.state for c in store.conversations() for m in store.messages(c.id) if m.role == "assistant"]
+    finally:
+        store.close()
+    assert "streaming" not in answers
+    assert answers.count("complete") >= sum(e["event"] == "finished" for e in events)

@@ -29,3 +29,18 @@ def make_icons():
 @pytest.fixture(scope="session")
 def check_bundle():
     return load("check_bundle")
+
+
+@pytest.fixture(scope="session")
+def system_libraries():
+    return load("system_libraries")
+
+
+@pytest.fixture(scope="session")
+def build_deb():
+    return load("build_deb")
+
+
+@pytest.fixture(scope="session")
+def check_deb():
+    return load("check_deb")

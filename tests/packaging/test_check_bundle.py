@@ -62,3 +62,15 @@ def test_excluded_packages_are_reported(check_bundle, tmp_path):
     files = GOOD_FILES + ["_internal/llama_cpp/lib/libllama.so", "_internal/PySide6/Qt/lib/libQt6WebEngineCore.so.6"]
     problems = check_bundle.content_problems(tmp_path, files)
     assert problems == [f"should not be bundled: {f}" for f in files[-2:]]
+
+
+def test_a_bundle_without_the_xcb_helpers_is_refused(check_bundle, system_libraries, tmp_path):
+    from .qt_bundle import carry_like_pyinstaller, qt_bundle
+
+    problems = check_bundle.xcb_problems(qt_bundle(tmp_path / "bare"))
+    assert any("does not carry libxcb-icccm.so.4" in p and "install libxcb-icccm4" in p for p in problems)
+    assert not any("libxcb.so.1" in p or "libGL.so.1" in p for p in problems)  # the system's, on purpose
+    carry = carry_like_pyinstaller(tmp_path / "probe", system_libraries)
+    assert check_bundle.xcb_problems(qt_bundle(tmp_path / "full", carry=carry)) == []
+    (problem,) = check_bundle.xcb_problems(fake_bundle(tmp_path / "no-qt", "hearth"))
+    assert "xcb platform plugin" in problem

@@ -117,8 +117,8 @@ class MlxKVCache(KVCache):
         return LayerKV(
             max_slots=sliding_slots(c, self.n_ctx) if sliding else self.n_ctx,
             window=c.sliding_window if sliding else 0,
-            keys=mx.zeros((1, c.n_kv_heads, 0, c.head_dim), self.dtype),
-            values=mx.zeros((1, c.n_kv_heads, 0, c.v_head_dim), self.dtype),
+            keys=mx.zeros((1, c.layer_n_kv_heads(i), 0, c.layer_head_dim(i)), self.dtype),
+            values=mx.zeros((1, c.layer_n_kv_heads(i), 0, c.layer_v_head_dim(i)), self.dtype),
         )
 
     @property
@@ -186,8 +186,9 @@ class MlxKVCache(KVCache):
         c = self.config
         if len(state.keys) != c.n_layers or len(state.values) != c.n_layers:
             raise ValueError(f"the state has {len(state.keys)} layers, the model {c.n_layers}")
-        want_k, want_v = (c.n_kv_heads, state.n_past, c.head_dim), (c.n_kv_heads, state.n_past, c.v_head_dim)
-        for k, v in zip(state.keys, state.values):
+        for i, (k, v) in enumerate(zip(state.keys, state.values)):
+            want_k = (c.layer_n_kv_heads(i), state.n_past, c.layer_head_dim(i))
+            want_v = (c.layer_n_kv_heads(i), state.n_past, c.layer_v_head_dim(i))
             if k.shape != want_k or v.shape != want_v:
                 raise ValueError(f"KV shapes {k.shape}/{v.shape} do not fit this model")
         self._n_past, self.tokens = 0, None

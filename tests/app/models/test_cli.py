@@ -99,24 +99,24 @@ def test_plain_output_is_a_table(hub, data_dir, capsys):
 
 
 def test_download_refuses_a_file_that_cannot_run_unless_told(hub, data_dir, capsys, tmp_path):
-    unrunnable = write_tiny_gguf(tmp_path / "qwen35.gguf", arch="qwen35", extra_bytes=2 << 20)
-    hub.add_file(REPO, "qwen35.gguf", unrunnable)
-    status, refused = run_json(capsys, "download", REPO, "qwen35.gguf")
+    unrunnable = write_tiny_gguf(tmp_path / "rwkv7.gguf", arch="rwkv7", extra_bytes=2 << 20)
+    hub.add_file(REPO, "rwkv7.gguf", unrunnable)
+    status, refused = run_json(capsys, "download", REPO, "rwkv7.gguf")
     assert status == 1 and refused["error"].startswith(
-        f"{REPO}/qwen35.gguf won't load here: unsupported architecture 'qwen35' (supported: ")
+        f"{REPO}/rwkv7.gguf won't load here: unsupported architecture 'rwkv7' (supported: ")
     assert refused["error"].endswith("pass --anyway to download it all the same")
-    assert hub.ranges("qwen35.gguf") == ["bytes=0-1048575"]  # the header only
-    status, result = run_json(capsys, "download", REPO, "qwen35.gguf", "--anyway")
+    assert hub.ranges("rwkv7.gguf") == ["bytes=0-1048575"]  # the header only
+    status, result = run_json(capsys, "download", REPO, "rwkv7.gguf", "--anyway")
     assert status == 0 and result["download"]["state"] == "completed"
     status, listing = run_json(capsys, "list")
-    (model,) = [m for m in listing["models"] if m["name"] == f"{REPO}/qwen35.gguf"]
-    assert model["supported"] is False and model["runs"] is False and "'qwen35'" in model["reasons"][0]
+    (model,) = [m for m in listing["models"] if m["name"] == f"{REPO}/rwkv7.gguf"]
+    assert model["supported"] is False and model["runs"] is False and "'rwkv7'" in model["reasons"][0]
 
 
 def test_import_keeps_a_file_that_cannot_run_only_when_told(data_dir, capsys, tmp_path):
-    source = write_tiny_gguf(tmp_path / "outside" / "qwen35.gguf", arch="qwen35")
+    source = write_tiny_gguf(tmp_path / "outside" / "rwkv7.gguf", arch="rwkv7")
     status, refused = run_json(capsys, "import", str(source), "--link")
-    assert status == 1 and refused["error"].startswith("qwen35.gguf won't load: unsupported architecture 'qwen35'")
+    assert status == 1 and refused["error"].startswith("rwkv7.gguf won't load: unsupported architecture 'rwkv7'")
     status, result = run_json(capsys, "import", str(source), "--link", "--anyway")
     assert status == 0 and result["model"]["supported"] is False
 

@@ -171,8 +171,8 @@ def test_import_refuses_invalid_and_unsupported_files(library, tmp_path):
     junk.write_bytes(b"not a model at all, just text" * 10)
     with pytest.raises(LibraryError, match="not a usable GGUF model: not a GGUF file"):
         library.import_file(junk)
-    other = write_tiny_gguf(tmp_path / "qwen35.gguf", arch="qwen35")
-    with pytest.raises(LibraryError, match="qwen35.gguf won't load: unsupported architecture 'qwen35'"):
+    other = write_tiny_gguf(tmp_path / "rwkv7.gguf", arch="rwkv7")
+    with pytest.raises(LibraryError, match="rwkv7.gguf won't load: unsupported architecture 'rwkv7'"):
         library.import_file(other, mode="link")
     with pytest.raises(LibraryError, match="is not a file"):
         library.import_file(tmp_path / "nope.gguf")

@@ -168,10 +168,10 @@ def test_a_client_leaving_mid_stream_cancels_its_request(live_server, client):
     stream.close()
     served = live_server.served
     deadline = time.monotonic() + 3  # 400 tokens take far longer
-    while (served.active or served.model.scheduler.has_work) and time.monotonic() < deadline:
+    while (served.active or served.host.model.scheduler.has_work) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert served.active == 0
-    assert not served.model.scheduler.has_work
+    assert not served.host.model.scheduler.has_work
     assert client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=2).choices
 
 

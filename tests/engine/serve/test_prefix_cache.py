@@ -35,3 +35,27 @@ def test_small_caches_short_prefixes_and_capacity():
         pool.put([i] * 10, FakeCache(100, 10))
     assert len(pool) == 2
     assert pool.take([0] * 11, positions=20) is None  # the oldest went
+
+
+def test_cached_tokens_in_usage_are_the_prompt_tokens_the_prefix_cache_held(live_server):
+    import openai
+
+    from engine.generate import reusable_prefix
+    from .conftest import MODEL_NAME
+
+    client = openai.OpenAI(base_url=live_server.base_url + "/v1", api_key="none", max_retries=0, timeout=120)
+    shared = "You are a careful assistant for the harbour office of Port Vell. " * 6
+
+    def ask(question: str):
+        reply = client.completions.create(model=MODEL_NAME, prompt=shared + question, max_tokens=4, temperature=0,
+                                          extra_body={"return_token_ids": True})
+        return reply.usage, reply.choices[0].model_extra
+
+    first_usage, first = ask("When does the ferry leave?")
+    second_usage, second = ask("Where is the lighthouse?")
+    held = first["prompt_token_ids"] + first["token_ids"][:-1]  # what the first request's cache holds at its end
+    expected = reusable_prefix(held, second["prompt_token_ids"])
+    assert expected > 60  # the shared instructions
+    assert second_usage.prompt_tokens_details.cached_tokens == expected
+    assert second_usage.prompt_tokens == len(second["prompt_token_ids"])
+    assert first_usage.prompt_tokens_details.cached_tokens < expected  # nothing held it before (shorter prefixes)

@@ -36,6 +36,10 @@ class ArchSpec:
         rope_freqs: a Llama-3 rope_freqs tensor; longrope: rope_factors_long / rope_factors_short tensors.
         embed_std: standard deviation of the embedding (gemma multiplies it by sqrt(n_embd)).
         n_expert / n_expert_used: a mixture-of-experts FFN (router + 3-D expert tensors) in every layer; 0 = dense.
+        qkv_bias: attn_q/k/v biases. moe_biases: gpt-oss's router and expert biases. shared_expert: a shared
+            expert with its sigmoid gate (qwen2moe). attn_sinks / attn_out_bias: gpt-oss's attention extras.
+        ffn_norm_name: the tensor of the norm before the FFN (gpt-oss stores it as post_attention_norm).
+        file_types: the llama.cpp file types the parity harness runs for it (None: every dense type).
     """
 
     name: str
@@ -53,6 +57,13 @@ class ArchSpec:
     rope_dim: int = HEAD_DIM
     n_expert: int = 0
     n_expert_used: int = 0
+    qkv_bias: bool = False
+    moe_biases: bool = False
+    shared_expert: bool = False
+    attn_sinks: bool = False
+    attn_out_bias: bool = False
+    ffn_norm_name: str = "ffn_norm"
+    file_types: tuple[str, ...] | None = None
 
 
 def llama3_factors(base: float, orig_ctx: int, factor: float = 8.0, low: float = 1.0, high: float = 4.0) -> list[float]:
@@ -85,6 +96,8 @@ def phi3_attn_factor() -> float:
 N_EXPERT = 8
 N_EXPERT_USED = 2
 N_FF_EXP = 256  # a multiple of 256: the expert down projection's rows take every K-quant
+N_FF_SHEXP = 256
+MOE_FILE_TYPES = ("F32", "Q8_0", "Q4_K_M", "MXFP4_MOE")  # the issue's types for gpt-oss (MXFP4 experts)
 
 SPECS = {spec.name: spec for spec in [
     ArchSpec("llama", "llama", rope_freqs=False),
@@ -96,6 +109,17 @@ SPECS = {spec.name: spec for spec in [
     ArchSpec("qwen3moe", "qwen3moe", {"rope.freq_base": 1000000.0, "expert_count": N_EXPERT,
                                       "expert_used_count": N_EXPERT_USED, "expert_feed_forward_length": N_FF_EXP},
              qk_norm="head", n_expert=N_EXPERT, n_expert_used=N_EXPERT_USED),
+    ArchSpec("qwen2moe", "qwen2moe", {"rope.freq_base": 1000000.0, "expert_count": N_EXPERT,
+                                      "expert_used_count": N_EXPERT_USED, "expert_feed_forward_length": N_FF_EXP,
+                                      "expert_shared_feed_forward_length": N_FF_SHEXP},
+             qkv_bias=True, n_expert=N_EXPERT, n_expert_used=N_EXPERT_USED, shared_expert=True,
+             file_types=MOE_FILE_TYPES),
+    ArchSpec("gpt-oss", "gpt-oss", {"rope.freq_base": 150000.0, "expert_count": N_EXPERT,
+                                    "expert_used_count": N_EXPERT_USED, "expert_feed_forward_length": N_FF_EXP,
+                                    "attention.sliding_window": SLIDING_WINDOW, "rope.scaling.type": "yarn",
+                                    "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 32},
+             qkv_bias=True, n_expert=N_EXPERT, n_expert_used=N_EXPERT_USED, moe_biases=True, attn_sinks=True,
+             attn_out_bias=True, ffn_norm_name="post_attention_norm", file_types=MOE_FILE_TYPES),
     ArchSpec("gemma2", "gemma2", {"attention.sliding_window": SLIDING_WINDOW, "attn_logit_softcapping": 5.0,
                                   "final_logit_softcapping": 8.0}, post_norms=True, tied=True,
              embed_std=3.0 / math.sqrt(N_EMBD)),

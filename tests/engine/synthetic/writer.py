@@ -15,8 +15,8 @@ import numpy as np
 from gguf import GGUFValueType, GGUFWriter
 
 from tests.engine.gguf_builders import CHATML_TEMPLATE, tiny_vocab
-from tests.engine.synthetic.specs import (HEAD_DIM, N_CTX_TRAIN, N_EMBD, N_FF, N_HEADS, N_KV_HEADS, N_LAYERS,
-                                          N_FF_EXP, ArchSpec, llama3_factors)
+from tests.engine.synthetic.specs import (HEAD_DIM, N_CTX_TRAIN, N_EMBD, N_FF, N_FF_SHEXP, N_HEADS, N_KV_HEADS,
+                                          N_LAYERS, N_FF_EXP, ArchSpec, llama3_factors)
 
 N_Q = N_HEADS * HEAD_DIM
 N_KV = N_KV_HEADS * HEAD_DIM
@@ -116,17 +116,24 @@ def _tensors(spec: ArchSpec, rng: np.random.Generator) -> dict[str, np.ndarray]:
             out[p + "attn_qkv.weight"] = np.concatenate([q, k, v])
         else:
             out[p + "attn_q.weight"], out[p + "attn_k.weight"], out[p + "attn_v.weight"] = q, k, v
+        if spec.qkv_bias:
+            for part, n in (("q", N_Q), ("k", N_KV), ("v", N_KV)):
+                out[p + f"attn_{part}.bias"] = 0.3 * rng.standard_normal(n)
+        if spec.attn_sinks:  # per-head sink logits of the size of the scores, so they take a visible share
+            out[p + "attn_sinks.weight"] = 2.0 + rng.standard_normal(N_HEADS)
         if spec.qk_norm == "head":
             out[p + "attn_q_norm.weight"], out[p + "attn_k_norm.weight"] = norm(HEAD_DIM), norm(HEAD_DIM)
         elif spec.qk_norm == "whole":
             out[p + "attn_q_norm.weight"], out[p + "attn_k_norm.weight"] = norm(N_Q), norm(N_KV)
         out[p + "attn_output.weight"] = matrix(N_EMBD, N_Q, 0.7)
+        if spec.attn_out_bias:
+            out[p + "attn_output.bias"] = 0.2 * rng.standard_normal(N_EMBD)
         if spec.post_norms:
             out[p + "post_attention_norm.weight"] = norm(N_EMBD)
         if spec.pre_norms:
-            out[p + "ffn_norm.weight"] = norm(N_EMBD)
+            out[p + f"{spec.ffn_norm_name}.weight"] = norm(N_EMBD)
         if spec.n_expert:
-            out.update(_expert_tensors(p, spec, matrix))
+            out.update(_expert_tensors(p, spec, matrix, rng))
         else:
             out.update(_dense_ffn_tensors(p, spec, matrix))
         if spec.post_norms:
@@ -154,13 +161,29 @@ def _dense_ffn_tensors(p: str, spec: ArchSpec, matrix) -> dict[str, np.ndarray]:
     return out
 
 
-def _expert_tensors(p: str, spec: ArchSpec, matrix) -> dict[str, np.ndarray]:
+def _expert_tensors(p: str, spec: ArchSpec, matrix, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """The router (n_expert, n_embd) and the experts stacked in 3-D tensors (n_expert, rows, row length), numpy
-    order; the router's gain spreads the routing so that different tokens choose different experts."""
+    order; the router's gain spreads the routing so that different tokens choose different experts. gpt-oss's
+    gate gain puts about one per cent of the gate values past its SwiGLU clamp (7): without the clamp the F32
+    logits move by 0.8 (tests/engine/test_gpt_oss.py holds F32 to 0.05); more would make the quantized files
+    too sensitive for the parity criterion."""
     n = spec.n_expert
-    return {
+    gate_gain, up_gain = (3.0, 1.0) if spec.moe_biases else (1.0, 1.0)
+    out = {
         p + "ffn_gate_inp.weight": matrix(n, N_EMBD, 4.0),
-        p + "ffn_gate_exps.weight": np.stack([matrix(N_FF_EXP, N_EMBD, 1.0) for _ in range(n)]),
-        p + "ffn_up_exps.weight": np.stack([matrix(N_FF_EXP, N_EMBD, 1.0) for _ in range(n)]),
-        p + "ffn_down_exps.weight": np.stack([matrix(N_EMBD, N_FF_EXP, 0.5) for _ in range(n)]),
+        p + "ffn_gate_exps.weight": np.stack([matrix(N_FF_EXP, N_EMBD, gate_gain) for _ in range(n)]),
+        p + "ffn_up_exps.weight": np.stack([matrix(N_FF_EXP, N_EMBD, up_gain) for _ in range(n)]),
+        p + "ffn_down_exps.weight": np.stack([matrix(N_EMBD, N_FF_EXP, 0.5 / (gate_gain * up_gain))
+                                              for _ in range(n)]),
     }
+    if spec.moe_biases:
+        out[p + "ffn_gate_inp.bias"] = 0.5 * rng.standard_normal(n)
+        out[p + "ffn_gate_exps.bias"] = 0.5 * rng.standard_normal((n, N_FF_EXP))
+        out[p + "ffn_up_exps.bias"] = 0.3 * rng.standard_normal((n, N_FF_EXP))
+        out[p + "ffn_down_exps.bias"] = 0.2 * rng.standard_normal((n, N_EMBD))
+    if spec.shared_expert:
+        out[p + "ffn_gate_inp_shexp.weight"] = 2.0 / np.sqrt(N_EMBD) * rng.standard_normal(N_EMBD)
+        out[p + "ffn_gate_shexp.weight"] = matrix(N_FF_SHEXP, N_EMBD, 1.0)
+        out[p + "ffn_up_shexp.weight"] = matrix(N_FF_SHEXP, N_EMBD, 1.0)
+        out[p + "ffn_down_shexp.weight"] = matrix(N_EMBD, N_FF_SHEXP, 0.5)
+    return out

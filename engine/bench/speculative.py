@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from .bench import _set_threads, bench_prompt
-from .generate import generate_step
-from .model import Model, load
-from .sampling import SamplingParams, make_sampler
-from .speculative import DraftModel, SpeculationStats, Speculator, check_same_vocabulary, prompt_lookup_speculator
+from ..generate import generate_step
+from ..model import Model, load
+from ..sampling import SamplingParams, make_sampler
+from ..speculative import DraftModel, SpeculationStats, Speculator, check_same_vocabulary, prompt_lookup_speculator
+from .workload import bench_prompt, set_threads
 
 GREEDY = SamplingParams(temperature=0.0, repeat_penalty=1.0)  # plain argmax, as the other benches decode
 
@@ -98,7 +98,7 @@ def run_speculative_bench(path: Path, backend: str, threads: int | None, prompt_
     if (draft is None) == (not lookup):
         raise ValueError("choose one kind of speculation: --draft DRAFT_MODEL or --lookup")
     if threads:
-        _set_threads(backend, threads)
+        set_threads(backend, threads)
     model = load(path, backend)
     ids = prompt_ids(model, prompt_file, prompt_tokens)
     if draft is not None:

@@ -1,6 +1,7 @@
 """Time the CPU kernels on Qwen2.5-Coder-0.5B's real matrices and print the numbers as JSON.
 
-Run ``python -m engine.backends.cpu.bench_kernels [--reps N] [--model PATH]``. For each matrix: the time of
+Run ``python -m engine bench kernels --model PATH [--reps N]`` (Qwen2.5-Coder-0.5B's file is what the default
+tensor names fit). For each matrix: the time of
 a matrix-vector product (decode) at 1 thread and at the default thread count, the weight bytes read per
 second, the same product through NumPy (dequantize then multiply, and multiply by weights dequantized once
 beforehand), and a 64-token product (prefill) in GFLOP/s. Both the median and the best of the repetitions
@@ -23,8 +24,8 @@ import time
 import numpy as np
 from gguf.quants import dequantize
 
-from engine.backends.cpu import kernels
-from engine.gguf_file import read_gguf
+from ..backends.cpu import kernels
+from ..gguf_file import read_gguf
 
 TENSORS = ("blk.0.ffn_down.weight", "blk.0.ffn_up.weight", "blk.2.ffn_down.weight", "output.weight", "token_embd.weight")
 
@@ -131,16 +132,14 @@ def bench_vs_llama(path: str, reps: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m engine bench kernels", description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=50)
-    parser.add_argument("--model", help="a GGUF file (default: the Qwen2.5-Coder-0.5B test model)")
+    parser.add_argument("--model", required=True, help="a GGUF file (e.g. the Qwen2.5-Coder-0.5B test model)")
     parser.add_argument("--tensors", nargs="+", default=list(TENSORS), help="the matrices to time one by one")
     parser.add_argument("--llama", action="store_true", help="compare with llama.cpp (needs llama-cpp-python)")
     args = parser.parse_args(argv)
-    if args.model is None:
-        from tests.model_store import model_path
-
-        args.model = model_path("qwen25coder")
+    if not kernels.AVAILABLE:
+        raise RuntimeError("the C kernels are not built (python setup.py build_ext --inplace)")
     g = read_gguf(args.model)
     threads = sorted({1, kernels.default_threads()})
     report = {"isa": kernels.active_isa(), "available": kernels.AVAILABLE, "threads": threads, "reps": args.reps,
@@ -153,6 +152,3 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write("\n")
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""``python -m engine bench --backend mlx``: our MLX backend against mlx-lm's model code on the same weights.
+"""``python -m engine bench MODEL --backend mlx``: our MLX backend against mlx-lm's model code on the same weights.
 
 Both run in this process on the same prompt of random token ids with greedy decoding, interleaved: prefills
 in turn, then decoding in turns of SEGMENT tokens, so a change in the machine's load hits every engine alike;
@@ -36,18 +36,19 @@ import mlx.core as mx
 import numpy as np
 import psutil
 
+from ..backends.mlx_backend import MlxBackend
 from ..config import ModelConfig
 from ..gguf_file import read_gguf
-from .mlx_backend import MlxBackend
 
 
+PEER_CHECK_TOKENS = 24  # prompt positions whose logits are compared with the peer's
 SEGMENT = 16  # decode tokens per engine turn: short turns cancel the drift of a shared machine's load
 LOADS = {"": "backend", "with_tokenizer.": "model", "peer.": "peer"}  # report prefix -> what a fresh process loads
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # where ``import engine`` resolves, for the child processes
 
 
 def run_mlx_bench(model_path: str | os.PathLike, prompt_tokens: int = 512, gen_tokens: int = 128, compare: bool = True,
-                  repeats: int = 3) -> dict:
+                  repeats: int = 3, memory: bool = True) -> dict:
     """Benchmark the MLX backend on ``model_path``; with ``compare``, also mlx-lm on the same weights.
 
     Each repeat prefills the prompt with every engine in turn (the order rotates between repeats), then
@@ -57,15 +58,16 @@ def run_mlx_bench(model_path: str | os.PathLike, prompt_tokens: int = 512, gen_t
         A flat dict: ``prefill_tps``, ``decode_tps`` (greedy decoding as the engine runs it: the argmax on the
         device, ``decode_pipelined``), ``host.prefill_tps``, ``host.decode_tps`` (the host path: NumPy logits
         per token), the same per CPU second (``prefill_cpu_tps``, ``decode_cpu_tps``, ...), ``load_s``,
-        ``gguf_mb``, the load's memory (``load_memory``) for the backend, ``with_tokenizer.`` for the engine's
+        ``gguf_mb``, the load's memory (``load_memory``; left out when not ``memory``) for the backend, ``with_tokenizer.`` for the engine's
         whole model and, when comparing, ``peer.`` for mlx-lm's, and then the ``peer.`` rates and
         ``ratio.prefill``, ``ratio.decode``, ``ratio.decode_host`` and their ``_cpu`` twins (ours / peer;
-        medians over the repeats).
+        medians over the repeats); ``host.same_tokens`` and ``peer.same_tokens`` (the greedy tokens of the last
+        repeat equal ours) and ``peer.max_abs_logit_diff`` (our prompt logits against the peer's).
     """
     if prompt_tokens < 1 or gen_tokens < 2 or repeats < 1:
         raise ValueError("need prompt_tokens >= 1, gen_tokens >= 2 and repeats >= 1")
     report = {}
-    for prefix, what in LOADS.items():
+    for prefix, what in LOADS.items() if memory else ():
         if compare or what != "peer":
             report.update({f"{prefix}{key}": value for key, value in load_memory(model_path, what).items()
                            if not (prefix and key == "gguf_mb")})
@@ -84,16 +86,21 @@ def run_mlx_bench(model_path: str | os.PathLike, prompt_tokens: int = 512, gen_t
     if compare:
         from mlx_lm.generate import generation_stream
 
-        from .mlx.peer import build_peer
+        from .mlx_peer import build_peer
         peer = build_peer(backend)
+        report["peer.max_abs_logit_diff"] = _max_logit_difference(backend, peer, prompt[:PEER_CHECK_TOKENS])
         engines["peer."] = lambda: _peer(peer, prompt, gen_tokens)
         streams.append(generation_stream)
     rates: dict[str, list[dict[str, float]]] = {key: [] for key in engines}
+    tokens: dict[str, list[int]] = {}
     for repeat in range(repeats):
         order = list(engines)[repeat % len(engines):] + list(engines)[:repeat % len(engines)]
-        for key, rate in _interleaved(order, engines, streams, prompt_tokens, gen_tokens).items():
+        for key, rate in _interleaved(order, engines, streams, prompt_tokens, gen_tokens, tokens).items():
             rates[key].append(rate)
         mx.clear_cache()
+    for key in engines:
+        if key:
+            report[f"{key}same_tokens"] = tokens[key] == tokens[""]
     for key, results in rates.items():
         for name in results[0]:
             report[f"{key}{name}"] = round(statistics.median(r[name] for r in results), 3)
@@ -105,8 +112,9 @@ def run_mlx_bench(model_path: str | os.PathLike, prompt_tokens: int = 512, gen_t
 
 
 def _interleaved(order: list[str], engines: dict[str, Callable[[], Iterator[int]]], streams: list,
-                 prompt_tokens: int, gen_tokens: int) -> dict[str, dict[str, float]]:
+                 prompt_tokens: int, gen_tokens: int, tokens: dict[str, list[int]]) -> dict[str, dict[str, float]]:
     """One repeat: every engine's prefill (to its first token), then decode turns; each engine's rates.
+    Each engine's greedy tokens are left in ``tokens``.
 
     A turn ends when ``streams`` are idle: a pipelined engine's queued step is its own work, not the next one's.
     The step a pipelined engine queues with its first token is timed in neither phase: its decode turns then
@@ -116,14 +124,14 @@ def _interleaved(order: list[str], engines: dict[str, Callable[[], Iterator[int]
     for key in order:
         t0 = _clocks()
         steps[key] = engines[key]()
-        next(steps[key])
+        tokens[key] = [int(next(steps[key]))]
         prefill[key] = _clocks() - t0
         _settle(streams)
     for done in range(1, gen_tokens, SEGMENT):
         for key in order:
             t0 = _clocks()
             for _ in range(min(SEGMENT, gen_tokens - done)):
-                next(steps[key])
+                tokens[key].append(int(next(steps[key])))
             _settle(streams)
             decode[key] += _clocks() - t0
     for generator in steps.values():
@@ -131,6 +139,16 @@ def _interleaved(order: list[str], engines: dict[str, Callable[[], Iterator[int]
     return {key: {"prefill_tps": prompt_tokens / prefill[key][0], "decode_tps": (gen_tokens - 1) / decode[key][0],
                   "prefill_cpu_tps": prompt_tokens / prefill[key][1],
                   "decode_cpu_tps": (gen_tokens - 1) / decode[key][1]} for key in order}
+
+
+def _max_logit_difference(backend: MlxBackend, peer, ids: list[int]) -> float:
+    """The largest difference between our logits and the peer's over ``ids`` (one prefill each): the peer holds
+    our arrays, so this says the bench compares like with like."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    theirs = np.array(peer(mx.array(ids)[None], cache=make_prompt_cache(peer))[0], dtype=np.float32)
+    ours = backend.forward(ids, backend.new_cache(len(ids) + 1), all_logits=True)
+    return float(np.max(np.abs(theirs - ours)))
 
 
 def _clocks() -> np.ndarray:
@@ -162,7 +180,7 @@ def load_memory(model_path: str | os.PathLike, what: str = "backend") -> dict[st
         process's peak so far), ``mlx_active_mb`` and ``rss_after_load_per_gguf``, ``peak_rss_per_gguf``,
         ``load_rss_growth_per_gguf``, ``mlx_active_per_gguf``.
     """
-    code = f"from engine.backends.mlx_bench import _print_load_memory; _print_load_memory({what!r})"
+    code = f"from engine.bench.mlx_speed import _print_load_memory; _print_load_memory({what!r})"
     out = subprocess.run([sys.executable, "-c", code, os.fspath(model_path)], capture_output=True, text=True,
                          check=True, cwd=_PACKAGE_ROOT)
     m = json.loads(out.stdout.splitlines()[-1])
@@ -190,7 +208,7 @@ def _print_load_memory(what: str) -> None:
         gguf = read_gguf(sys.argv[1])
         backend, size = MlxBackend(gguf, ModelConfig.from_gguf(gguf)), gguf.file_size
         if what == "peer":
-            from .mlx.peer import build_peer
+            from .mlx_peer import build_peer
             peer = build_peer(backend)
     print(json.dumps({"gguf": size, "before": before, "after": _rss_bytes(), "peak": _peak_rss_bytes(),
                       "active": mx.get_active_memory()}))

@@ -1,5 +1,6 @@
 """Concurrency bench: aggregate decode tokens/sec of N sequences batched by the scheduler, beside one sequence
-alone in the same run; and a scripted thermal trace replayed through the policy on a fake clock.
+alone in the same run; and a scripted thermal trace replayed through the policy on a fake clock
+(``engine.thermal.replay``).
 
 Decode speed is measured over whole scheduler steps that do no prefill (sampling and bookkeeping included), and
 also over bare ``forward`` / ``forward_batch`` calls, in wall-clock and in CPU time. Single and batched runs are
@@ -9,7 +10,6 @@ interleaved ``repeats`` times and medians reported. Nothing here asserts a time.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import statistics
 import time
 from collections.abc import Callable
@@ -17,15 +17,15 @@ from pathlib import Path
 
 import numpy as np
 
-from .backends.base import Backend
-from .bench import _set_threads, bench_prompt
-from .model import load
-from .sampling import SamplingParams, make_sampler
-from .scheduler import Request, Scheduler, StepReport
-from .thermal import Limits, PolicyConfig, ScriptedProvider, ThermalMonitor, ThermalPolicy, load_trace
+from ..backends.base import Backend
+from ..model import load
+from ..sampling import SamplingParams, make_sampler
+from ..scheduler import Request, Scheduler
+from ..thermal import Limits
+from ..thermal.replay import replay_thermal_trace
+from .workload import bench_prompt, set_threads
 
 PROMPT_STRIDE = 16  # each sequence's prompt starts this many tokens later and is a few tokens shorter
-FAKE_STEP_S = 1.0  # fake seconds per scheduler step in a thermal replay
 REPLAY_PROMPT_TOKENS = 32
 
 
@@ -48,6 +48,7 @@ class Speed:
     tokens: int = 0
     wall_s: float = 0.0
     cpu_s: float = 0.0
+    cache_growths: int = 0  # caches that grew inside the timed loop (their copy timed as decode): should be 0
 
     def add(self, tokens: int, wall_s: float, cpu_s: float) -> None:
         self.tokens, self.wall_s, self.cpu_s = self.tokens + tokens, self.wall_s + wall_s, self.cpu_s + cpu_s
@@ -86,6 +87,7 @@ def forward_decode_speed(backend: Backend, prompts: list[list[int]], gen_tokens:
     for cache in caches:
         cache.reserve_whole_room()  # as the scheduler does, so no cache grows inside the timed loop
     tokens = [int(np.argmax(backend.forward(p, c))) for p, c in zip(prompts, caches)]
+    capacities = [c.capacity for c in caches]
     wall, cpu = _clocks()
     for _ in range(gen_tokens - 1):
         if len(prompts) == 1:
@@ -93,7 +95,9 @@ def forward_decode_speed(backend: Backend, prompts: list[list[int]], gen_tokens:
         else:
             logits = backend.forward_batch(tokens, caches)
         tokens = [int(t) for t in np.argmax(logits, axis=-1)]
-    return Speed(len(prompts) * (gen_tokens - 1), time.perf_counter() - wall, time.process_time() - cpu)
+    wall_s, cpu_s = time.perf_counter() - wall, time.process_time() - cpu
+    growths = sum(c.capacity != before for c, before in zip(caches, capacities))
+    return Speed(len(prompts) * (gen_tokens - 1), wall_s, cpu_s, growths)
 
 
 def measure_concurrency(backend: Backend, prompts: list[list[int]], gen_tokens: int, n_ctx: int,
@@ -114,57 +118,11 @@ def measure_concurrency(backend: Backend, prompts: list[list[int]], gen_tokens: 
         report[f"{name}_tps"] = round(statistics.median(s.tps for s in speeds), 2)
         report[f"{name}_tps_runs"] = [round(s.tps, 2) for s in speeds]
         report[f"{name}_tokens_per_cpu_s"] = round(statistics.median(s.tps_per_cpu for s in speeds), 2)
+    report["forward_cache_growths"] = sum(s.cache_growths for s in runs["single_forward"] + runs["forward_batch"])
     report["ratio.decode"] = round(report["decode_tps"] / report["single_decode_tps"], 3)
     report["ratio.forward"] = round(report["forward_batch_tps"] / report["single_forward_tps"], 3)
     report["ratio.decode_per_cpu_s"] = round(report["decode_tokens_per_cpu_s"] / report["single_decode_tokens_per_cpu_s"], 3)
     return report
-
-
-class _FakeClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def replay_thermal_trace(backend: Backend, prompts: list[list[int]], trace_path: Path,
-                         policy_config: PolicyConfig | None = None) -> dict:
-    """Run the scheduler on ``prompts`` under a scripted thermal trace, one fake second per step (pauses add
-    their length), until the trace ends and the policy has had time to recover; record what it decided."""
-    trace = load_trace(trace_path)
-    policy_config = policy_config or PolicyConfig()
-    clock = _FakeClock()
-    monitor = ThermalMonitor(ScriptedProvider(trace, clock), ThermalPolicy(policy_config), clock=clock,
-                             poll_interval_s=0.0)
-    end = trace[-1][0] + (len(policy_config.levels) + 1) * policy_config.cooldown_s
-    steps = int(end / FAKE_STEP_S) + 1
-    n_ctx = max(map(len, prompts)) + steps + 1
-    scheduler = Scheduler(backend, n_ctx, monitor=monitor, clock=clock)
-    for prompt in prompts:
-        scheduler.submit(Request(tuple(prompt), _greedy(), max_tokens=steps))
-    timeline: list[list] = []
-    n_steps = 0
-    while clock.now <= end:
-        report = scheduler.step()
-        n_steps += 1
-        _record(timeline, clock.now, monitor.state.value, report)
-        clock.now += FAKE_STEP_S + report.pause_s
-    return {"trace": [[t, s.value] for t, s in trace], "fake_step_s": FAKE_STEP_S,
-            "cooldown_s": policy_config.cooldown_s, "steps": n_steps,
-            "decisions": [_jsonable(dataclasses.asdict(d)) for d in monitor.decisions],
-            "timeline": timeline}
-
-
-def _record(timeline: list[list], now: float, state: str, report: StepReport) -> None:
-    """Append ``[t, state, max_batch, prefill_chunk, pause_s, in_flight]`` when anything but t changed."""
-    row = [now, state, report.limits.max_batch, report.limits.prefill_chunk, report.limits.pause_s, report.in_flight]
-    if not timeline or timeline[-1][1:] != row[1:]:
-        timeline.append(row)
-
-
-def _jsonable(record: dict) -> dict:
-    return {k: v.value if isinstance(v, enum.Enum) else v for k, v in record.items()}
 
 
 def run_concurrency_bench(path: Path, backend: str, threads: int | None, prompt_tokens: int, gen_tokens: int,
@@ -173,7 +131,7 @@ def run_concurrency_bench(path: Path, backend: str, threads: int | None, prompt_
     if concurrency < 1:
         raise ValueError(f"--concurrency must be at least 1, got {concurrency}")
     if threads:
-        _set_threads(backend, threads)
+        set_threads(backend, threads)
     n_ctx = prompt_tokens + gen_tokens + 8
     model = load(path, backend, n_ctx)
     ids = bench_prompt(model, prompt_tokens + PROMPT_STRIDE * concurrency)

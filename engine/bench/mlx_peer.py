@@ -15,8 +15,8 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from ...config import ModelConfig
-from .weights import GROUP, DenseMatrix, Matrix, MxfpMatrix, PairMatrix
+from ..backends.mlx.weights import GROUP, DenseMatrix, Matrix, MxfpMatrix, PairMatrix
+from ..config import ModelConfig
 
 # our LayerWeights field -> mlx-lm module path inside a decoder layer
 PROJECTIONS = {

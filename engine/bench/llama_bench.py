@@ -1,0 +1,69 @@
+"""The second peer: llama.cpp's own ``llama-bench`` binary, run on the same file and thread count, JSON parsed.
+
+``llama-bench`` prefills ``-p`` tokens of its own (not our prompt ids) and decodes ``-n`` tokens, each as a
+separate test after its own warm-up run; its figures are llama.cpp's best case, without any Python around it.
+The binary is found at ``--llama-bench PATH``, else ``$HEARTH_LLAMA_BENCH``, else where the test helpers
+(``tests/llama_cpp_tools.py``) build it: ``<test-model cache>/llama-cpp-tools-<llama-cpp-python version>/bin``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+import platformdirs
+
+FLASH_ATTN = {0: "off", 1: "on", -1: "auto"}
+
+
+def default_binary() -> Path:
+    """Where ``llama-bench`` is looked for when no path is given (it may not exist)."""
+    if env := os.environ.get("HEARTH_LLAMA_BENCH"):
+        return Path(env)
+    cache = Path(os.environ.get("HEARTH_TEST_MODELS") or platformdirs.user_cache_dir("hearth-test-models"))
+    return cache / f"llama-cpp-tools-{metadata.version('llama-cpp-python')}" / "bin" / "llama-bench"
+
+
+def run_llama_bench(binary: Path, model: Path, prompt_tokens: int, gen_tokens: int, threads: int,
+                    repetitions: int = 1, timeout_s: float = 3600) -> dict[str, dict[str, list[float]]]:
+    """One ``llama-bench -p P -n N -t T -fa 0,1 -o json -r R`` call.
+
+    Returns:
+        ``{"llama-bench fa=off": {"prefill_tps": [...], "decode_tps": [...]}, "llama-bench fa=on": {...}}``,
+        one rate per repetition.
+
+    Raises:
+        FileNotFoundError: no binary at ``binary``.
+        RuntimeError: the binary failed or printed something that is not its JSON report.
+    """
+    if not Path(binary).is_file():
+        raise FileNotFoundError(f"no llama-bench binary at {binary} (build it with `python -m tests.llama_cpp_tools`, "
+                                "or give --llama-bench PATH / $HEARTH_LLAMA_BENCH)")
+    cmd = [str(binary), "-m", str(model), "-p", str(prompt_tokens), "-n", str(gen_tokens), "-t", str(threads),
+           "-fa", "0,1", "-r", str(repetitions), "-o", "json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode != 0:
+        raise RuntimeError(f"llama-bench failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+    return parse_report(done.stdout)
+
+
+def parse_report(text: str) -> dict[str, dict[str, list[float]]]:
+    """Prefill and decode rates per flash-attention setting from ``llama-bench -o json`` output."""
+    try:
+        tests = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RuntimeError(f"llama-bench printed no JSON report: {e}") from None
+    out: dict[str, dict[str, list[float]]] = {}
+    for test in tests:
+        fa = FLASH_ATTN.get(int(test["flash_attn"]), str(test["flash_attn"]))
+        rates = out.setdefault(f"llama-bench fa={fa}", {"prefill_tps": [], "decode_tps": []})
+        if test["n_prompt"] > 0 and test["n_gen"] == 0:
+            rates["prefill_tps"] += [float(v) for v in test["samples_ts"]]
+        elif test["n_gen"] > 0 and test["n_prompt"] == 0:
+            rates["decode_tps"] += [float(v) for v in test["samples_ts"]]
+    if not out:
+        raise RuntimeError("llama-bench's JSON report holds no tests")
+    return out

@@ -1,0 +1,197 @@
+"""The speed bench: prefill and decode tokens/sec, load time and memory, beside peers measured fairly.
+
+Every engine runs in turn on the same prompt ids with greedy decoding, after an untimed warm-up of its own,
+repeat by repeat (ours, peer, ours, peer, ...); the report gives each engine's median with its min/max spread,
+says whether each peer produced our greedy tokens (and where they first differ), and sets our figures against
+the best peer setting (llama.cpp with flash attention on or off, whichever is faster) and against this
+machine's read bandwidth. Nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ..memory_estimate import kv_cache_bytes, kv_layout
+from ..model import load
+from .bandwidth import measure_read_bandwidth, weight_bytes_per_token
+from .llama_bench import default_binary, run_llama_bench
+from .runners import HearthRunner, LlamaCppRunner, Run, Runner
+from .workload import bench_prompt, first_divergence, peak_rss_mb, rss_mb, set_threads, spread, threads_in_use
+
+PEERS = ("llama.cpp", "llama-bench", "hearth")  # --compare choices on the CPU; "hearth" times our engine twice
+WARM_UP_TOKENS = 8
+
+
+def _timed(fn: Callable, *args):
+    start = time.perf_counter()
+    result = fn(*args)
+    return result, time.perf_counter() - start
+
+
+def machine() -> dict:
+    """What the figures were taken on: processor, cores and the load average (a shared machine's neighbours)."""
+    return {"processor": _cpu_name(), "logical_cpus": os.cpu_count(),
+            "load_average": [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None}
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
+                        platform.processor())
+    except OSError:
+        return platform.processor()
+
+
+def measure(runners: list[Runner], ids: list[int], gen_tokens: int, repeats: int,
+            between: Callable[[], None] | None = None) -> dict[str, list[Run]]:
+    """Warm every runner up (untimed), then run them in turn ``repeats`` times; every run of each.
+
+    ``between`` runs after each round of runners (the llama-bench peer, which is a process of its own).
+    """
+    for runner in runners:
+        runner.run(ids, min(gen_tokens, WARM_UP_TOKENS))
+    runs: dict[str, list[Run]] = {r.name: [] for r in runners}
+    for _ in range(repeats):
+        for runner in runners:
+            runs[runner.name].append(runner.run(ids, gen_tokens))
+        if between is not None:
+            between()
+    return runs
+
+
+def summarise(runs: list[Run], prompt_tokens: int, reference: list[int] | None) -> dict:
+    """Rates (median, min, max, every run) and, against ``reference`` tokens, whether the greedy tokens match."""
+    out = {"prefill_tps": spread([r.prefill_tps(prompt_tokens) for r in runs]),
+           "decode_tps": spread([r.decode_tps for r in runs])}
+    if reference is not None:
+        divergence = first_divergence(reference, runs[0].tokens)
+        consistent = all(r.tokens == runs[0].tokens for r in runs)
+        out.update({"same_tokens": divergence is None, "first_divergence": divergence,
+                    "same_tokens_every_run": consistent})
+    return out
+
+
+def run_bench(path: Path, backend: str, threads: int | None, prompt_tokens: int, gen_tokens: int,
+              compare: list[str], repeats: int, llama_bench: Path | None = None) -> dict:
+    """The ``python -m engine bench MODEL`` report as a dict (see the module docstring).
+
+    Args:
+        compare: peers from PEERS: "llama.cpp" (llama-cpp-python, flash attention off and on), "llama-bench"
+            (llama.cpp's own binary, ``llama_bench`` or its default path) and "hearth" (our engine a second time:
+            the harness's own check, whose tokens must match).
+    """
+    if unknown := set(compare) - set(PEERS):
+        raise ValueError(f"unknown peer {sorted(unknown)[0]!r} for this backend; choose from {', '.join(PEERS)}")
+    if threads:
+        set_threads(backend, threads)
+    n_threads = threads_in_use(backend, threads)
+    n_ctx = prompt_tokens + gen_tokens + 8
+    report = {"machine": machine()}
+    gc.collect()
+    rss_before = rss_mb()
+    model, load_s = _timed(load, path, backend, n_ctx)
+    report.update({
+        "model": model.name, "file": str(path), "file_mb": round(path.stat().st_size / 2**20, 1),
+        "backend": model.backend.name, "threads": n_threads, "prompt_tokens": prompt_tokens,
+        "gen_tokens": gen_tokens, "repeats": repeats, "sampling": "greedy", "load_s": round(load_s, 3),
+        "rss_after_load_mb": round(rss_mb(), 1), "rss_growth_mb": round(rss_mb() - rss_before, 1),
+        "notices": model.notices,
+    })
+    ids = bench_prompt(model, prompt_tokens)
+    report["prompt_tokens"] = len(ids)
+    runners: list[Runner] = [HearthRunner(model)]
+    runners[0].run(ids, 4)  # touch every weight page before measuring memory
+    report["peak_rss_mb"] = round(peak_rss_mb(), 1)
+    report["rss_after_run_mb"] = round(rss_mb(), 1)
+    if "hearth" in compare:
+        runners.append(HearthRunner(model, "hearth again"))
+    if "llama.cpp" in compare:
+        runners += [LlamaCppRunner(path, n_ctx, n_threads, flash_attn) for flash_attn in (False, True)]
+    bench_runs: dict[str, dict[str, list[float]]] = {}
+    between = None
+    if "llama-bench" in compare:
+        binary = llama_bench or default_binary()
+
+        def between() -> None:
+            for name, rates in run_llama_bench(binary, path, len(ids), gen_tokens, n_threads).items():
+                for key, values in rates.items():
+                    bench_runs.setdefault(name, {}).setdefault(key, []).extend(values)
+    try:
+        runs = measure(runners, ids, gen_tokens, repeats, between)
+    finally:
+        for runner in runners[1:]:
+            runner.close()
+    ours = runs["hearth"][0].tokens
+    engines = {name: summarise(r, len(ids), None if name == "hearth" else ours) for name, r in runs.items()}
+    engines.update({name: {key: spread(values) for key, values in rates.items()} for name, rates in bench_runs.items()})
+    report["engines"] = engines
+    report["prefill_tps"] = engines["hearth"]["prefill_tps"]["median"]
+    report["decode_tps"] = engines["hearth"]["decode_tps"]["median"]
+    report.update(_against_peers(engines))
+    report.update(_against_bandwidth(model, n_threads, len(ids), gen_tokens, report["decode_tps"]))
+    report["machine"]["load_average_after"] = machine()["load_average"]
+    return report
+
+
+def _against_peers(engines: dict[str, dict]) -> dict:
+    """The best peer setting for prefill and for decode, ours / that, and whether every peer matched our tokens."""
+    peers = {name: e for name, e in engines.items() if name not in ("hearth", "hearth again")}
+    out: dict = {}
+    if "hearth again" in engines:
+        out["self_check.same_tokens"] = engines["hearth again"]["same_tokens"]
+    if not peers:
+        return out
+    for phase in ("prefill", "decode"):
+        rated = {name: e[f"{phase}_tps"]["median"] for name, e in peers.items() if e.get(f"{phase}_tps", {}).get("runs")}
+        if rated:
+            best = max(rated, key=rated.get)
+            out[f"peer.best_{phase}"] = {"engine": best, "tps": rated[best]}
+            out[f"ratio.{phase}"] = round(engines["hearth"][f"{phase}_tps"]["median"] / rated[best], 3)
+    matched = [e["same_tokens"] for e in peers.values() if "same_tokens" in e]
+    if matched:
+        out["same_tokens"] = all(matched)
+    return out
+
+
+def _against_bandwidth(model, threads: int, prompt_tokens: int, gen_tokens: int, decode_tps: float) -> dict:
+    """This machine's read bandwidth, the bytes a decode step reads and our decode as a fraction of the ceiling."""
+    if model.backend.name not in ("cpu", "numpy"):
+        return {}
+    per_position = kv_cache_bytes(model.config, 1, kv_layout(model.backend.name).element_bytes, False)
+    weights = weight_bytes_per_token(model.gguf)
+    kv = int(per_position * (prompt_tokens + gen_tokens / 2))  # the cache at the decoded tokens' mean position
+    bandwidth = measure_read_bandwidth(threads)
+    ceiling = bandwidth["gbps"] * 1e9 / (weights + kv)
+    return {"bandwidth": bandwidth, "bytes_per_token": weights + kv, "weight_bytes_per_token": weights,
+            "kv_bytes_per_token": kv, "decode_ceiling_tps": round(ceiling, 2),
+            "decode_bandwidth_fraction": round(decode_tps / ceiling, 3)}
+
+
+def run_session_bench(path: Path, backend: str, n_tokens: int, repeats: int) -> dict:
+    """Restoring a snapshot of ``n_tokens`` against processing the same tokens again (medians)."""
+    model = load(path, backend, n_tokens + 16)
+    ids = bench_prompt(model, n_tokens)
+    reprocess, restore = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        snapshot = Path(tmp) / "bench.hearth"
+        for _ in range(repeats):
+            model._cache, model._tokens = None, []
+            _, seconds = _timed(model.next_token_logits, ids)
+            reprocess.append(seconds)
+            model.save_session(snapshot)
+            _, seconds = _timed(model.load_session, snapshot)
+            restore.append(seconds)
+        size_mb = snapshot.stat().st_size / 2**20
+    report = {"machine": machine(), "model": model.name, "backend": model.backend.name, "tokens": len(ids),
+              "repeats": repeats, "reprocess_s": round(statistics.median(reprocess), 4),
+              "restore_s": round(statistics.median(restore), 4), "snapshot_mb": round(size_mb, 1)}
+    report["ratio.restore_speedup"] = round(report["reprocess_s"] / report["restore_s"], 1)
+    return report

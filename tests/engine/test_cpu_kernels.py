@@ -355,12 +355,13 @@ def test_a_token_gets_the_same_products_alone_as_in_any_batch(qtype):
             np.testing.assert_allclose(alone, batched[i:i + 1], rtol=1e-4, atol=1e-4 * np.abs(batched).max())
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q4_1, T.IQ4_NL, T.MXFP4], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.IQ4_NL, T.MXFP4],
+                         ids=lambda t: t.name)
 def test_prompt_sized_products_equal_one_row_and_one_token_at_a_time(qtype):
     """The GEMM kernels (16 rows against up to 64 tokens, AVX-512) give the same bits as the kernels a decode
     step runs: 37 rows (two whole 16s and a tail) against 70 tokens (a 64-token tile, then 6), each token
-    alone, and for the K-quants (whose one-row kernels share the 16-row arithmetic) each row alone; all of it
-    within the reference's rounding."""
+    alone, and for the K-quants (whose GEMMs keep the one-row kernels' integer and float lanes, while their
+    tail rows run the one-row kernel) each row alone; all of it within the reference's rounding."""
     rng = np.random.default_rng(int(qtype) + 200)
     cols = 3 * 256 + (32 if GGML_QUANT_SIZES[qtype][0] == 32 else 0)
     w = random_weights(qtype, 37, cols, rng)

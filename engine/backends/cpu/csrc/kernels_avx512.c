@@ -120,6 +120,8 @@ DOT32X2(dot512_mxfp4, HK_MXFP4)
     void hk_gemm16_##t(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, float *out, ptrdiff_t os);
 HK_ROWS16_DECL(q4_0)
 HK_ROWS16_DECL(q4_1)
+HK_ROWS16_DECL(q5_0)
+HK_ROWS16_DECL(q5_1)
 HK_ROWS16_DECL(q8_0)
 HK_ROWS16_DECL(iq4_nl)
 HK_ROWS16_DECL(mxfp4)
@@ -228,9 +230,11 @@ const hk_isa hk_isa_avx512 = {
         [HK_IQ2_XXS] = FN(dot_iq2_xxs), [HK_IQ2_XS] = FN(dot_iq2_xs), [HK_IQ2_S] = FN(dot_iq2_s),
         [HK_IQ3_XXS] = FN(dot_iq3_xxs), [HK_IQ3_S] = FN(dot_iq3_s),
     },
-    .dot16 = {[HK_Q4_0] = hk_rows16_q4_0, [HK_Q4_1] = hk_rows16_q4_1, [HK_Q8_0] = hk_rows16_q8_0,
+    .dot16 = {[HK_Q4_0] = hk_rows16_q4_0, [HK_Q4_1] = hk_rows16_q4_1, [HK_Q5_0] = hk_rows16_q5_0,
+              [HK_Q5_1] = hk_rows16_q5_1, [HK_Q8_0] = hk_rows16_q8_0,
               [HK_IQ4_NL] = hk_rows16_iq4_nl, [HK_MXFP4] = hk_rows16_mxfp4},
-    .gemm16 = {[HK_Q4_0] = hk_gemm16_q4_0, [HK_Q4_1] = hk_gemm16_q4_1, [HK_Q8_0] = hk_gemm16_q8_0,
+    .gemm16 = {[HK_Q4_0] = hk_gemm16_q4_0, [HK_Q4_1] = hk_gemm16_q4_1, [HK_Q5_0] = hk_gemm16_q5_0,
+               [HK_Q5_1] = hk_gemm16_q5_1, [HK_Q8_0] = hk_gemm16_q8_0,
                [HK_IQ4_NL] = hk_gemm16_iq4_nl, [HK_MXFP4] = hk_gemm16_mxfp4, [HK_Q4_K] = hk_gemm16_q4_k,
                [HK_Q6_K] = hk_gemm16_q6_k},
     .tile = { /* 8 tokens where it measured faster than 4 (64-token products, one thread) */

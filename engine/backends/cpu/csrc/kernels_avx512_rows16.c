@@ -20,7 +20,8 @@ INLINE __m128i loadu128(const void *p) { return _mm_loadu_si128((const __m128i *
 
 /* Bytes per block of a legacy 32-element type (as kernels_x86.inc). */
 INLINE int size32(int type) {
-    return type == HK_Q4_0 || type == HK_IQ4_NL ? 18 : type == HK_Q4_1 ? 20 : type == HK_MXFP4 ? 17 : 34;
+    return type == HK_Q4_0 || type == HK_IQ4_NL ? 18 : type == HK_Q4_1 ? 20 : type == HK_Q5_0 ? 22 : type == HK_Q5_1 ? 24
+         : type == HK_MXFP4 ? 17 : 34;
 }
 
 INLINE __m512i row_offsets(ptrdiff_t stride) {
@@ -63,20 +64,22 @@ INLINE __m512i bcast32(const int8_t *p) {
     return _mm512_set1_epi32(v);
 }
 
-/* out[t * os + r] = row r . a[t] for 16 rows stride bytes apart. Codes are unsigned bytes in q[k] (lane r:
-   elements 4k..4k+3 of row r's block); the offset (Q4_0's -8, Q4_1's min, Q8_0's -128 after its signed
-   bytes are flipped to w + 128, and the table types' -128 or -12 after their look-up plus that much) goes
-   through the activations' block sums, as in dot32x2_nt. */
 /* Decode block blk of 16 rows: q[k] the codes of elements 4k..4k+3 (0-15 low, 16-31 high for the nibble types)
    in each row's lane, dw the rows' scales and cw their offsets (see rows16_nt). */
 INLINE void block16_decode(const int type, const uint8_t *blk, ptrdiff_t stride, __m512i offsets, __m512i *q, __m512 *dw, __m512 *cw) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i table = type == HK_IQ4_NL ? _mm512_broadcast_i32x4(_mm_xor_si128(loadu128(hk_kvalues_iq4nl), _mm_set1_epi8((char)0x80)))
                                             : _mm512_broadcast_i32x4(_mm_add_epi8(loadu128(hk_kvalues_mxfp4), _mm_set1_epi8(12)));
-    __m512i head = _mm512_i32gather_epi32(offsets, blk, 1), words[4]; /* head: each row's d (and m) */
+    __m512i words[4], lead[4];
+    const int five = type == HK_Q5_0 || type == HK_Q5_1;
+    /* the Q5 types' scales and fifth bits transposed, not gathered (measured faster): Q5_0's are d | qh << 16
+       and qh >> 16 in lead[0] and lead[1], Q5_1's d | m << 16 and qh */
+    if (five) rows16_words(blk, stride, lead);
+    __m512i head = five ? lead[0] : _mm512_i32gather_epi32(offsets, blk, 1); /* head: each row's d (and m) */
     *dw = type == HK_MXFP4 ? e8m0_half16(head) : _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
-    const float off = type == HK_Q8_0 || type == HK_IQ4_NL ? -128.0f : type == HK_MXFP4 ? -12.0f : -8.0f;
-    *cw = type == HK_Q4_1 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16))) : _mm512_mul_ps(*dw, _mm512_set1_ps(off));
+    const float off = type == HK_Q8_0 || type == HK_IQ4_NL ? -128.0f : type == HK_MXFP4 ? -12.0f : type == HK_Q5_0 ? -16.0f : -8.0f;
+    *cw = type == HK_Q4_1 || type == HK_Q5_1 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)))
+                                             : _mm512_mul_ps(*dw, _mm512_set1_ps(off));
     if (type == HK_Q8_0) { /* signed bytes to unsigned codes w + 128, elements 0-15 then 16-31 */
         const __m512i flip = _mm512_set1_epi8((char)0x80);
         rows16_words(blk + 2, stride, words);
@@ -84,10 +87,18 @@ INLINE void block16_decode(const int type, const uint8_t *blk, ptrdiff_t stride,
         rows16_words(blk + 18, stride, words);
         for (int k = 0; k < 4; k++) q[k + 4] = _mm512_xor_si512(words[k], flip);
     } else {
-        rows16_words(blk + (type == HK_Q4_1 ? 4 : type == HK_MXFP4 ? 1 : 2), stride, words);
+        const int qs_at = type == HK_Q4_1 ? 4 : type == HK_MXFP4 ? 1 : type == HK_Q5_0 ? 6 : type == HK_Q5_1 ? 8 : 2;
+        rows16_words(blk + qs_at, stride, words);
         for (int k = 0; k < 4; k++) {
             q[k] = _mm512_and_si512(words[k], m4);                            /* elements 4k..4k+3 */
             q[k + 4] = _mm512_and_si512(_mm512_srli_epi32(words[k], 4), m4); /* 16 + 4k..16 + 4k + 3 */
+        }
+        if (five) { /* bit j of each row's 32 fifth bits (qh) is bit 4 of element j's code */
+            const __m512i qh = type == HK_Q5_0 ? _mm512_or_si512(_mm512_srli_epi32(lead[0], 16), _mm512_slli_epi32(lead[1], 16)) : lead[1];
+            const __m512i spread = _mm512_setr_epi32(0x00000000, 0x00000010, 0x00001000, 0x00001010, 0x00100000, 0x00100010,
+                                                     0x00101000, 0x00101010, 0x10000000, 0x10000010, 0x10001000, 0x10001010,
+                                                     0x10100000, 0x10100010, 0x10101000, 0x10101010); /* 4 bits to 4 bytes' bit 4 */
+            for (int k = 0; k < 8; k++) q[k] = _mm512_or_si512(q[k], _mm512_permutexvar_epi32(_mm512_srli_epi32(qh, 4 * k), spread));
         }
         if (type == HK_IQ4_NL || type == HK_MXFP4)
             for (int k = 0; k < 8; k++) q[k] = _mm512_shuffle_epi8(table, q[k]);
@@ -155,6 +166,8 @@ INLINE void rows16_nt(const int type, int nb, const uint8_t *w, ptrdiff_t stride
 
 ROWS16(rows16_q4_0, HK_Q4_0)
 ROWS16(rows16_q4_1, HK_Q4_1)
+ROWS16(rows16_q5_0, HK_Q5_0)
+ROWS16(rows16_q5_1, HK_Q5_1)
 ROWS16(rows16_q8_0, HK_Q8_0)
 ROWS16(rows16_iq4_nl, HK_IQ4_NL)
 ROWS16(rows16_mxfp4, HK_MXFP4)
@@ -212,6 +225,8 @@ INLINE void gemm16_32(const int type, int nb, const uint8_t *w, ptrdiff_t stride
 
 GEMM16_32(gemm16_q4_0, HK_Q4_0)
 GEMM16_32(gemm16_q4_1, HK_Q4_1)
+GEMM16_32(gemm16_q5_0, HK_Q5_0)
+GEMM16_32(gemm16_q5_1, HK_Q5_1)
 GEMM16_32(gemm16_q8_0, HK_Q8_0)
 GEMM16_32(gemm16_iq4_nl, HK_IQ4_NL)
 GEMM16_32(gemm16_mxfp4, HK_MXFP4)

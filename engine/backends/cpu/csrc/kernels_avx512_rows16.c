@@ -105,17 +105,27 @@ INLINE void block16_decode(const int type, const uint8_t *blk, ptrdiff_t stride,
     }
 }
 
-/* One decoded block b against a token's activations: acc + its products (the same steps in every kernel). */
-INLINE __m512 block16_token(const __m512i *q, __m512 dw, __m512 cw, int b, const hk_act *at, __m512 acc) {
+/* The sum of a block's 32 activation bytes (as unsigned bytes 128 more, summed by vpsadbw). */
+INLINE int block_sum32(const int8_t *aq) {
+    __m256i s = _mm256_sad_epu8(_mm256_xor_si256(_mm256_loadu_si256((const __m256i *)aq), _mm256_set1_epi8((char)0x80)), _mm256_setzero_si256());
+    __m128i t = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    return (int)(_mm_cvtsi128_si64(t) + _mm_extract_epi64(t, 1)) - 32 * 128;
+}
+
+/* One decoded block b against a token's activations: acc + its products (the same steps in every kernel).
+   Q5_0's -16 is taken off the exact integer sum, as llama.cpp's kernels do: through the float block sums
+   (cw * ds) two large terms would cancel, and the real models' logits measured further from llama.cpp's. */
+INLINE __m512 block16_token(const int type, const __m512i *q, __m512 dw, __m512 cw, int b, const hk_act *at, __m512 acc) {
     const int8_t *aq = at->qs + b * HK_QK;
     __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
     for (int k = 0; k < 8; k += 2) {
         even = _mm512_dpbusd_epi32(even, _mm512_load_si512(q + k), bcast32(aq + 4 * k));
         odd = _mm512_dpbusd_epi32(odd, _mm512_load_si512(q + k + 1), bcast32(aq + 4 * k + 4));
     }
-    __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
-    acc = _mm512_fmadd_ps(sum, _mm512_mul_ps(dw, _mm512_set1_ps(at->d[b])), acc);
-    return _mm512_fmadd_ps(cw, _mm512_set1_ps(at->ds[b]), acc);
+    __m512i isum = _mm512_add_epi32(even, odd);
+    if (type == HK_Q5_0) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(16 * block_sum32(aq)));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(at->d[b])), acc);
+    return type == HK_Q5_0 ? acc : _mm512_fmadd_ps(cw, _mm512_set1_ps(at->ds[b]), acc);
 }
 
 /* 16 interleaved streams are more than the hardware prefetcher follows: the next 16 rows (the next stretch of
@@ -144,7 +154,7 @@ INLINE void rows16_nt(const int type, int nb, const uint8_t *w, ptrdiff_t stride
         __m512i q[8] __attribute__((aligned(64)));
         __m512 dw, cw;
         block16_decode(type, blk, stride, offsets, q, &dw, &cw);
-        HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = block16_token(q, dw, cw, b, &a[t], acc[t]);
+        HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = block16_token(type, q, dw, cw, b, &a[t], acc[t]);
     }
     HK_UNROLL for (int t = 0; t < nt; t++) _mm512_storeu_ps(out + t * os, acc[t]);
 }
@@ -191,14 +201,14 @@ ROWS16(rows16_mxfp4, HK_MXFP4)
 
 /* Tokens t0 .. t0 + nt - 1 against up to GROUP_BLOCKS decoded blocks from b0; acc (16 floats at out + t * os)
    starts at zero on the first block and is read back after, so each result is rows16_nt's. */
-INLINE void blocks16_tokens(const __m512i *q, const __m512 *dw, const __m512 *cw, int b0, int nbb, const hk_act *a,
+INLINE void blocks16_tokens(const int type, const __m512i *q, const __m512 *dw, const __m512 *cw, int b0, int nbb, const hk_act *a,
                             float *out, ptrdiff_t os, int t0, const int nt) {
     a += t0;
     out += (ptrdiff_t)t0 * os;
     __m512 acc[HK_MAX_NT];
     HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = b0 ? _mm512_loadu_ps(out + t * os) : _mm512_setzero_ps();
     for (int j = 0; j < nbb; j++)
-        HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = block16_token(q + 8 * j, dw[j], cw[j], b0 + j, &a[t], acc[t]);
+        HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = block16_token(type, q + 8 * j, dw[j], cw[j], b0 + j, &a[t], acc[t]);
     HK_UNROLL for (int t = 0; t < nt; t++) _mm512_storeu_ps(out + t * os, acc[t]);
 }
 
@@ -214,7 +224,7 @@ INLINE void gemm16_32(const int type, int nb, const uint8_t *w, ptrdiff_t stride
             prefetch_next_rows(w, stride, b0 + j, nb, &line);
             block16_decode(type, w + (size_t)(b0 + j) * ts, stride, offsets, q + 8 * j, &dw[j], &cw[j]);
         }
-        TOKEN_GROUPS(n, blocks16_tokens, q, dw, cw, b0, nbb, a, out, os)
+        TOKEN_GROUPS(n, blocks16_tokens, type, q, dw, cw, b0, nbb, a, out, os)
     }
 }
 

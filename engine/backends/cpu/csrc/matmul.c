@@ -149,7 +149,7 @@ static hk_dot_fn dot_of(const hk_isa *isa, int type) { return isa->dot[type] ? i
 static int tile_of(const hk_isa *isa, int type) { return isa->dot[type] && isa->tile[type] ? isa->tile[type] : HK_TILE; }
 
 #define GEMM_TILE 64 /* tokens per call of a 16-row GEMM kernel: their activations stay in L2 across the rows */
-#define GEMM_MIN 4   /* fewer tokens run the one-row kernels, which decode no faster than 16 rows' transposition */
+#define GEMM_MIN 4   /* fewer tokens run dot16 or dot: transposing a K-quant super-block pays across several tokens */
 
 /* Rows [r, r1) one by one, nt tokens a tile at a time. */
 static void dot_each_row(const hk_isa *isa, int type, int nb, const uint8_t *w, ptrdiff_t stride, int r, int r1,

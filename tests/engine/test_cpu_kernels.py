@@ -355,6 +355,46 @@ def test_a_token_gets_the_same_products_alone_as_in_any_batch(qtype):
             np.testing.assert_allclose(alone, batched[i:i + 1], rtol=1e-4, atol=1e-4 * np.abs(batched).max())
 
 
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.IQ4_NL, T.MXFP4],
+                         ids=lambda t: t.name)
+def test_prompt_sized_products_equal_one_row_and_one_token_at_a_time(qtype):
+    """The GEMM kernels (16 rows against up to 64 tokens, AVX-512) give the same bits as the kernels a decode
+    step runs: 37 rows (two whole 16s and a tail) against 70 tokens (a 64-token tile, then 6), each token
+    alone, and for the K-quants (whose GEMMs keep the one-row kernels' integer and float lanes, while their
+    tail rows run the one-row kernel) each row alone; all of it within the reference's rounding."""
+    rng = np.random.default_rng(int(qtype) + 200)
+    cols = 3 * 256 + (32 if GGML_QUANT_SIZES[qtype][0] == 32 else 0)
+    w = random_weights(qtype, 37, cols, rng)
+    x = rng.standard_normal((70, cols)).astype(np.float32) * rng.uniform(0.1, 10, (70, 1)).astype(np.float32)
+    full = kernels.matmul(w, qtype, x)
+    assert_matches(w, qtype, x, full)
+    others = [np.concatenate([kernels.matmul(w, qtype, x[t:t + 1]) for t in range(len(x))])]
+    if qtype in (T.Q4_K, T.Q6_K):
+        others.append(np.concatenate([kernels.matmul(w[r:r + 1], qtype, x) for r in range(len(w))], axis=1))
+    for other in others:
+        if kernels.AVAILABLE:
+            np.testing.assert_array_equal(other, full)
+        else:
+            np.testing.assert_allclose(other, full, rtol=1e-4, atol=1e-4 * np.abs(full).max())
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_k_quant_products_at_the_extremes_of_codes_scales_and_activations(qtype):
+    """Every code, scale and min at its largest (Q6_K: scales -128) against activations all quantized to 127:
+    the integer sums of the 16-row kernels stay exact (no int16 or int32 overflow)."""
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    blocks = np.full((32, 4, type_size), 0xFF, np.uint8)
+    if qtype == T.Q6_K:
+        blocks[..., 192:208] = 0x80  # int8 scales -128
+    for offset in SCALE_FIELDS[qtype]:
+        blocks[..., offset:offset + 2] = np.array([0.01], np.float16).view(np.uint8)
+    w = blocks.reshape(32, 4 * type_size)
+    for sign in (1, -1):
+        x = np.full((20, 4 * block), 3.0 * sign, np.float32)
+        assert_matches(w, qtype, x, kernels.matmul(w, qtype, x))
+        assert_matches(w, qtype, x[:1], kernels.matmul(w, qtype, x[:1]))
+
+
 def test_log_sum_exp_matches_float64():
     rng = np.random.default_rng(7)
     for n in (1, 15, 16, 4095, 4097, 49152, 262144):

@@ -54,6 +54,11 @@ typedef struct {
 typedef void (*hk_dot_fn)(int nb, const uint8_t *w, const hk_act *a, int nt, float *out, ptrdiff_t os);
 /* The same for 16 rows, stride bytes apart: out[t * os + r] = row r . a[t], r = 0..15. */
 typedef void (*hk_dot16_fn)(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int nt, float *out, ptrdiff_t os);
+/* A product of 16 rows (stride bytes apart) with any number n of tokens: out[t * os + r] = row r . a[t], each
+   block of the rows decoded once for all n tokens. Each result is the same bits as the type's dot16 kernel
+   gives, or its dot kernel where it has no dot16 (the same integer lanes, then the same float steps), so
+   the choice between them, and the batch size, is invisible. */
+typedef void (*hk_gemm16_fn)(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, float *out, ptrdiff_t os);
 /* Quantize one token of cols floats (cols a multiple of the block) into the given arrays. */
 typedef void (*hk_quant32_fn)(const float *x, int cols, int8_t *qs, float *d, float *ds);
 typedef void (*hk_quantK_fn)(const float *x, int cols, int8_t *qs, float *d, int16_t *bsums);
@@ -62,6 +67,7 @@ typedef struct {
     const char *name;
     hk_dot_fn dot[HK_NTYPES]; /* NULL: use the scalar kernel */
     hk_dot16_fn dot16[HK_NTYPES]; /* 16 rows at a time where a kernel exists (NULL: dot, row by row) */
+    hk_gemm16_fn gemm16[HK_NTYPES]; /* 16 rows against all the tokens of a tile (NULL: dot16 or dot) */
     int tile[HK_NTYPES];      /* tokens per tile, at most HK_MAX_NT (0: HK_TILE); more where it measured faster */
     hk_quant32_fn quant32;    /* NULL: use the scalar one */
     hk_quantK_fn quantK;

@@ -114,120 +114,19 @@ DOT32X2(dot512_q8_0, HK_Q8_0)
 DOT32X2(dot512_iq4_nl, HK_IQ4_NL)
 DOT32X2(dot512_mxfp4, HK_MXFP4)
 
-/* -- 16 rows at once for Q4_0, Q4_1 and Q8_0: one lane per row, so a token's activation word is broadcast to
-   every row and each of its scale products serves 16 rows. The rows' bytes are transposed in registers (no
-   repacked copy of the weights); the per-row arithmetic is the same for every tile width, so a batched
-   decode gives each sequence the logits it would get alone. */
-
-/* Four 32-bit words at p + r * stride for rows r = 0..15, transposed: word k of row r in lane r of t[k]. */
-INLINE void rows16_words(const uint8_t *p, ptrdiff_t stride, __m512i t[4]) {
-    __m512i z[4];
-    for (int j = 0; j < 4; j++) { /* z[j]: rows j, j + 4, j + 8, j + 12 in its four 128-bit lanes */
-        __m512i v = _mm512_castsi128_si512(loadu128(p + j * stride));
-        v = _mm512_inserti32x4(v, loadu128(p + (j + 4) * stride), 1);
-        v = _mm512_inserti32x4(v, loadu128(p + (j + 8) * stride), 2);
-        z[j] = _mm512_inserti32x4(v, loadu128(p + (j + 12) * stride), 3);
-    }
-    __m512i a = _mm512_unpacklo_epi32(z[0], z[1]), b = _mm512_unpackhi_epi32(z[0], z[1]);
-    __m512i c = _mm512_unpacklo_epi32(z[2], z[3]), d = _mm512_unpackhi_epi32(z[2], z[3]);
-    t[0] = _mm512_unpacklo_epi64(a, c);
-    t[1] = _mm512_unpackhi_epi64(a, c);
-    t[2] = _mm512_unpacklo_epi64(b, d);
-    t[3] = _mm512_unpackhi_epi64(b, d);
-}
-
-/* hk_e8m0_half of the low byte of each lane. */
-INLINE __m512 e8m0_half16(__m512i v) {
-    __m512i e = _mm512_and_si512(v, _mm512_set1_epi32(0xFF));
-    __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
-    __m512i subnormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
-    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epi32_mask(e, _mm512_set1_epi32(2)), normal, subnormal));
-}
-
-INLINE __m512i bcast32(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
-}
-
-/* out[t * os + r] = row r . a[t] for 16 rows stride bytes apart. Codes are unsigned bytes in q[k] (lane r:
-   elements 4k..4k+3 of row r's block); the offset (Q4_0's -8, Q4_1's min, Q8_0's -128 after its signed
-   bytes are flipped to w + 128, and the table types' -128 or -12 after their look-up plus that much) goes
-   through the activations' block sums, as in dot32x2_nt. */
-INLINE void rows16_nt(const int type, int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, const int nt,
-                      float *out, ptrdiff_t os) {
-    const int ts = size32(type);
-    const __m512i offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                               _mm512_set1_epi32((int)stride));
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i table = type == HK_IQ4_NL ? _mm512_broadcast_i32x4(_mm_xor_si128(loadu128(hk_kvalues_iq4nl), _mm_set1_epi8((char)0x80)))
-                                            : _mm512_broadcast_i32x4(_mm_add_epi8(loadu128(hk_kvalues_mxfp4), _mm_set1_epi8(12)));
-    __m512 acc[HK_MAX_NT];
-    HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
-    /* 16 interleaved streams are more than the hardware prefetcher follows: the next 16 rows (the next
-       stretch of memory when rows are contiguous) are fetched into L2 while these compute, a few lines a
-       block. Prefetching each row's lines ahead into L1 as well measured slower. */
-    const char *next = (const char *)w + 16 * stride;
-    const size_t next_lines = ((size_t)16 * stride + 63) / 64;
-    size_t line = 0;
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = w + (size_t)b * ts;
-        for (const size_t end = (size_t)(b + 1) * next_lines / nb; line < end; line++) _mm_prefetch(next + 64 * line, _MM_HINT_T1);
-        __m512i head = _mm512_i32gather_epi32(offsets, blk, 1), words[4], q[8]; /* head: each row's d (and m) */
-        __m512 dw = type == HK_MXFP4 ? e8m0_half16(head) : _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
-        const float off = type == HK_Q8_0 || type == HK_IQ4_NL ? -128.0f : type == HK_MXFP4 ? -12.0f : -8.0f;
-        __m512 cw = type == HK_Q4_1 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)))
-                                    : _mm512_mul_ps(dw, _mm512_set1_ps(off));
-        if (type == HK_Q8_0) { /* signed bytes to unsigned codes w + 128, elements 0-15 then 16-31 */
-            const __m512i flip = _mm512_set1_epi8((char)0x80);
-            rows16_words(blk + 2, stride, words);
-            for (int k = 0; k < 4; k++) q[k] = _mm512_xor_si512(words[k], flip);
-            rows16_words(blk + 18, stride, words);
-            for (int k = 0; k < 4; k++) q[k + 4] = _mm512_xor_si512(words[k], flip);
-        } else {
-            rows16_words(blk + (type == HK_Q4_1 ? 4 : type == HK_MXFP4 ? 1 : 2), stride, words);
-            for (int k = 0; k < 4; k++) {
-                q[k] = _mm512_and_si512(words[k], m4);                            /* elements 4k..4k+3 */
-                q[k + 4] = _mm512_and_si512(_mm512_srli_epi32(words[k], 4), m4); /* 16 + 4k..16 + 4k + 3 */
-            }
-            if (type == HK_IQ4_NL || type == HK_MXFP4)
-                for (int k = 0; k < 8; k++) q[k] = _mm512_shuffle_epi8(table, q[k]);
-        }
-        HK_UNROLL for (int t = 0; t < nt; t++) {
-            const int8_t *aq = a[t].qs + b * HK_QK;
-            __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
-            for (int k = 0; k < 8; k += 2) {
-                even = _mm512_dpbusd_epi32(even, q[k], bcast32(aq + 4 * k));
-                odd = _mm512_dpbusd_epi32(odd, q[k + 1], bcast32(aq + 4 * k + 4));
-            }
-            __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
-            acc[t] = _mm512_fmadd_ps(sum, _mm512_mul_ps(dw, _mm512_set1_ps(a[t].d[b])), acc[t]);
-            acc[t] = _mm512_fmadd_ps(cw, _mm512_set1_ps(a[t].ds[b]), acc[t]);
-        }
-    }
-    HK_UNROLL for (int t = 0; t < nt; t++) _mm512_storeu_ps(out + t * os, acc[t]);
-}
-
-#define ROWS16(name, type)                                                                                   \
-    static void name(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int nt, float *out, ptrdiff_t os) { \
-        switch (nt) {                                                                                        \
-        case 1: rows16_nt(type, nb, w, stride, a, 1, out, os); break;                                        \
-        case 2: rows16_nt(type, nb, w, stride, a, 2, out, os); break;                                        \
-        case 3: rows16_nt(type, nb, w, stride, a, 3, out, os); break;                                        \
-        case 4: rows16_nt(type, nb, w, stride, a, 4, out, os); break;                                        \
-        case 5: rows16_nt(type, nb, w, stride, a, 5, out, os); break;                                        \
-        case 6: rows16_nt(type, nb, w, stride, a, 6, out, os); break;                                        \
-        case 7: rows16_nt(type, nb, w, stride, a, 7, out, os); break;                                        \
-        case 8: rows16_nt(type, nb, w, stride, a, 8, out, os); break;                                        \
-        default: break;                                                                                      \
-        }                                                                                                    \
-    }
-
-ROWS16(rows16_q4_0, HK_Q4_0)
-ROWS16(rows16_q4_1, HK_Q4_1)
-ROWS16(rows16_q8_0, HK_Q8_0)
-ROWS16(rows16_iq4_nl, HK_IQ4_NL)
-ROWS16(rows16_mxfp4, HK_MXFP4)
+/* The 16-row kernels (rows in vector lanes) are in kernels_avx512_rows16.c. */
+#define HK_ROWS16_DECL(t)                                                                                    \
+    void hk_rows16_##t(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int nt, float *out, ptrdiff_t os); \
+    void hk_gemm16_##t(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, float *out, ptrdiff_t os);
+HK_ROWS16_DECL(q4_0)
+HK_ROWS16_DECL(q4_1)
+HK_ROWS16_DECL(q5_0)
+HK_ROWS16_DECL(q5_1)
+HK_ROWS16_DECL(q8_0)
+HK_ROWS16_DECL(iq4_nl)
+HK_ROWS16_DECL(mxfp4)
+void hk_gemm16_q4_k(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, float *out, ptrdiff_t os);
+void hk_gemm16_q6_k(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, float *out, ptrdiff_t os);
 
 /* -- Q4_K and Q5_K with one 64-element chunk (two sub-blocks) per 512-bit vector */
 
@@ -331,8 +230,13 @@ const hk_isa hk_isa_avx512 = {
         [HK_IQ2_XXS] = FN(dot_iq2_xxs), [HK_IQ2_XS] = FN(dot_iq2_xs), [HK_IQ2_S] = FN(dot_iq2_s),
         [HK_IQ3_XXS] = FN(dot_iq3_xxs), [HK_IQ3_S] = FN(dot_iq3_s),
     },
-    .dot16 = {[HK_Q4_0] = rows16_q4_0, [HK_Q4_1] = rows16_q4_1, [HK_Q8_0] = rows16_q8_0, [HK_IQ4_NL] = rows16_iq4_nl,
-              [HK_MXFP4] = rows16_mxfp4},
+    .dot16 = {[HK_Q4_0] = hk_rows16_q4_0, [HK_Q4_1] = hk_rows16_q4_1, [HK_Q5_0] = hk_rows16_q5_0,
+              [HK_Q5_1] = hk_rows16_q5_1, [HK_Q8_0] = hk_rows16_q8_0,
+              [HK_IQ4_NL] = hk_rows16_iq4_nl, [HK_MXFP4] = hk_rows16_mxfp4},
+    .gemm16 = {[HK_Q4_0] = hk_gemm16_q4_0, [HK_Q4_1] = hk_gemm16_q4_1, [HK_Q5_0] = hk_gemm16_q5_0,
+               [HK_Q5_1] = hk_gemm16_q5_1, [HK_Q8_0] = hk_gemm16_q8_0,
+               [HK_IQ4_NL] = hk_gemm16_iq4_nl, [HK_MXFP4] = hk_gemm16_mxfp4, [HK_Q4_K] = hk_gemm16_q4_k,
+               [HK_Q6_K] = hk_gemm16_q6_k},
     .tile = { /* 8 tokens where it measured faster than 4 (64-token products, one thread) */
         [HK_Q4_0] = 8, [HK_Q4_1] = 8, [HK_Q5_0] = 8, [HK_Q5_1] = 8, [HK_Q4_K] = 8, [HK_Q5_K] = 8, [HK_TQ1_0] = 8,
         [HK_TQ2_0] = 8,

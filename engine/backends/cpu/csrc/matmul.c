@@ -148,18 +148,35 @@ static hk_dot_fn dot_of(const hk_isa *isa, int type) { return isa->dot[type] ? i
 
 static int tile_of(const hk_isa *isa, int type) { return isa->dot[type] && isa->tile[type] ? isa->tile[type] : HK_TILE; }
 
+#define GEMM_TILE 64 /* tokens per call of a 16-row GEMM kernel: their activations stay in L2 across the rows */
+#define GEMM_MIN 4   /* fewer tokens run dot16 or dot: transposing a K-quant super-block pays across several tokens */
+
+/* Rows [r, r1) one by one, nt tokens a tile at a time. */
+static void dot_each_row(const hk_isa *isa, int type, int nb, const uint8_t *w, ptrdiff_t stride, int r, int r1,
+                         const hk_act *acts, int nt, float *o, int rows) {
+    const hk_dot_fn dot = dot_of(isa, type);
+    const int tile = tile_of(isa, type);
+    for (int t0 = 0; t0 < nt; t0 += tile)
+        for (int i = r; i < r1; i++)
+            dot(nb, w + (ptrdiff_t)i * stride, acts + t0, nt - t0 < tile ? nt - t0 : tile, o + (size_t)t0 * rows + i, rows);
+}
+
 void hk_dot_rows(const hk_isa *isa, int type, const uint8_t *w, ptrdiff_t stride, int r0, int r1, int cols,
                  const hk_act *acts, int n, float *out, int rows) {
     const hk_type *ti = hk_type_info(type);
-    const hk_dot_fn dot = dot_of(isa, type);
     const hk_dot16_fn dot16 = isa->dot16[type];
-    const int tile = tile_of(isa, type), nb = cols / ti->block;
+    /* the same bits as dot, or as dot16 where there is one (see hk.h): which runs is a matter of speed only;
+       a 16-row kernel does a single tile of tokens as fast */
+    const hk_gemm16_fn gemm16 = n >= GEMM_MIN && (!dot16 || n > tile_of(isa, type)) ? isa->gemm16[type] : NULL;
+    const int tile = gemm16 ? GEMM_TILE : tile_of(isa, type), nb = cols / ti->block;
     for (int t0 = 0; t0 < n; t0 += tile) {
         int nt = n - t0 < tile ? n - t0 : tile, r = r0;
         float *o = out + (size_t)t0 * rows;
-        if (dot16)
+        if (gemm16)
+            for (; r + 16 <= r1; r += 16) gemm16(nb, w + (ptrdiff_t)r * stride, stride, acts + t0, nt, o + r, rows);
+        else if (dot16)
             for (; r + 16 <= r1; r += 16) dot16(nb, w + (ptrdiff_t)r * stride, stride, acts + t0, nt, o + r, rows);
-        for (; r < r1; r++) dot(nb, w + (ptrdiff_t)r * stride, acts + t0, nt, o + r, rows);
+        dot_each_row(isa, type, nb, w, stride, r, r1, acts + t0, nt, o, rows);
     }
 }
 
@@ -179,7 +196,7 @@ int hk_chunk_rows(const hk_isa *isa, int type, int rows, int n, int cols) {
         size_t l1 = TILE_CHUNK_BYTES / rb;
         c = (int)(l1 < 4 ? 4 : l1 > 64 ? 64 : l1);
     }
-    return isa->dot16[type] ? (c + 15) / 16 * 16 : c;
+    return isa->dot16[type] || isa->gemm16[type] ? (c + 15) / 16 * 16 : c;
 }
 
 /* -- the product */

@@ -1,0 +1,413 @@
+/* AVX-512 (F, BW, VL, VNNI) kernels for 16 rows at once, one row per 32-bit lane: dot16 (a tile of up to 8
+   tokens) for the legacy 32-blocks and gemm16 (any number of tokens, each block of the rows decoded once)
+   for those and Q4_K / Q6_K. The rows' bytes are transposed in registers (no repacked copy of the weights).
+   Every result is the same bits as the kernel hk_dot_rows would otherwise run for that row (see hk.h), so
+   which one runs, and how many tokens a product has, is a matter of speed only. */
+#include "hk.h"
+
+#ifdef HK_X86
+#include <immintrin.h>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))), apply_to = function)
+#else
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+#endif
+
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE __m128i loadu128(const void *p) { return _mm_loadu_si128((const __m128i *)p); }
+
+/* Bytes per block of a legacy 32-element type (as kernels_x86.inc). */
+INLINE int size32(int type) {
+    return type == HK_Q4_0 || type == HK_IQ4_NL ? 18 : type == HK_Q4_1 ? 20 : type == HK_Q5_0 ? 22 : type == HK_Q5_1 ? 24
+         : type == HK_MXFP4 ? 17 : 34;
+}
+
+INLINE __m512i row_offsets(ptrdiff_t stride) {
+    return _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32((int)stride));
+}
+
+/* -- 16 rows at once for Q4_0, Q4_1 and Q8_0: one lane per row, so a token's activation word is broadcast to
+   every row and each of its scale products serves 16 rows. The rows' bytes are transposed in registers (no
+   repacked copy of the weights); the per-row arithmetic is the same for every tile width, so a batched
+   decode gives each sequence the logits it would get alone. */
+
+/* Four 32-bit words at p + r * stride for rows r = 0..15, transposed: word k of row r in lane r of t[k]. */
+INLINE void rows16_words(const uint8_t *p, ptrdiff_t stride, __m512i t[4]) {
+    __m512i z[4];
+    for (int j = 0; j < 4; j++) { /* z[j]: rows j, j + 4, j + 8, j + 12 in its four 128-bit lanes */
+        __m512i v = _mm512_castsi128_si512(loadu128(p + j * stride));
+        v = _mm512_inserti32x4(v, loadu128(p + (j + 4) * stride), 1);
+        v = _mm512_inserti32x4(v, loadu128(p + (j + 8) * stride), 2);
+        z[j] = _mm512_inserti32x4(v, loadu128(p + (j + 12) * stride), 3);
+    }
+    __m512i a = _mm512_unpacklo_epi32(z[0], z[1]), b = _mm512_unpackhi_epi32(z[0], z[1]);
+    __m512i c = _mm512_unpacklo_epi32(z[2], z[3]), d = _mm512_unpackhi_epi32(z[2], z[3]);
+    t[0] = _mm512_unpacklo_epi64(a, c);
+    t[1] = _mm512_unpackhi_epi64(a, c);
+    t[2] = _mm512_unpacklo_epi64(b, d);
+    t[3] = _mm512_unpackhi_epi64(b, d);
+}
+
+/* hk_e8m0_half of the low byte of each lane. */
+INLINE __m512 e8m0_half16(__m512i v) {
+    __m512i e = _mm512_and_si512(v, _mm512_set1_epi32(0xFF));
+    __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    __m512i subnormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epi32_mask(e, _mm512_set1_epi32(2)), normal, subnormal));
+}
+
+INLINE __m512i bcast32(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* Decode block blk of 16 rows: q[k] the codes of elements 4k..4k+3 (0-15 low, 16-31 high for the nibble types)
+   in each row's lane, dw the rows' scales and cw their offsets (see rows16_nt). */
+INLINE void block16_decode(const int type, const uint8_t *blk, ptrdiff_t stride, __m512i offsets, __m512i *q, __m512 *dw, __m512 *cw) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i table = type == HK_IQ4_NL ? _mm512_broadcast_i32x4(_mm_xor_si128(loadu128(hk_kvalues_iq4nl), _mm_set1_epi8((char)0x80)))
+                                            : _mm512_broadcast_i32x4(_mm_add_epi8(loadu128(hk_kvalues_mxfp4), _mm_set1_epi8(12)));
+    __m512i words[4], lead[4];
+    const int five = type == HK_Q5_0 || type == HK_Q5_1;
+    /* the Q5 types' scales and fifth bits transposed, not gathered (measured faster): Q5_0's are d | qh << 16
+       and qh >> 16 in lead[0] and lead[1], Q5_1's d | m << 16 and qh */
+    if (five) rows16_words(blk, stride, lead);
+    __m512i head = five ? lead[0] : _mm512_i32gather_epi32(offsets, blk, 1); /* head: each row's d (and m) */
+    *dw = type == HK_MXFP4 ? e8m0_half16(head) : _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+    const float off = type == HK_Q8_0 || type == HK_IQ4_NL ? -128.0f : type == HK_MXFP4 ? -12.0f : type == HK_Q5_0 ? -16.0f : -8.0f;
+    *cw = type == HK_Q4_1 || type == HK_Q5_1 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)))
+                                             : _mm512_mul_ps(*dw, _mm512_set1_ps(off));
+    if (type == HK_Q8_0) { /* signed bytes to unsigned codes w + 128, elements 0-15 then 16-31 */
+        const __m512i flip = _mm512_set1_epi8((char)0x80);
+        rows16_words(blk + 2, stride, words);
+        for (int k = 0; k < 4; k++) q[k] = _mm512_xor_si512(words[k], flip);
+        rows16_words(blk + 18, stride, words);
+        for (int k = 0; k < 4; k++) q[k + 4] = _mm512_xor_si512(words[k], flip);
+    } else {
+        const int qs_at = type == HK_Q4_1 ? 4 : type == HK_MXFP4 ? 1 : type == HK_Q5_0 ? 6 : type == HK_Q5_1 ? 8 : 2;
+        rows16_words(blk + qs_at, stride, words);
+        for (int k = 0; k < 4; k++) {
+            q[k] = _mm512_and_si512(words[k], m4);                            /* elements 4k..4k+3 */
+            q[k + 4] = _mm512_and_si512(_mm512_srli_epi32(words[k], 4), m4); /* 16 + 4k..16 + 4k + 3 */
+        }
+        if (five) { /* bit j of each row's 32 fifth bits (qh) is bit 4 of element j's code */
+            const __m512i qh = type == HK_Q5_0 ? _mm512_or_si512(_mm512_srli_epi32(lead[0], 16), _mm512_slli_epi32(lead[1], 16)) : lead[1];
+            const __m512i spread = _mm512_setr_epi32(0x00000000, 0x00000010, 0x00001000, 0x00001010, 0x00100000, 0x00100010,
+                                                     0x00101000, 0x00101010, 0x10000000, 0x10000010, 0x10001000, 0x10001010,
+                                                     0x10100000, 0x10100010, 0x10101000, 0x10101010); /* 4 bits to 4 bytes' bit 4 */
+            for (int k = 0; k < 8; k++) q[k] = _mm512_or_si512(q[k], _mm512_permutexvar_epi32(_mm512_srli_epi32(qh, 4 * k), spread));
+        }
+        if (type == HK_IQ4_NL || type == HK_MXFP4)
+            for (int k = 0; k < 8; k++) q[k] = _mm512_shuffle_epi8(table, q[k]);
+    }
+}
+
+/* The sum of a block's 32 activation bytes (as unsigned bytes 128 more, summed by vpsadbw). */
+INLINE int block_sum32(const int8_t *aq) {
+    __m256i s = _mm256_sad_epu8(_mm256_xor_si256(_mm256_loadu_si256((const __m256i *)aq), _mm256_set1_epi8((char)0x80)), _mm256_setzero_si256());
+    __m128i t = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    return (int)(_mm_cvtsi128_si64(t) + _mm_extract_epi64(t, 1)) - 32 * 128;
+}
+
+/* One decoded block b against a token's activations: acc + its products (the same steps in every kernel).
+   Q5_0's -16 is taken off the exact integer sum, as llama.cpp's kernels do: through the float block sums
+   (cw * ds) two large terms would cancel, and the real models' logits measured further from llama.cpp's. */
+INLINE __m512 block16_token(const int type, const __m512i *q, __m512 dw, __m512 cw, int b, const hk_act *at, __m512 acc) {
+    const int8_t *aq = at->qs + b * HK_QK;
+    __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+    for (int k = 0; k < 8; k += 2) {
+        even = _mm512_dpbusd_epi32(even, _mm512_load_si512(q + k), bcast32(aq + 4 * k));
+        odd = _mm512_dpbusd_epi32(odd, _mm512_load_si512(q + k + 1), bcast32(aq + 4 * k + 4));
+    }
+    __m512i isum = _mm512_add_epi32(even, odd);
+    if (type == HK_Q5_0) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(16 * block_sum32(aq)));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(at->d[b])), acc);
+    return type == HK_Q5_0 ? acc : _mm512_fmadd_ps(cw, _mm512_set1_ps(at->ds[b]), acc);
+}
+
+/* 16 interleaved streams are more than the hardware prefetcher follows: the next 16 rows (the next stretch of
+   memory when rows are contiguous) are fetched into L2 while these compute, a few lines a block. Prefetching
+   each row's lines ahead into L1 as well measured slower. */
+INLINE void prefetch_next_rows(const uint8_t *w, ptrdiff_t stride, int b, int nb, size_t *line) {
+    const char *next = (const char *)w + 16 * stride;
+    const size_t next_lines = ((size_t)16 * stride + 63) / 64;
+    for (const size_t end = (size_t)(b + 1) * next_lines / nb; *line < end; (*line)++) _mm_prefetch(next + 64 * *line, _MM_HINT_T1);
+}
+
+/* out[t * os + r] = row r . a[t] for 16 rows stride bytes apart. Codes are unsigned bytes in q[k] (lane r:
+   elements 4k..4k+3 of row r's block); the offset (Q4_0's -8, Q4_1's min, Q8_0's -128 after its signed
+   bytes are flipped to w + 128, and the table types' -128 or -12 after their look-up plus that much) goes
+   through the activations' block sums, as in dot32x2_nt. */
+INLINE void rows16_nt(const int type, int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, const int nt,
+                      float *out, ptrdiff_t os) {
+    const int ts = size32(type);
+    const __m512i offsets = row_offsets(stride);
+    __m512 acc[HK_MAX_NT];
+    HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    size_t line = 0;
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = w + (size_t)b * ts;
+        prefetch_next_rows(w, stride, b, nb, &line);
+        __m512i q[8] __attribute__((aligned(64)));
+        __m512 dw, cw;
+        block16_decode(type, blk, stride, offsets, q, &dw, &cw);
+        HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = block16_token(type, q, dw, cw, b, &a[t], acc[t]);
+    }
+    HK_UNROLL for (int t = 0; t < nt; t++) _mm512_storeu_ps(out + t * os, acc[t]);
+}
+
+#define ROWS16(name, type)                                                                                   \
+    void hk_##name(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int nt, float *out, ptrdiff_t os) { \
+        switch (nt) {                                                                                        \
+        case 1: rows16_nt(type, nb, w, stride, a, 1, out, os); break;                                        \
+        case 2: rows16_nt(type, nb, w, stride, a, 2, out, os); break;                                        \
+        case 3: rows16_nt(type, nb, w, stride, a, 3, out, os); break;                                        \
+        case 4: rows16_nt(type, nb, w, stride, a, 4, out, os); break;                                        \
+        case 5: rows16_nt(type, nb, w, stride, a, 5, out, os); break;                                        \
+        case 6: rows16_nt(type, nb, w, stride, a, 6, out, os); break;                                        \
+        case 7: rows16_nt(type, nb, w, stride, a, 7, out, os); break;                                        \
+        case 8: rows16_nt(type, nb, w, stride, a, 8, out, os); break;                                        \
+        default: break;                                                                                      \
+        }                                                                                                    \
+    }
+
+ROWS16(rows16_q4_0, HK_Q4_0)
+ROWS16(rows16_q4_1, HK_Q4_1)
+ROWS16(rows16_q5_0, HK_Q5_0)
+ROWS16(rows16_q5_1, HK_Q5_1)
+ROWS16(rows16_q8_0, HK_Q8_0)
+ROWS16(rows16_iq4_nl, HK_IQ4_NL)
+ROWS16(rows16_mxfp4, HK_MXFP4)
+
+/* The token loop of a GEMM kernel: groups of 8 from t0, the last group's size dispatched to an unrolled body. */
+#define TOKEN_GROUPS(n, body, ...)                                                                           \
+    for (int t0 = 0; t0 < (n); t0 += 8) {                                                                    \
+        switch ((n) - t0 < 8 ? (n) - t0 : 8) {                                                               \
+        case 1: body(__VA_ARGS__, t0, 1); break;                                                             \
+        case 2: body(__VA_ARGS__, t0, 2); break;                                                             \
+        case 3: body(__VA_ARGS__, t0, 3); break;                                                             \
+        case 4: body(__VA_ARGS__, t0, 4); break;                                                             \
+        case 5: body(__VA_ARGS__, t0, 5); break;                                                             \
+        case 6: body(__VA_ARGS__, t0, 6); break;                                                             \
+        case 7: body(__VA_ARGS__, t0, 7); break;                                                             \
+        default: body(__VA_ARGS__, t0, 8); break;                                                            \
+        }                                                                                                    \
+    }
+
+#define GROUP_BLOCKS 8 /* legacy blocks decoded at a time by gemm16_32: 8 x 32 elements of 16 rows */
+
+/* Tokens t0 .. t0 + nt - 1 against up to GROUP_BLOCKS decoded blocks from b0; acc (16 floats at out + t * os)
+   starts at zero on the first block and is read back after, so each result is rows16_nt's. */
+INLINE void blocks16_tokens(const int type, const __m512i *q, const __m512 *dw, const __m512 *cw, int b0, int nbb, const hk_act *a,
+                            float *out, ptrdiff_t os, int t0, const int nt) {
+    a += t0;
+    out += (ptrdiff_t)t0 * os;
+    __m512 acc[HK_MAX_NT];
+    HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = b0 ? _mm512_loadu_ps(out + t * os) : _mm512_setzero_ps();
+    for (int j = 0; j < nbb; j++)
+        HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = block16_token(type, q + 8 * j, dw[j], cw[j], b0 + j, &a[t], acc[t]);
+    HK_UNROLL for (int t = 0; t < nt; t++) _mm512_storeu_ps(out + t * os, acc[t]);
+}
+
+INLINE void gemm16_32(const int type, int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, float *out, ptrdiff_t os) {
+    const int ts = size32(type);
+    const __m512i offsets = row_offsets(stride);
+    __m512i q[8 * GROUP_BLOCKS] __attribute__((aligned(64)));
+    __m512 dw[GROUP_BLOCKS], cw[GROUP_BLOCKS];
+    size_t line = 0;
+    for (int b0 = 0; b0 < nb; b0 += GROUP_BLOCKS) {
+        const int nbb = nb - b0 < GROUP_BLOCKS ? nb - b0 : GROUP_BLOCKS;
+        for (int j = 0; j < nbb; j++) {
+            prefetch_next_rows(w, stride, b0 + j, nb, &line);
+            block16_decode(type, w + (size_t)(b0 + j) * ts, stride, offsets, q + 8 * j, &dw[j], &cw[j]);
+        }
+        TOKEN_GROUPS(n, blocks16_tokens, type, q, dw, cw, b0, nbb, a, out, os)
+    }
+}
+
+#define GEMM16_32(name, type)                                                                                \
+    void hk_##name(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, float *out, ptrdiff_t os) { \
+        gemm16_32(type, nb, w, stride, a, n, out, os);                                                       \
+    }
+
+GEMM16_32(gemm16_q4_0, HK_Q4_0)
+GEMM16_32(gemm16_q4_1, HK_Q4_1)
+GEMM16_32(gemm16_q5_0, HK_Q5_0)
+GEMM16_32(gemm16_q5_1, HK_Q5_1)
+GEMM16_32(gemm16_q8_0, HK_Q8_0)
+GEMM16_32(gemm16_iq4_nl, HK_IQ4_NL)
+GEMM16_32(gemm16_mxfp4, HK_MXFP4)
+
+/* -- Q4_K and Q6_K: 16 rows of a super-block transposed and decoded once for K_TOKENS tokens. The one-row
+   kernels (dot512_q4_k, dot_q6_k) keep 8 integer lanes per super-block and 8 float lanes per row, summed at
+   the end as hsum_ps sums them; these kernels keep the same 8 lanes for each of their rows, so a product is
+   the same bits whichever kernel computes it. Lane l sums elements 4l..4l+3 of each 32 of a super-block
+   (maddubs pairs, then int16 pairs times the sub-block scale); codes stay below 64 and activations within
+   +-127, so no pair saturates. */
+
+#define K_TOKENS 32 /* tokens per pass: their 8 float lanes per row stay in L1 (16 KiB) */
+
+/* Each int32 lane's low 16 bits in both halves: an int16 pair for madd / dpwssd. */
+INLINE __m512i pair16(__m512i v) { return _mm512_or_si512(_mm512_and_si512(v, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(v, 16)); }
+
+/* Byte i of each lane, zero-extended. */
+INLINE __m512i sc_byte(__m512i v, int i) { return _mm512_and_si512(_mm512_srli_epi32(v, 8 * i), _mm512_set1_epi32(0xFF)); }
+
+/* A token's two block sums i, i + 1 of super-block b as one int16 pair in every lane. */
+INLINE __m512i bsum_pair(const hk_act *at, int b, int i) {
+    int32_t v;
+    memcpy(&v, at->bsums + 16 * b + i, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* The end of the one-row kernels (k_store's hsum_ps) for 16 rows: lanes added as (0+4 + 2+6) + (1+5 + 3+7). */
+INLINE __m512 lanes_sum(const __m512 *f) {
+    return _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(f[0], f[4]), _mm512_add_ps(f[2], f[6])),
+                         _mm512_add_ps(_mm512_add_ps(f[1], f[5]), _mm512_add_ps(f[3], f[7])));
+}
+
+/* Sub-block scale j and min j (0..7) of 16 Q4_K rows as int16 pairs, from their 12 scale bytes (see
+   hk_unpack_k4_scales). */
+INLINE void k4_scales16(const uint8_t *s, __m512i offsets, __m512i scp[8], __m512i mnp[8]) {
+    __m512i a0 = _mm512_i32gather_epi32(offsets, s, 1), a1 = _mm512_i32gather_epi32(offsets, s + 4, 1);
+    __m512i a2 = _mm512_i32gather_epi32(offsets, s + 8, 1);
+    const __m512i m6 = _mm512_set1_epi32(0x3F3F3F3F), m4 = _mm512_set1_epi32(0x0F0F0F0F), top = _mm512_set1_epi32(0x30303030);
+    __m512i w[4] = {_mm512_and_si512(a0, m6), _mm512_or_si512(_mm512_and_si512(a2, m4), _mm512_and_si512(_mm512_srli_epi32(a0, 2), top)),
+                    _mm512_and_si512(a1, m6), _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(a2, 4), m4), _mm512_and_si512(_mm512_srli_epi32(a1, 2), top))};
+    for (int j = 0; j < 8; j++) {
+        scp[j] = pair16(sc_byte(w[j / 4], j % 4));
+        mnp[j] = pair16(sc_byte(w[2 + j / 4], j % 4));
+    }
+}
+
+/* Tokens t0 .. t0 + nt - 1 (nt <= 8) against a decoded Q4_K super-block b of 16 rows: q[8j + l] holds the
+   codes of sub-block j, elements 4l..4l+3. Lane l: its codes times the sub-block scales, less min l times
+   block sums 2l and 2l + 1 (dot512_q4_k's lane l after its two halves are added); f[8t + l] its floats. */
+INLINE void q4_k_tokens(const __m512i *q, const __m512i *scp, const __m512i *mnp, __m512 dw, __m512 dm, int b,
+                        const hk_act *a, __m512 *f, int t0, const int nt) {
+    a += t0;
+    f += 8 * t0;
+    for (int l = 0; l < 8; l++) {
+        __m512i isum[HK_MAX_NT];
+        HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_setzero_si512();
+        HK_UNROLL for (int j = 0; j < 8; j++) {
+            const __m512i qj = _mm512_load_si512(q + 8 * j + l), s = _mm512_load_si512(scp + j);
+            HK_UNROLL for (int t = 0; t < nt; t++)
+                isum[t] = _mm512_dpwssd_epi32(isum[t], _mm512_maddubs_epi16(qj, bcast32(a[t].qs + 256 * b + 32 * j + 4 * l)), s);
+        }
+        HK_UNROLL for (int t = 0; t < nt; t++) {
+            const __m512 da = _mm512_set1_ps(a[t].d[b]);
+            const __m512i msum = _mm512_madd_epi16(_mm512_load_si512(mnp + l), bsum_pair(&a[t], b, 2 * l));
+            __m512 acc = b ? f[8 * t + l] : _mm512_setzero_ps();
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(dw, da), acc);
+            f[8 * t + l] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dm, da), acc);
+        }
+    }
+}
+
+/* nt <= K_TOKENS tokens through all nb super-blocks of 16 Q4_K rows; f: (nt, 8) lane vectors. */
+INLINE void q4_k_pass(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, __m512 *f) {
+    const __m512i offsets = row_offsets(stride), m4 = _mm512_set1_epi8(0x0F);
+    __m512i q[64] __attribute__((aligned(64))), scp[8] __attribute__((aligned(64))), mnp[8] __attribute__((aligned(64)));
+    size_t line = 0;
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = w + (size_t)b * 144;
+        prefetch_next_rows(w, stride, b, nb, &line);
+        __m512i head = _mm512_i32gather_epi32(offsets, blk, 1);
+        __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head)), dm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)));
+        k4_scales16(blk + 4, offsets, scp, mnp);
+        for (int c = 0; c < 4; c++) {
+            __m512i words[8];
+            rows16_words(blk + 16 + 32 * c, stride, words);
+            rows16_words(blk + 32 + 32 * c, stride, words + 4);
+            for (int k = 0; k < 8; k++) { /* low nibbles: sub-block 2c; high nibbles: 2c + 1 */
+                q[16 * c + k] = _mm512_and_si512(words[k], m4);
+                q[16 * c + 8 + k] = _mm512_and_si512(_mm512_srli_epi32(words[k], 4), m4);
+            }
+        }
+        TOKEN_GROUPS(n, q4_k_tokens, q, scp, mnp, dw, dm, b, a, f)
+    }
+}
+
+/* Tokens t0 .. t0 + nt - 1 against a decoded Q6_K super-block b of 16 rows: q[4s + k] holds the codes
+   (0..63) of the 16-element sub-block s, elements 4k..4k+3, scp[s] its scale as an int16 pair, sc_pairs[p]
+   scales 2p and 2p + 1. Lane l (dot_q6_k's): -32 times scales 2l, 2l + 1 times their block sums, then
+   elements 4(l % 4).. of the sub-blocks s = l / 4 (mod 2) times their scales; f[8t + l] its floats. */
+INLINE void q6_k_tokens(const __m512i *q, const __m512i *scp, const __m512i *sc_pairs, __m512 dw, int b,
+                        const hk_act *a, __m512 *f, int t0, const int nt) {
+    a += t0;
+    f += 8 * t0;
+    for (int l = 0; l < 8; l++) {
+        __m512i isum[HK_MAX_NT];
+        HK_UNROLL for (int t = 0; t < nt; t++) /* the -32 offset */
+            isum[t] = _mm512_slli_epi32(_mm512_sub_epi32(_mm512_setzero_si512(),
+                                                         _mm512_madd_epi16(bsum_pair(&a[t], b, 2 * l), _mm512_load_si512(sc_pairs + l))), 5);
+        HK_UNROLL for (int m = 0; m < 8; m++) {
+            const int s = 2 * m + l / 4, k = l % 4;
+            const __m512i qs = _mm512_load_si512(q + 4 * s + k), sc = _mm512_load_si512(scp + s);
+            HK_UNROLL for (int t = 0; t < nt; t++)
+                isum[t] = _mm512_dpwssd_epi32(isum[t], _mm512_maddubs_epi16(qs, bcast32(a[t].qs + 256 * b + 16 * s + 4 * k)), sc);
+        }
+        HK_UNROLL for (int t = 0; t < nt; t++) {
+            __m512 acc = b ? f[8 * t + l] : _mm512_setzero_ps();
+            f[8 * t + l] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(dw, _mm512_set1_ps(a[t].d[b])), acc);
+        }
+    }
+}
+
+/* nt <= K_TOKENS tokens through all nb super-blocks of 16 Q6_K rows; f: (nt, 8) lane vectors. */
+INLINE void q6_k_pass(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, __m512 *f) {
+    const __m512i offsets = row_offsets(stride), m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    __m512i q[64] __attribute__((aligned(64))), scp[16] __attribute__((aligned(64))), sc_pairs[8] __attribute__((aligned(64)));
+    size_t line = 0;
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = w + (size_t)b * 210;
+        prefetch_next_rows(w, stride, b, nb, &line);
+        /* d is bytes 208-209: gathered from 206 so no lane reads past the block */
+        __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_i32gather_epi32(offsets, blk + 206, 1), 16)));
+        __m512i scw[4], sc[16];
+        rows16_words(blk + 192, stride, scw); /* lane r of scw[k]: row r's scales 4k..4k+3 */
+        for (int s = 0; s < 16; s++) {
+            sc[s] = _mm512_srai_epi32(_mm512_slli_epi32(scw[s / 4], 24 - 8 * (s % 4)), 24);
+            scp[s] = pair16(sc[s]);
+        }
+        for (int p = 0; p < 8; p++)
+            sc_pairs[p] = _mm512_or_si512(_mm512_and_si512(sc[2 * p], _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(sc[2 * p + 1], 16));
+        HK_UNROLL for (int h = 0; h < 2; h++)
+            HK_UNROLL for (int e = 0; e < 2; e++) { /* 16 elements of each quarter i: sub-block 8h + 2i + e */
+                __m512i ql0[4], ql1[4], qh[4];
+                rows16_words(blk + 64 * h + 16 * e, stride, ql0);
+                rows16_words(blk + 64 * h + 32 + 16 * e, stride, ql1);
+                rows16_words(blk + 128 + 32 * h + 16 * e, stride, qh);
+                __m512i *qs = q + 4 * (8 * h + e);
+                HK_UNROLL for (int k = 0; k < 4; k++) {
+                    qs[k] = _mm512_or_si512(_mm512_and_si512(ql0[k], m4), _mm512_and_si512(_mm512_slli_epi32(qh[k], 4), m30));
+                    qs[8 + k] = _mm512_or_si512(_mm512_and_si512(ql1[k], m4), _mm512_and_si512(_mm512_slli_epi32(qh[k], 2), m30));
+                    qs[16 + k] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(ql0[k], 4), m4), _mm512_and_si512(qh[k], m30));
+                    qs[24 + k] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(ql1[k], 4), m4), _mm512_and_si512(_mm512_srli_epi32(qh[k], 2), m30));
+                }
+            }
+        TOKEN_GROUPS(n, q6_k_tokens, q, scp, sc_pairs, dw, b, a, f)
+    }
+}
+
+#define GEMM16_K(name, pass)                                                                                 \
+    void hk_##name(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, float *out, ptrdiff_t os) { \
+        __m512 f[8 * K_TOKENS] __attribute__((aligned(64))); /* (K_TOKENS, 8 lanes) of 16 rows */          \
+        for (int t0 = 0; t0 < n; t0 += K_TOKENS) {                                                           \
+            const int nk = n - t0 < K_TOKENS ? n - t0 : K_TOKENS;                                            \
+            pass(nb, w, stride, a + t0, nk, f);                                                              \
+            for (int t = 0; t < nk; t++) _mm512_storeu_ps(out + (ptrdiff_t)(t0 + t) * os, lanes_sum(f + 8 * t)); \
+        }                                                                                                    \
+    }
+
+GEMM16_K(gemm16_q4_k, q4_k_pass)
+GEMM16_K(gemm16_q6_k, q6_k_pass)
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
+#endif

@@ -133,14 +133,14 @@ def cmd_inspect(args) -> int:
 def _mlx_compute(gguf) -> dict | None:
     """The MLX backend's compute dtype and its reason, on a Mac GPU and on MLX's CPU device (None when the
     file's configuration cannot be read)."""
-    from .backends.mlx_compute import choose_compute_dtype
+    from .backends.mlx_compute import choose_for_file
     from .config import ModelConfig
 
     try:
         config = ModelConfig.from_gguf(gguf)
     except ModelFormatError:
         return None
-    return {device: dataclasses.asdict(choose_compute_dtype(config, on_gpu=device == "gpu"))
+    return {device: dataclasses.asdict(choose_for_file(gguf, config, on_gpu=device == "gpu"))
             for device in ("gpu", "cpu")}
 
 

@@ -3,7 +3,7 @@
 Weights stay quantized: GGUF blocks are repacked into MLX affine quantization at load (mlx/repack.py) and
 multiplied with ``mx.quantized_matmul``. Norms, RoPE and attention use ``mx.fast`` kernels. The residual
 stream is float32; matrix products, attention and the KV cache run in ``self.dtype``, chosen per model and device
-by mlx_compute.choose_compute_dtype (float32 on MLX's CPU device; on the GPU float16 unless the model needs more).
+by mlx_compute.choose_for_file (float32 on MLX's CPU device; on the GPU float16 unless the model needs more).
 
 Architecture differences are small optional steps the one decoder takes when ModelConfig asks: pre-norms or
 none, per-head or whole-projection q/k norms, RoPE per layer from ``rope.rope_tables`` (``mx.fast.rope`` with
@@ -36,7 +36,7 @@ from .mlx.deltanet import MlxHybridCache, load_mlx_deltanet, mlx_deltanet
 from .mlx.kv_cache import MAX_CHUNK, MlxKVCache
 from .mlx.moe import moe_ffn, swiglu_oai_gated
 from .mlx.weights import RESIDUAL_DTYPE, Matrix, TensorReader, load_matrix, load_vector, mlx_weight_bytes
-from .mlx_compute import ComputeDtype, choose_compute_dtype
+from .mlx_compute import ComputeDtype, choose_for_file
 
 GELU_COEF = 0.7978845608028654  # sqrt(2 / pi)
 
@@ -131,7 +131,7 @@ class MlxBackend(Backend):
 
         Args:
             matmul_dtype: the dtype of matrix-product inputs, attention and the KV cache; by default the one
-                ``mlx_compute.choose_compute_dtype`` picks for this model on MLX's default device.
+                ``mlx_compute.choose_for_file`` picks for this model on MLX's default device.
             n_ctx: the context size the model is loaded for; only LongRoPE models depend on it (see
                 ``rope.rope_tables``). None: within the model's original context.
 
@@ -141,7 +141,7 @@ class MlxBackend(Backend):
         """
         self.config = config
         if matmul_dtype is None:
-            self.compute = choose_compute_dtype(config, platform_mlx.default_device_is_gpu())
+            self.compute = choose_for_file(gguf, config, platform_mlx.default_device_is_gpu())
         else:
             self.compute = ComputeDtype(str(matmul_dtype).removeprefix("mlx.core."), "set by the caller")
         self.compute_note = f"MLX compute {self.compute.describe()}"

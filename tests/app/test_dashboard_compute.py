@@ -6,7 +6,7 @@ import pytest
 
 import engine.model
 from engine.backends import platform_mlx
-from engine.backends.mlx_compute import choose_compute_dtype
+from engine.backends.mlx_compute import choose_for_file
 from engine.config import ModelConfig
 from engine.gguf_file import read_gguf
 
@@ -24,7 +24,7 @@ def test_an_mlx_model_on_a_mac_gpu_shows_its_compute_dtype_and_why(small_model, 
     qtbot.waitUntil(lambda: bool(session.controller.model_info), timeout=120000)
     label = session.window.dashboard.compute_label
     with read_gguf(small_model) as gguf:
-        expected = choose_compute_dtype(ModelConfig.from_gguf(gguf), on_gpu=True)
+        expected = choose_for_file(gguf, ModelConfig.from_gguf(gguf), on_gpu=True)
     assert session.controller.model_info["backend"] == "mlx"
     assert label.text() == f"MLX compute {expected.describe()}" and expected.name == "float16"
     session.window.show_page("dashboard")

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from engine.backends import platform_mlx
-from engine.backends.mlx_compute import ComputeDtype, choose_compute_dtype
+from engine.backends.mlx_compute import FLOAT16_MAX, ComputeDtype, choose_compute_dtype, choose_for_file, post_norm_bound
 from engine.cli import main
 from engine.config import ModelConfig
 from engine.gguf_file import read_gguf
@@ -18,17 +19,47 @@ from tests.model_store import model_path
 GPU_DTYPES = {"smollm2": "float16", "gemma3": "float16", "qwen25coder": "float16"}
 
 
-def config_of(name: str) -> ModelConfig:
+# Gemma 3 270M's largest post-norm weight magnitude is 1,657.0 (layer 16's post_ffw_norm): sqrt(640) * that.
+GEMMA3_BOUND = 41_919
+
+
+def choices(name: str) -> tuple:
+    """The policy's choice for model ``name`` on a GPU and on the CPU device, and its post-norm bound."""
     with read_gguf(model_path(name)) as gguf:
-        return ModelConfig.from_gguf(gguf)
+        config = ModelConfig.from_gguf(gguf)
+        return choose_for_file(gguf, config, True), choose_for_file(gguf, config, False), post_norm_bound(gguf, config)
 
 
 @pytest.mark.parametrize("name", sorted(GPU_DTYPES))
 def test_the_policy_picks_each_models_dtype_on_a_gpu_and_float32_on_the_cpu_device(name):
-    config = config_of(name)
-    gpu = choose_compute_dtype(config, on_gpu=True)
-    assert gpu.name == GPU_DTYPES[name] and gpu.reason
-    assert choose_compute_dtype(config, on_gpu=False).name == "float32"
+    gpu, cpu, bound = choices(name)
+    assert gpu.name == GPU_DTYPES[name] and cpu.name == "float32"
+    if name == "gemma3":  # post-norms: float16 because their outputs are bounded below its range
+        assert round(bound) == GEMMA3_BOUND and f"within {GEMMA3_BOUND:,}" in gpu.reason
+    else:
+        assert bound is None and gpu.reason == "the GPU's fast path; the residual stream stays float32"
+
+
+def test_the_post_norm_bound_is_read_from_the_file_as_gguf_py_reads_it():
+    import gguf as gguf_py
+
+    reader = gguf_py.GGUFReader(model_path("gemma3"))
+    weights = [t.data for t in reader.tensors if t.name.endswith(("post_attention_norm.weight", "post_ffw_norm.weight"))]
+    assert len(weights) == 2 * 18
+    expected = np.sqrt(640) * max(float(np.abs(w).max()) for w in weights)
+    assert choices("gemma3")[2] == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("bound, dtype", [(None, "float16"), (FLOAT16_MAX * 0.99, "float16"),
+                                          (FLOAT16_MAX * 1.01, "float32"), (1e9, "float32")])
+def test_a_post_norm_bound_beyond_float16s_range_makes_the_gpu_compute_in_float32(bound, dtype):
+    with read_gguf(model_path("gemma3")) as gguf:
+        config = ModelConfig.from_gguf(gguf)
+    gpu = choose_compute_dtype(config, on_gpu=True, post_norm_bound=bound)
+    assert gpu.name == dtype
+    if dtype == "float32":
+        assert gpu.reason == f"post-normed block outputs can reach {bound:,.0f}, beyond float16's 65,504"
+    assert choose_compute_dtype(config, on_gpu=False, post_norm_bound=bound).name == "float32"
 
 
 def test_an_unknown_dtype_is_refused():
@@ -47,8 +78,8 @@ def test_the_backend_computes_in_the_dtype_the_policy_picks_for_its_device(on_gp
     with read_gguf(model_path("smollm2")) as gguf:
         config = ModelConfig.from_gguf(gguf)
         backend = MlxBackend(gguf, config)
+        expected = choose_for_file(gguf, config, on_gpu)
     try:
-        expected = choose_compute_dtype(config, on_gpu)
         assert backend.compute == expected and backend.dtype == getattr(mx, expected.name)
         assert backend.compute_note == f"MLX compute {expected.describe()}"
         cache = backend.new_cache(8)
@@ -69,7 +100,7 @@ def test_the_default_device_check_reads_mlx():
 def test_inspect_states_the_mlx_compute_dtype_and_why(name, capsys):
     assert main(["inspect", str(model_path(name)), "--backend", "numpy"]) == 0
     (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("MLX compute dtype: ")]
-    gpu, cpu = choose_compute_dtype(config_of(name), True), choose_compute_dtype(config_of(name), False)
+    gpu, cpu, _ = choices(name)
     assert line == (f"MLX compute dtype: {GPU_DTYPES[name]} on a Mac GPU ({gpu.reason}); "
                     f"float32 on MLX's CPU device ({cpu.reason})")
     assert main(["inspect", str(model_path(name)), "--backend", "numpy", "--json"]) == 0

@@ -66,12 +66,12 @@ def load_as_a_mac_gpu(name: str) -> engine.model.Model:
     import mlx.core as mx
 
     from engine.backends import platform_mlx
-    from engine.backends.mlx_compute import choose_compute_dtype
+    from engine.backends.mlx_compute import choose_for_file
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(platform_mlx, "default_device_is_gpu", lambda: True)
         model = load(name, "mlx")
-    assert model.backend.compute == choose_compute_dtype(model.config, on_gpu=True)
+    assert model.backend.compute == choose_for_file(model.gguf, model.config, on_gpu=True)
     assert model.backend.dtype == getattr(mx, model.backend.compute.name)
     return model
 

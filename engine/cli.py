@@ -132,16 +132,16 @@ def cmd_inspect(args) -> int:
 
 def _mlx_compute(gguf) -> dict | None:
     """The MLX backend's compute dtype and its reason, on a Mac GPU and on MLX's CPU device (None when the
-    file's configuration cannot be read)."""
+    file's configuration or post-norm weights cannot be read)."""
     from .backends.mlx_compute import choose_for_file
     from .config import ModelConfig
 
     try:
         config = ModelConfig.from_gguf(gguf)
-    except ModelFormatError:
+        return {device: dataclasses.asdict(choose_for_file(gguf, config, on_gpu=device == "gpu"))
+                for device in ("gpu", "cpu")}
+    except ModelFormatError:  # a missing post-norm tensor, too; the verdict above names what is wrong
         return None
-    return {device: dataclasses.asdict(choose_for_file(gguf, config, on_gpu=device == "gpu"))
-            for device in ("gpu", "cpu")}
 
 
 def _estimate_dict(e, n_ctx: int) -> dict:

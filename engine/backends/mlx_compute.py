@@ -7,9 +7,10 @@ conversions), but float16 holds at most 65504. A block output joins the float32 
 from a product (no post-norm: SmolLM2, Qwen2.5 and most models, whose products stay far below that) or, in models
 with post-norms (Gemma 2 and 3), after an RMS norm whose output is bounded by ``sqrt(n_embd) * max |weight|``
 (an RMS-normed vector has no element above ``sqrt(n_embd)``). That bound is read from the file at load (a few
-small float vectors) and, where it passes 65504, the model computes in float32 instead. Measured on the real test
-models (tests/engine/test_parity.py, mlx-f16): Gemma 3 270M's residual stream reaches 1.04e5, beyond float16, but
-it is float32 here; its post-normed block outputs reach 19,866 against a bound of 41,919, so float16 holds it.
+small float vectors) and, where it passes 65504, the model computes in float32 instead. Measured in float32 on
+the real test models: Gemma 3 270M's residual stream reaches 1.04e5, beyond float16, but it is float32 here; its
+post-normed block outputs reach 19,866 against a bound of 41,919; SmolLM2's largest product output is 24,882.
+tests/engine/test_parity.py's mlx-f16 variant holds each model's choice to llama.cpp's outputs.
 """
 
 from __future__ import annotations

@@ -396,6 +396,7 @@ class EngineWorker(QObject):
         if not isinstance(model, RemoteModel):  # a remote model's KV state is on its server: nothing to snapshot
             self._states.attach(model)
         emit(self.loaded, {"path": path, "name": model.name, "n_ctx": model.n_ctx,
+                          "compute": getattr(model.backend, "compute_note", None),
                           "arch": getattr(model.config, "arch", ""), "notices": list(model.notices),
                           "backend": getattr(model.backend, "name", ""), "sha256": model.sha256,
                           "reasoning": model.reasoning.to_dict(), **memory, **remote_info(model),

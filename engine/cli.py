@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -33,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
 
     p = sub.add_parser("inspect", help="whether Hearth runs the file and why not; metadata, tensor types, "
-                                       "parameter count, estimated memory per backend")
+                                       "parameter count, estimated memory per backend, the MLX compute dtype and why")
     p.add_argument("model", type=Path)
     p.add_argument("--n-ctx", type=int, default=4096, help="context length for the memory estimate")
     p.add_argument("--backend", choices=BACKENDS, default="auto",
@@ -122,10 +123,25 @@ def cmd_inspect(args) -> int:
             "available_bytes": available, "fit": fit_verdict(judged.total_bytes, available, judged.mapped_bytes)
             if judged else None,
             "memory_estimates": {name: _estimate_dict(e, args.n_ctx) for name, e in verdict.memory.items()},
+            "mlx_compute": _mlx_compute(gguf),
             "metadata": {k: _metadata_summary(v) for k, v in gguf.metadata.items()},
         }
     _emit(args, data, "\n".join(_inspect_lines(data, args.n_ctx)))
     return 0
+
+
+def _mlx_compute(gguf) -> dict | None:
+    """The MLX backend's compute dtype and its reason, on a Mac GPU and on MLX's CPU device (None when the
+    file's configuration or post-norm weights cannot be read)."""
+    from .backends.mlx_compute import choose_for_file
+    from .config import ModelConfig
+
+    try:
+        config = ModelConfig.from_gguf(gguf)
+        return {device: dataclasses.asdict(choose_for_file(gguf, config, on_gpu=device == "gpu"))
+                for device in ("gpu", "cpu")}
+    except ModelFormatError:  # a missing post-norm tensor, too; the verdict above names what is wrong
+        return None
 
 
 def _estimate_dict(e, n_ctx: int) -> dict:
@@ -161,6 +177,10 @@ def _inspect_lines(data: dict, n_ctx: int) -> list[str]:
                      + (f"; all experts resident{' (memory-mapped)' if e['mapped_bytes'] else ''}, weights read "
                         f"per token {e['active_weights_bytes'] / mib:,.1f} MiB (the chosen experts only)"
                         if e["active_weights_bytes"] < e["weights_bytes"] else ""))
+    if data["mlx_compute"]:
+        gpu, cpu = data["mlx_compute"]["gpu"], data["mlx_compute"]["cpu"]
+        lines.append(f"MLX compute dtype: {gpu['name']} on a Mac GPU ({gpu['reason']}); "
+                     f"{cpu['name']} on MLX's CPU device ({cpu['reason']})")
     return lines + [""] + [f"{k} = {v}" for k, v in data["metadata"].items()]
 
 

@@ -150,6 +150,10 @@ class DashboardPage(QScrollArea):
         title.setObjectName("pageTitle")
         self.subtitle = QLabel("No model loaded")
         self.subtitle.setObjectName("cardLegend")
+        self.compute_label = QLabel("")  # how the backend computes this model (MLX's dtype and why), when it says
+        self.compute_label.setObjectName("cardLegend")
+        self.compute_label.setWordWrap(True)
+        self.compute_label.hide()
         self.window_box = QComboBox()
         for seconds in WINDOWS_S:
             self.window_box.addItem(f"Last {seconds // 60} min" if seconds >= 60 else f"Last {seconds} s", seconds)
@@ -159,6 +163,7 @@ class DashboardPage(QScrollArea):
         header.addWidget(title)
         header.addSpacing(12)
         header.addWidget(self.subtitle, 1, Qt.AlignmentFlag.AlignBottom)
+        header.addWidget(self.compute_label, 1, Qt.AlignmentFlag.AlignBottom)
         self.mode_box = QComboBox()
         self.mode_box.setToolTip(THERMAL_MODE_TIP)
         for mode, label in THERMAL_MODE_LABELS.items():
@@ -249,7 +254,7 @@ class DashboardPage(QScrollArea):
 
     # -- state from outside --------------------------------------------------------------------------
     def set_model(self, info: dict) -> None:
-        """The loaded model's info (name, backend, n_ctx), or {} when none is loaded."""
+        """The loaded model's info (name, backend, n_ctx, compute), or {} when none is loaded."""
         self.model_info = dict(info)
         remote = info.get("remote")
         if bool(remote) != self.remote:
@@ -265,6 +270,8 @@ class DashboardPage(QScrollArea):
                                   f"context {info.get('n_ctx', 0):,} tokens")
         else:
             self.subtitle.setText("No model loaded")
+        self.compute_label.setText(info.get("compute") or "")
+        self.compute_label.setVisible(bool(info.get("compute")))
 
     def set_window(self, seconds: int) -> None:
         for _, chart in self.charts.values():

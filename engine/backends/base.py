@@ -88,6 +88,7 @@ class Backend(abc.ABC):
     pipelined_greedy: ClassVar[bool] = False  # decode_greedy_pipelined: argmax on the device, steps queued ahead
     verifies_drafts: ClassVar[bool] = True  # forward(all_logits=True) + KVCache.truncate: speculative verify
     config: ModelConfig
+    compute_note: str | None = None  # how this model computes where the backend chooses per model (MLX's dtype)
 
     @abc.abstractmethod
     def new_cache(self, n_ctx: int) -> KVCache:

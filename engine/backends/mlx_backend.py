@@ -2,8 +2,8 @@
 
 Weights stay quantized: GGUF blocks are repacked into MLX affine quantization at load (mlx/repack.py) and
 multiplied with ``mx.quantized_matmul``. Norms, RoPE and attention use ``mx.fast`` kernels. The residual
-stream is float32; matrix products, attention and the KV cache run in ``matmul_dtype`` (float16 on the GPU,
-float32 on the CPU: see weights.default_matmul_dtype).
+stream is float32; matrix products, attention and the KV cache run in ``self.dtype``, chosen per model and device
+by mlx_compute.choose_for_file (float32 on MLX's CPU device; on the GPU float16 unless the model needs more).
 
 Architecture differences are small optional steps the one decoder takes when ModelConfig asks: pre-norms or
 none, per-head or whole-projection q/k norms, RoPE per layer from ``rope.rope_tables`` (``mx.fast.rope`` with
@@ -35,8 +35,8 @@ from .base import Backend, KVCache, MemoryStats
 from .mlx.deltanet import MlxHybridCache, load_mlx_deltanet, mlx_deltanet
 from .mlx.kv_cache import MAX_CHUNK, MlxKVCache
 from .mlx.moe import moe_ffn, swiglu_oai_gated
-from .mlx.weights import (RESIDUAL_DTYPE, Matrix, TensorReader, default_matmul_dtype, load_matrix, load_vector,
-                          mlx_weight_bytes)
+from .mlx.weights import RESIDUAL_DTYPE, Matrix, TensorReader, load_matrix, load_vector, mlx_weight_bytes
+from .mlx_compute import ComputeDtype, choose_for_file
 
 GELU_COEF = 0.7978845608028654  # sqrt(2 / pi)
 
@@ -130,8 +130,8 @@ class MlxBackend(Backend):
         """Load and repack the weights.
 
         Args:
-            matmul_dtype: the dtype of matrix-product inputs, attention and the KV cache; by default float16
-                on the GPU and float32 on the CPU.
+            matmul_dtype: the dtype of matrix-product inputs, attention and the KV cache; by default the one
+                ``mlx_compute.choose_for_file`` picks for this model on MLX's default device.
             n_ctx: the context size the model is loaded for; only LongRoPE models depend on it (see
                 ``rope.rope_tables``). None: within the model's original context.
 
@@ -140,7 +140,12 @@ class MlxBackend(Backend):
             ModelFormatError: a tensor has a type or shape this backend cannot use.
         """
         self.config = config
-        self.dtype = matmul_dtype or default_matmul_dtype()
+        if matmul_dtype is None:
+            self.compute = choose_for_file(gguf, config, platform_mlx.default_device_is_gpu())
+        else:
+            self.compute = ComputeDtype(str(matmul_dtype).removeprefix("mlx.core."), "set by the caller")
+        self.compute_note = f"MLX compute {self.compute.describe()}"
+        self.dtype = getattr(mx, self.compute.name)
         weight_bytes = mlx_weight_bytes(gguf)
         platform_mlx.check_fits(weight_bytes, gguf.path.name)
         reader = TensorReader(gguf)

@@ -52,6 +52,12 @@ def unavailable_reason(require_metal: bool) -> str | None:
     return None
 
 
+def default_device_is_gpu() -> bool:
+    """Whether MLX computes on the GPU (Metal) by default here; False on MLX's CPU device (``mlx[cpu]``)."""
+    import mlx.core as mx
+    return mx.default_device().type == mx.gpu
+
+
 def metal_memory() -> MetalMemory | None:
     """Metal's memory figures on an Apple-Silicon Mac with Metal, else None."""
     if not is_apple_silicon():

@@ -7,6 +7,7 @@ from ..gguf_file import GGUFFile
 from .base import Backend
 
 BACKENDS = ("auto", "numpy", "cpu", "mlx")
+KV_TYPES = ("f16", "f32", "q8_0")  # the cpu backend's KV cache element types (llama.cpp's -ctk / -ctv names)
 
 
 class BackendUnavailableError(RuntimeError):

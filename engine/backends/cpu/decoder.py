@@ -16,13 +16,13 @@ from gguf import quants as gguf_quants
 
 from ...config import ModelConfig
 from ...gguf_file import ModelFormatError
+from .. import KV_TYPES
 from ...kv_cache import SteppedKVCache
 from . import kernels
 
 MAX_ROWS = 256  # rows per C call: prompt chunks and decode batches are cut to this (it sizes the scratch arena)
-# KV cache element types, named as llama.cpp's -ctk / -ctv: float16, float32, or q8_0 blocks (32 int8 codes and a
-# float16 scale: 34 bytes per 32 elements, 47 % less than float16)
-KV_TYPES = ("f16", "f32", "q8_0")
+# KV_TYPES, named as llama.cpp's -ctk / -ctv: float16, float32, or q8_0 blocks (32 int8 codes and a float16 scale:
+# 34 bytes per 32 elements, 47 % less than float16)
 _KV_DTYPES = {"f16": np.dtype(np.float16), "f32": np.dtype(np.float32), "q8_0": np.dtype(np.uint8)}
 Q8_0_BLOCK, Q8_0_BYTES = 32, 34
 _LOGITS_NONE, _LOGITS_LAST, _LOGITS_ALL = 0, 1, 2  # decoder.h HK_LOGITS_*

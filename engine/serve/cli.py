@@ -81,6 +81,8 @@ def main(argv: list[str], library: Callable[[str | None], dict[str, str]] | None
         check_bind(args.host, args.api_key)
         if args.library and library is None:
             raise ValueError("--library needs Hearth's model library: run it as `hearth serve --library`")
+        if args.library and args.kv_type is not None:
+            raise ValueError("--kv-type applies to a single model; --library loads every model with its default cache")
     except ValueError as e:
         print(f"hearth serve: {e}", file=sys.stderr)
         return 2
@@ -103,8 +105,6 @@ def _served(args: argparse.Namespace, library: Callable[[str | None], dict[str, 
 
     served: ServedModel | None = None
     if args.library:
-        if args.kv_type is not None:
-            raise ValueError("--kv-type applies to a single model; --library loads every model with its default cache")
         host = LibraryHost(library(args.data_dir), backend=args.backend, n_ctx=args.n_ctx, parallel=args.parallel,
                            max_resident=args.max_resident, active=lambda model: served.active_on(model),
                            thermal=lambda: thermal_monitor(args.thermal, args.parallel))

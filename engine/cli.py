@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .backends import BACKENDS
+from .backends import BACKENDS, KV_TYPES
 from .gguf_file import ModelFormatError, read_gguf
 from .packed_strings import PackedStrings
 
@@ -64,6 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--system", help="system prompt for --chat")
     p.add_argument("--backend", choices=BACKENDS, default="auto")
     p.add_argument("--n-ctx", type=int, default=None)
+    p.add_argument("--kv-type", choices=KV_TYPES, default=None, help="the cpu backend's KV cache type, as llama.cpp's -ctk/-ctv: f16 (default), f32, or q8_0 (8-bit blocks: 47 %% less KV memory, logits within about 1 of llama.cpp's; see the README)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=40)
@@ -225,7 +226,7 @@ def cmd_generate(args) -> int:
 
     if sum(x is not None for x in (args.prompt, args.chat, args.load_session)) != 1:
         raise ValueError("give exactly one of --prompt, --chat and --load-session")
-    model = load(args.model, backend=args.backend, n_ctx=args.n_ctx)
+    model = load(args.model, backend=args.backend, n_ctx=args.n_ctx, kv_type=args.kv_type)
     for notice in model.notices:
         print(f"note: {notice}", file=sys.stderr)
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,

@@ -69,8 +69,16 @@ class SteppedKVCache(KVCache):
 
     def export_state(self) -> KVState:
         n, (keys, values) = self._n_past, self.layers()
-        return KVState(keys=[k[:, :n].astype(np.float32) for k in keys],
-                       values=[v[:, :n].astype(np.float32) for v in values], n_past=n)
+        return KVState(keys=[self._decode(k[:, :n], False) for k in keys],
+                       values=[self._decode(v[:, :n], True) for v in values], n_past=n)
+
+    def _decode(self, stored: np.ndarray, is_values: bool) -> np.ndarray:
+        """Stored keys (or values) ``(n_kv_heads, n, ...)`` as float32 ``(n_kv_heads, n, dim)``, a snapshot's form."""
+        return stored.astype(np.float32)
+
+    def _encode(self, data: np.ndarray, is_values: bool) -> np.ndarray:
+        """float32 keys (or values) ``(n_kv_heads, n, dim)`` in the stored form (the inverse of ``_decode``)."""
+        return data
 
     def import_state(self, state: KVState) -> None:
         cfg = self.config
@@ -85,8 +93,8 @@ class SteppedKVCache(KVCache):
         self.reserve(state.n_past)
         keys, values = self.layers()
         for layer in range(cfg.n_layers):
-            keys[layer][:, :state.n_past] = state.keys[layer]
-            values[layer][:, :state.n_past] = state.values[layer]
+            keys[layer][:, :state.n_past] = self._encode(state.keys[layer], False)
+            values[layer][:, :state.n_past] = self._encode(state.values[layer], True)
         self._n_past = state.n_past
 
 

@@ -14,8 +14,9 @@ The estimate has three parts:
   backend's figure comes from its own loader (``engine/backends/mlx/weights.py``). All three read the
   tensor table only, so a header without tensor data (``GGUFHeader``) is enough.
 * **KV cache** — keys and values for ``n_ctx`` positions in every layer, as the backend stores them
-  (``KV_LAYOUTS``): the CPU backend keeps float16 (float32 for the models it runs on the reference path:
-  ``cpu_backend.runs_in_c_decoder``) and gives a sliding-window layer (Gemma 3) the full
+  (``KV_LAYOUTS``): the CPU backend keeps float16 by default, or the opt-in ``kv_type`` (float32, or q8_0 blocks
+  of 34 bytes per 32 elements: ``KV_TYPE_ELEMENT_BYTES``), and float32 for the models it runs on the reference
+  path (``cpu_backend.runs_in_c_decoder``); it gives a sliding-window layer (Gemma 3) the full
   ``n_ctx`` like any other; a backend with rings (MLX) keeps only a ring there, as long as its cache module
   says (``engine/backends/mlx/kv_cache.py``: the window plus one prefill chunk).
 * **overhead** — a runtime baseline plus scratch, per backend:
@@ -79,13 +80,14 @@ Verdict = Literal["fits", "tight", "paged", "won't fit"]
 class KVLayout:
     """How a backend stores its KV cache (tests/app/models/test_memory_estimate.py checks these on real caches)."""
 
-    element_bytes: int  # 2 for float16, 4 for float32
+    element_bytes: float  # 2 for float16, 4 for float32, 34 / 32 for q8_0
     sliding_rings: bool  # a sliding-window layer keeps only its window; without, every layer holds n_ctx
     ring_slots: Callable[[ModelConfig, int], int] | None = None  # (config, n_ctx) -> slots of a ring, if not the window
 
 
 KV_LAYOUTS = {"cpu": KVLayout(element_bytes=2, sliding_rings=False), "numpy": KVLayout(element_bytes=4, sliding_rings=False)}
 BACKENDS = ("cpu", "numpy", "mlx")  # the backends whose memory is modelled
+KV_TYPE_ELEMENT_BYTES = {"f16": 2, "f32": 4, "q8_0": 34 / 32}  # the CPU backend's kv_type choices
 MAPPED_BACKENDS = ("cpu",)  # compute on the memory-mapped file's pages (the others copy the weights)
 
 
@@ -131,7 +133,7 @@ class SystemMemory:
     unified: bool
 
 
-def estimate_memory(gguf: GGUFFile, n_ctx: int, backend: str = "cpu") -> MemoryEstimate:
+def estimate_memory(gguf: GGUFFile, n_ctx: int, backend: str = "cpu", kv_type: str | None = None) -> MemoryEstimate:
     """Estimate the memory of ``gguf`` loaded on ``backend`` with a context of ``n_ctx`` positions.
 
     Args:
@@ -139,16 +141,23 @@ def estimate_memory(gguf: GGUFFile, n_ctx: int, backend: str = "cpu") -> MemoryE
         n_ctx: Context length the model will be run with.
         backend: ``"cpu"`` (memory-mapped quantized weights, float16 KV cache), ``"numpy"`` (float32 matrices,
             float32 KV) or ``"mlx"`` (the MLX loader's repacked weights, KV in its matmul dtype, sliding rings).
+        kv_type: the CPU backend's KV element type (``"f16"``, ``"f32"``, ``"q8_0"``); None: its default.
 
     Returns:
         The estimate, split into weights, KV cache and overhead.
 
     Raises:
-        ValueError: for a non-positive ``n_ctx``, or a backend whose memory is not modelled.
+        ValueError: for a non-positive ``n_ctx``, a backend whose memory is not modelled, or a ``kv_type`` other
+            than the CPU backend's choices (or on another backend).
         ImportError: ``"mlx"`` without the mlx package.
         ModelFormatError: when the file's metadata does not describe a supported model.
     """
     layout = kv_layout(backend)
+    if kv_type is not None:
+        if backend != "cpu" or kv_type not in KV_TYPE_ELEMENT_BYTES:
+            raise ValueError(f"KV type {kv_type!r} on the {backend} backend is not an option (the cpu backend "
+                             f"takes {', '.join(KV_TYPE_ELEMENT_BYTES)})")
+        layout = dataclasses.replace(layout, element_bytes=KV_TYPE_ELEMENT_BYTES[kv_type])
     if n_ctx <= 0:
         raise ValueError(f"n_ctx must be positive, got {n_ctx}")
     config = ModelConfig.from_gguf(gguf)
@@ -211,7 +220,7 @@ def numpy_weight_bytes(gguf: GGUFFile) -> int:
     return total
 
 
-def kv_cache_bytes(config: ModelConfig, n_ctx: int, bytes_per_element: int, sliding_rings: bool,
+def kv_cache_bytes(config: ModelConfig, n_ctx: int, bytes_per_element: float, sliding_rings: bool,
                    ring_slots: int | None = None) -> int:
     """Keys and values of every attention layer (a hybrid model's recurrent layers hold none); with
     ``sliding_rings`` a sliding-window layer holds at most ``ring_slots`` positions (by default ``sliding_window``)."""
@@ -223,7 +232,7 @@ def kv_cache_bytes(config: ModelConfig, n_ctx: int, bytes_per_element: int, slid
         per_position = config.layer_n_kv_heads(layer) * (config.layer_head_dim(layer) + config.layer_v_head_dim(layer))
         positions = min(n_ctx, ring) if sliding_rings and config.is_sliding(layer) else n_ctx
         total += positions * per_position * bytes_per_element
-    return total
+    return round(total)
 
 
 def metadata_bytes(gguf: GGUFFile) -> int:

@@ -7,6 +7,7 @@ from ..gguf_file import GGUFFile
 from .base import Backend
 
 BACKENDS = ("auto", "numpy", "cpu", "mlx")
+KV_TYPES = ("f16", "f32", "q8_0")  # the cpu backend's KV cache element types (llama.cpp's -ctk / -ctv names)
 
 
 class BackendUnavailableError(RuntimeError):
@@ -41,17 +42,24 @@ def resolve_backend(name: str) -> tuple[str, str | None]:
     return "numpy", None
 
 
-def create_backend(name: str, gguf: GGUFFile, config: ModelConfig,
-                   n_ctx: int | None = None) -> tuple[Backend, str | None]:
+def create_backend(name: str, gguf: GGUFFile, config: ModelConfig, n_ctx: int | None = None,
+                   kv_type: str | None = None) -> tuple[Backend, str | None]:
     """Build the named backend (see ``resolve_backend``). Returns the backend and a notice for the user when it
     fell back. ``n_ctx`` is the context the model is loaded for: LongRoPE models (phi3) rotate with long or short
-    factors by it (rope.rope_tables)."""
+    factors by it (rope.rope_tables). ``kv_type``: the KV cache's element type, ``"f16"``, ``"f32"`` or
+    ``"q8_0"`` (llama.cpp's ``-ctk``/``-ctv`` names); None is the backend's own. Only the CPU backend's fused
+    decoder takes a choice: any other backend raises ValueError for one."""
     chosen, notice = resolve_backend(name)
+    if kv_type is not None and chosen != "cpu":
+        raise ValueError(f"the KV cache type {kv_type!r} is an option of the cpu backend only; "
+                         f"the {chosen} backend keeps its own")
     if chosen == "mlx":
         from .mlx_backend import MlxBackend
         return MlxBackend(gguf, config, n_ctx=n_ctx), notice
     if chosen == "cpu":
         from .cpu_backend import CpuBackend
-        return CpuBackend(gguf, config, n_ctx=n_ctx), notice
+        if kv_type is None:
+            return CpuBackend(gguf, config, n_ctx=n_ctx), notice
+        return CpuBackend(gguf, config, kv_dtype=kv_type, n_ctx=n_ctx), notice
     from .numpy_backend import NumpyBackend
     return NumpyBackend(gguf, config, n_ctx), notice

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..backends import BACKENDS
+from ..backends import BACKENDS, KV_TYPES
 from ..gguf_file import ModelFormatError
 
 EPILOG = """other forms:
@@ -69,6 +69,11 @@ def _model_parser() -> argparse.ArgumentParser:
                    help="host overhead per token instead of the peers: Model.generate's decode with this sampling "
                         "(chat: the engine's default penalties, top-k, top-p, min-p, temperature) beside the bare "
                         "backend forward on the same token ids, overhead in %% over interleaved pairs")
+    p.add_argument("--depth", type=int, action="append", default=[], metavar="N",
+                   help="repeatable: time a --prompt-tokens chunk and --gen-tokens decode steps after N positions of "
+                        "context (untimed fill, as llama-bench -d); peers: llama.cpp, llama-bench")
+    p.add_argument("--kv-type", choices=KV_TYPES, default=None,
+                   help="our KV cache type (cpu backend; default f16); the llama.cpp peers get the same -ctk/-ctv")
     p.add_argument("--json", action="store_true")
     return p
 
@@ -78,6 +83,11 @@ def _bench_model(args) -> int:
         from .mlx_speed import load_memory
 
         report = load_memory(args.model, args.load_memory)
+    elif args.depth:
+        from .depth import run_depth_bench
+
+        report = run_depth_bench(args.model, args.backend, args.threads, args.depth, args.prompt_tokens,
+                                 args.gen_tokens, args.compare, args.repeats, args.kv_type, args.llama_bench)
     elif args.session_restore:
         from .speed import run_session_bench
 
@@ -106,7 +116,7 @@ def _bench_model(args) -> int:
         from .speed import run_bench
 
         report = run_bench(args.model, args.backend, args.threads, args.prompt_tokens, args.gen_tokens,
-                           args.compare, args.repeats, args.llama_bench)
+                           args.compare, args.repeats, args.llama_bench, args.kv_type)
     _emit(args.json, report)
     return 0
 

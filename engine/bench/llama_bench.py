@@ -28,8 +28,10 @@ def default_binary() -> Path:
 
 
 def run_llama_bench(binary: Path, model: Path, prompt_tokens: int, gen_tokens: int, threads: int,
-                    repetitions: int = 1, timeout_s: float = 3600) -> dict[str, dict[str, list[float]]]:
-    """One ``llama-bench -p P -n N -t T -fa 0,1 -o json -r R`` call.
+                    repetitions: int = 1, timeout_s: float = 3600, depth: int = 0, kv_type: str = "f16",
+                    flash_attn: tuple[int, ...] = (0, 1)) -> dict[str, dict[str, list[float]]]:
+    """One ``llama-bench -p P -n N -t T -fa 0,1 -o json -r R`` call; with ``depth`` (``-d``) both tests run after
+    that many positions of context, and ``kv_type`` other than f16 is its ``-ctk`` and ``-ctv``.
 
     Returns:
         ``{"llama-bench fa=off": {"prefill_tps": [...], "decode_tps": [...]}, "llama-bench fa=on": {...}}``,
@@ -43,7 +45,11 @@ def run_llama_bench(binary: Path, model: Path, prompt_tokens: int, gen_tokens: i
         raise FileNotFoundError(f"no llama-bench binary at {binary} (build it with `python -m tests.llama_cpp_tools`, "
                                 "or give --llama-bench PATH / $HEARTH_LLAMA_BENCH)")
     cmd = [str(binary), "-m", str(model), "-p", str(prompt_tokens), "-n", str(gen_tokens), "-t", str(threads),
-           "-fa", "0,1", "-r", str(repetitions), "-o", "json"]
+           "-fa", ",".join(map(str, flash_attn)), "-r", str(repetitions), "-o", "json"]
+    if depth:
+        cmd += ["-d", str(depth)]
+    if kv_type != "f16":
+        cmd += ["-ctk", kv_type, "-ctv", kv_type]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0:
         raise RuntimeError(f"llama-bench failed ({done.returncode}): {done.stderr.strip()[-500:]}")

@@ -20,6 +20,7 @@ from ..sequence import Request
 from ..tokenizer import IncrementalDecoder
 
 GREEDY = SamplingParams(temperature=0.0, repeat_penalty=1.0)  # plain argmax: the peer's job too
+GGML_KV_TYPES = {"f16": 1, "f32": 0, "q8_0": 8}  # ggml_type ids of llama.cpp's -ctk / -ctv choices
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,13 +74,14 @@ class HearthRunner:
 class LlamaCppRunner:
     """llama.cpp through llama-cpp-python on the same file, the same thread count and the same prompt ids."""
 
-    def __init__(self, path: Path, n_ctx: int, threads: int, flash_attn: bool):
+    def __init__(self, path: Path, n_ctx: int, threads: int, flash_attn: bool, kv_type: str = "f16"):
         import llama_cpp  # a test and bench dependency: pip install .[bench]
 
         self.name = f"llama.cpp fa={'on' if flash_attn else 'off'}"
         self.flash_attn = flash_attn
         self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                                   n_batch=512, n_ubatch=512, flash_attn=flash_attn, verbose=False)
+                                   n_batch=512, n_ubatch=512, flash_attn=flash_attn, type_k=GGML_KV_TYPES[kv_type],
+                                   type_v=GGML_KV_TYPES[kv_type], verbose=False)
         self._llama_cpp, self.n_vocab = llama_cpp, self.llm.n_vocab()
 
     def _greedy(self) -> int:

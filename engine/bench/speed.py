@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..memory_estimate import kv_cache_bytes, kv_layout
+from ..memory_estimate import KV_TYPE_ELEMENT_BYTES, kv_cache_bytes, kv_layout
 from ..model import load
 from .bandwidth import measure_read_bandwidth, weight_bytes_per_token
 from .llama_bench import default_binary, run_llama_bench
@@ -80,13 +80,15 @@ def summarise(runs: list[Run], prompt_tokens: int, reference: list[int] | None) 
 
 
 def run_bench(path: Path, backend: str, threads: int | None, prompt_tokens: int, gen_tokens: int,
-              compare: list[str], repeats: int, llama_bench: Path | None = None) -> dict:
+              compare: list[str], repeats: int, llama_bench: Path | None = None, kv_type: str | None = None) -> dict:
     """The ``python -m engine bench MODEL`` report as a dict (see the module docstring).
 
     Args:
         compare: peers from PEERS: "llama.cpp" (llama-cpp-python, flash attention off and on), "llama-bench"
             (llama.cpp's own binary, ``llama_bench`` or its default path) and "hearth" (our engine a second time:
             the harness's own check, whose tokens must match).
+        kv_type: our KV cache type (None: the backend's, float16 on the cpu backend); the peers get the same
+            (llama.cpp with a q8_0 cache: flash attention on only, where llama.cpp quantizes the V cache).
     """
     if unknown := set(compare) - set(PEERS):
         raise ValueError(f"unknown peer {sorted(unknown)[0]!r} for this backend; choose from {', '.join(PEERS)}")
@@ -97,13 +99,14 @@ def run_bench(path: Path, backend: str, threads: int | None, prompt_tokens: int,
     report = {"machine": machine()}
     gc.collect()
     rss_before = rss_mb()
-    model, load_s = _timed(load, path, backend, n_ctx)
+    model, load_s = _timed(load, path, backend, n_ctx, kv_type)
+    cache_type = kv_type or "f16"
     report.update({
         "model": model.name, "file": str(path), "file_mb": round(path.stat().st_size / 2**20, 1),
         "backend": model.backend.name, "threads": n_threads, "prompt_tokens": prompt_tokens,
         "gen_tokens": gen_tokens, "repeats": repeats, "sampling": "greedy", "load_s": round(load_s, 3),
         "rss_after_load_mb": round(rss_mb(), 1), "rss_growth_mb": round(rss_mb() - rss_before, 1),
-        "notices": model.notices,
+        "notices": model.notices, "kv_type": cache_type,
     })
     ids = bench_prompt(model, prompt_tokens)
     report["prompt_tokens"] = len(ids)
@@ -114,14 +117,16 @@ def run_bench(path: Path, backend: str, threads: int | None, prompt_tokens: int,
     if "hearth" in compare:
         runners.append(HearthRunner(model, "hearth again"))
     if "llama.cpp" in compare:
-        runners += [LlamaCppRunner(path, n_ctx, n_threads, flash_attn) for flash_attn in (False, True)]
+        runners += [LlamaCppRunner(path, n_ctx, n_threads, flash_attn, cache_type)
+                    for flash_attn in ((True,) if cache_type == "q8_0" else (False, True))]
     bench_runs: dict[str, dict[str, list[float]]] = {}
     between = None
     if "llama-bench" in compare:
         binary = llama_bench or default_binary()
 
         def between() -> None:
-            for name, rates in run_llama_bench(binary, path, len(ids), gen_tokens, n_threads).items():
+            for name, rates in run_llama_bench(binary, path, len(ids), gen_tokens, n_threads, kv_type=cache_type,
+                                               flash_attn=(1,) if cache_type == "q8_0" else (0, 1)).items():
                 for key, values in rates.items():
                     bench_runs.setdefault(name, {}).setdefault(key, []).extend(values)
     try:
@@ -136,7 +141,7 @@ def run_bench(path: Path, backend: str, threads: int | None, prompt_tokens: int,
     report["prefill_tps"] = engines["hearth"]["prefill_tps"]["median"]
     report["decode_tps"] = engines["hearth"]["decode_tps"]["median"]
     report.update(_against_peers(engines))
-    report.update(_against_bandwidth(model, n_threads, len(ids), gen_tokens, report["decode_tps"]))
+    report.update(_against_bandwidth(model, n_threads, len(ids), gen_tokens, report["decode_tps"], cache_type))
     report["machine"]["load_average_after"] = machine()["load_average"]
     return report
 
@@ -161,11 +166,13 @@ def _against_peers(engines: dict[str, dict]) -> dict:
     return out
 
 
-def _against_bandwidth(model, threads: int, prompt_tokens: int, gen_tokens: int, decode_tps: float) -> dict:
+def _against_bandwidth(model, threads: int, prompt_tokens: int, gen_tokens: int, decode_tps: float,
+                       kv_type: str = "f16") -> dict:
     """This machine's read bandwidth, the bytes a decode step reads and our decode as a fraction of the ceiling."""
     if model.backend.name not in ("cpu", "numpy"):
         return {}
-    per_position = kv_cache_bytes(model.config, 1, kv_layout(model.backend.name).element_bytes, False)
+    element = KV_TYPE_ELEMENT_BYTES[kv_type] if model.backend.name == "cpu" else kv_layout(model.backend.name).element_bytes
+    per_position = kv_cache_bytes(model.config, 1, element, False)
     weights = weight_bytes_per_token(model.gguf, model.config)  # a mixture of experts: the chosen experts only
     kv = int(per_position * (prompt_tokens + gen_tokens / 2))  # the cache at the decoded tokens' mean position
     bandwidth = measure_read_bandwidth(threads)

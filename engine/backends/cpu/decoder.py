@@ -11,14 +11,20 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from gguf import GGMLQuantizationType
+from gguf import quants as gguf_quants
 
 from ...config import ModelConfig
 from ...gguf_file import ModelFormatError
+from .. import KV_TYPES
 from ...kv_cache import SteppedKVCache
 from . import kernels
 
 MAX_ROWS = 256  # rows per C call: prompt chunks and decode batches are cut to this (it sizes the scratch arena)
-KV_DTYPES = (np.float16, np.float32)
+# KV_TYPES, named as llama.cpp's -ctk / -ctv: float16, float32, or q8_0 blocks (32 int8 codes and a float16 scale:
+# 34 bytes per 32 elements, 47 % less than float16)
+_KV_DTYPES = {"f16": np.dtype(np.float16), "f32": np.dtype(np.float32), "q8_0": np.dtype(np.uint8)}
+Q8_0_BLOCK, Q8_0_BYTES = 32, 34
 _LOGITS_NONE, _LOGITS_LAST, _LOGITS_ALL = 0, 1, 2  # decoder.h HK_LOGITS_*
 _LAYER_VECTORS = ("attn_norm", "ffn_norm", "bq", "bk", "bv", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")
 _ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}  # swiglu_oai: the experts' only (moe.h)
@@ -26,32 +32,111 @@ _GATINGS = {"softmax": 0, "sigmoid": 1, "softmax_weight": 2}  # moe.h HK_GATING_
 _EXPERT_VECTORS = ("b_router", "b_gate_exps", "b_up_exps", "b_down_exps", "exp_probs_b")
 
 
+def kv_type_name(kv_type: Any) -> str:
+    """``"f16"``, ``"f32"`` or ``"q8_0"`` for a KV type given by that name or as a NumPy float dtype.
+
+    Raises:
+        ValueError: any other type.
+    """
+    if isinstance(kv_type, str) and kv_type in KV_TYPES:
+        return kv_type
+    try:
+        dtype = np.dtype(kv_type)
+    except TypeError:
+        dtype = None
+    for name in ("f16", "f32"):
+        if dtype == _KV_DTYPES[name]:
+            return name
+    raise ValueError(f"KV cache type must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
+
+
+def kv_row_bytes(kv_type: str, dim: int) -> int:
+    """Bytes of one cached key or value row of ``dim`` elements."""
+    return dim // Q8_0_BLOCK * Q8_0_BYTES if kv_type == "q8_0" else dim * _KV_DTYPES[kv_type].itemsize
+
+
 class CpuKVCache(SteppedKVCache):
-    """Keys and values of one sequence in two arrays the C decoder writes into, grown in steps up to n_ctx."""
+    """Keys and values of one sequence in two arrays the C decoder writes into, grown in steps up to n_ctx.
 
-    k: np.ndarray  # (n_layers, n_kv_heads, capacity, head_dim)
-    v: np.ndarray  # (n_layers, n_kv_heads, capacity, v_head_dim)
+    A q8_0 cache holds each key and value row as uint8 q8_0 blocks (its last axis is bytes, not elements), after
+    the Walsh-Hadamard rotation llama.cpp applies (``q8_0_rotation``); its snapshots (``export_state``) are the
+    dequantized values turned back, float32, and ``import_state`` rotates and quantizes them.
+    """
 
-    def __init__(self, config: ModelConfig, n_ctx: int, dtype=np.float16):
-        if np.dtype(dtype) not in [np.dtype(t) for t in KV_DTYPES]:
-            raise ValueError(f"KV cache dtype must be float16 or float32, got {np.dtype(dtype)}")
-        super().__init__(config, n_ctx, dtype)
+    k: np.ndarray  # (n_layers, n_kv_heads, capacity, head_dim), or (..., head_dim / 32 * 34) uint8 for q8_0
+    v: np.ndarray  # (n_layers, n_kv_heads, capacity, v_head_dim), or (..., v_head_dim / 32 * 34) uint8
+
+    def __init__(self, config: ModelConfig, n_ctx: int, dtype: Any = np.float16):
+        self.kv_type = kv_type_name(dtype)
+        if self.kv_type == "q8_0" and (config.head_dim % Q8_0_BLOCK or config.v_head_dim % Q8_0_BLOCK):
+            raise ValueError(f"a q8_0 KV cache needs head dimensions that are multiples of {Q8_0_BLOCK}; this "
+                             f"model's are {config.head_dim} and {config.v_head_dim}")
+        super().__init__(config, n_ctx, _KV_DTYPES[self.kv_type])
 
     def layers(self) -> tuple[np.ndarray, np.ndarray]:
         return self.k, self.v  # indexing the first axis gives each layer's view
 
     def _grow_to(self, capacity: int) -> None:
         cfg, filled = self.config, self._n_past
-        k = np.zeros((cfg.n_layers, cfg.n_kv_heads, capacity, cfg.head_dim), self.dtype)
-        v = np.zeros((cfg.n_layers, cfg.n_kv_heads, capacity, cfg.v_head_dim), self.dtype)
+        k = np.zeros((cfg.n_layers, cfg.n_kv_heads, capacity, kv_row_bytes(self.kv_type, cfg.head_dim)
+                      // self.dtype.itemsize), self.dtype)
+        v = np.zeros((cfg.n_layers, cfg.n_kv_heads, capacity, kv_row_bytes(self.kv_type, cfg.v_head_dim)
+                      // self.dtype.itemsize), self.dtype)
         if filled:
             k[:, :, :filled] = self.k[:, :, :filled]
             v[:, :, :filled] = self.v[:, :, :filled]
         self.k, self.v, self.capacity = k, v, capacity
 
+    def _decode(self, stored: np.ndarray, is_values: bool) -> np.ndarray:
+        if self.kv_type != "q8_0":
+            return super()._decode(stored, is_values)
+        return _hadamard(_dequantize_q8_0(stored), q8_0_rotation(stored.shape[-1] // Q8_0_BYTES * Q8_0_BLOCK, is_values))
+
+    def _encode(self, data: np.ndarray, is_values: bool) -> np.ndarray:
+        if self.kv_type != "q8_0":
+            return super()._encode(data, is_values)
+        return _quantize_q8_0(_hadamard(np.asarray(data, np.float32), q8_0_rotation(data.shape[-1], is_values)))
+
     def c_view(self, n_rows: int) -> tuple[np.ndarray, np.ndarray, int, int]:
         """What the C decoder takes for appending ``n_rows`` positions (room must be reserved)."""
         return self.k, self.v, self._n_past, n_rows
+
+
+def q8_0_rotation(dim: int, is_values: bool) -> int:
+    """The Walsh-Hadamard rotation a q8_0 cache applies to rows of ``dim`` keys (or values) before quantizing, as
+    llama.cpp's: keys by the largest power of two from 64 that divides ``dim``, values by 64; 0: none (attention.c)."""
+    if dim % 64:
+        return 0
+    if is_values:
+        return 64
+    n = 64
+    while dim % (2 * n) == 0:
+        n *= 2
+    return n
+
+
+def _hadamard(x: np.ndarray, n: int) -> np.ndarray:
+    """x (..., dim) with every run of n elements multiplied by Sylvester's Hadamard matrix over sqrt(n) (its own
+    inverse); x itself when n is 0."""
+    if n == 0:
+        return x
+    h = np.ones((1, 1), np.float32)
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    runs = x.reshape(*x.shape[:-1], -1, n) @ (h / np.float32(np.sqrt(n)))
+    return runs.reshape(x.shape).astype(np.float32)
+
+
+def _quantize_q8_0(values: np.ndarray) -> np.ndarray:
+    """float (..., dim) -> uint8 (..., dim / 32 * 34) q8_0 blocks, as the C decoder writes them."""
+    if values.shape[-1] % Q8_0_BLOCK:
+        raise ValueError(f"q8_0 needs rows of a multiple of {Q8_0_BLOCK} values, got {values.shape[-1]}")
+    return gguf_quants.quantize(np.ascontiguousarray(values, dtype=np.float32), GGMLQuantizationType.Q8_0)
+
+
+def _dequantize_q8_0(blocks: np.ndarray) -> np.ndarray:
+    """uint8 (..., dim / 32 * 34) q8_0 blocks -> float32 (..., dim)."""
+    return gguf_quants.dequantize(np.ascontiguousarray(blocks), GGMLQuantizationType.Q8_0).astype(np.float32)
 
 
 class CpuDecoder:

@@ -39,3 +39,41 @@ def test_hearth_serve_answers_and_stops():
     assert process.returncode in (0, -signal.SIGTERM), err  # uvicorn re-raises the signal after a clean shutdown
     assert "Traceback" not in err
     assert f"serving smol at http://127.0.0.1:{port}/v1" in err
+
+
+def test_hearth_serve_keeps_a_q8_0_cache_when_asked():
+    """--kv-type q8_0 reaches the model: its greedy reply is the engine's own with that cache."""
+    import engine.model
+
+    port = _free_port()
+    process = subprocess.Popen([sys.executable, "-m", "app", "serve", "--model", str(model_path("smollm2")),
+                                "--port", str(port), "--backend", "cpu", "--n-ctx", "512", "--name", "smol",
+                                "--kv-type", "q8_0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        reply = client.completions.create(model="smol", prompt="The capital of France is", max_tokens=12,
+                                          temperature=0)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=60)
+    model = engine.model.load(model_path("smollm2"), backend="cpu", n_ctx=512, kv_type="q8_0")
+    try:
+        assert model.backend.kv_type == "q8_0"
+        want = "".join(ev.text for ev in model.generate("The capital of France is", max_tokens=12, temperature=0.0))
+    finally:
+        model.close()
+    assert reply.choices[0].text == want
+
+
+def test_hearth_serve_refuses_a_kv_type_for_a_library():
+    done = subprocess.run([sys.executable, "-m", "app", "serve", "--library", "--kv-type", "q8_0"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "--kv-type applies to a single model" in done.stderr
+    assert "Traceback" not in done.stderr

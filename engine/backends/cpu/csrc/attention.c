@@ -9,6 +9,7 @@
 #include "attention.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #define ROWS_PER_TASK 16     /* prefill rows per task, all heads of one kv head: they share each key block */
@@ -69,7 +70,7 @@ void hk_attention_layout(const hk_model *m, const hk_seq *seqs, int n_seqs, size
 
 /* Keys and values [j0, j1) of one kv head as the products read them: k and v point at key j0 and value j0,
    float16 (f16) or float32. A float16 cache is read in place where the vector table has float16 products,
-   else converted into buf (room for the block's keys, then its values). */
+   else converted into buf (room for the block's keys, then its values); a q8_0 cache is always converted. */
 typedef struct {
     const void *k, *v;
     int f16;
@@ -77,15 +78,100 @@ typedef struct {
 
 static kv_span kv_block(const hk_att *a, const hk_seq *s, int kvh, int j0, int j1, float *buf) {
     const hk_config *c = &a->m->c;
-    const int d = c->head_dim, dv = c->v_head_dim;
+    const int d = c->head_dim, dv = c->v_head_dim, n = j1 - j0;
     const size_t row = ((size_t)a->layer * c->n_kv_heads + kvh) * s->capacity + j0;
-    if (!s->kv_f16) return (kv_span){(const float *)s->k + row * d, (const float *)s->v + row * dv, 0};
-    const uint16_t *k = (const uint16_t *)s->k + row * d, *v = (const uint16_t *)s->v + row * dv;
-    if (a->vo->scores_f16 && a->vo->pv_f16) return (kv_span){k, v, 1};
-    float *vbuf = buf + (size_t)(j1 - j0) * d;
-    a->vo->f16_to_f32(k, buf, (j1 - j0) * d);
-    a->vo->f16_to_f32(v, vbuf, (j1 - j0) * dv);
+    const uint8_t *k = (const uint8_t *)s->k + row * hk_kv_row_bytes(s->kv_type, d);
+    const uint8_t *v = (const uint8_t *)s->v + row * hk_kv_row_bytes(s->kv_type, dv);
+    if (s->kv_type == HK_KV_F32) return (kv_span){k, v, 0};
+    if (s->kv_type == HK_KV_F16 && a->vo->scores_f16 && a->vo->pv_f16) return (kv_span){k, v, 1};
+    float *vbuf = buf + (size_t)n * d;
+    if (s->kv_type == HK_KV_F16) {
+        a->vo->f16_to_f32((const uint16_t *)k, buf, n * d);
+        a->vo->f16_to_f32((const uint16_t *)v, vbuf, n * dv);
+    } else { /* the block's rows are whole q8_0 blocks, back to back */
+        a->vo->q8_0_to_f32(k, buf, n * d / 32);
+        a->vo->q8_0_to_f32(v, vbuf, n * dv / 32);
+    }
     return (kv_span){buf, vbuf, 0};
+}
+
+/* x (n, a multiple of 32) as q8_0 blocks, as llama.cpp quantizes them: d = max |x| / 127, codes x / d
+   rounded to nearest (ties to even, as its x86 code), d stored as float16. */
+static void quantize_q8_0(const float *x, uint8_t *y, int n) {
+    for (int b = 0; b < n / 32; b++, x += 32, y += 34) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint16_t h = hk_f32_to_f16(d);
+        memcpy(y, &h, 2);
+        for (int j = 0; j < 32; j++) y[2 + j] = (uint8_t)(int8_t)lrintf(x[j] * id);
+    }
+}
+
+/* The rotations of a q8_0 cache, as llama.cpp's (attn_rot_k, attn_rot_v): an orthonormal Walsh-Hadamard
+   transform of every run of n elements spreads a few outlier channels (Qwen2's keys reach 150 where most are
+   under 10) over a whole q8_0 block. Keys and queries turn alike (the scores stay the same), keys by the largest
+   power of two from 64 that divides the head; values by 64, and the attention output turns back (H H = I).
+   0: no rotation (a head not a multiple of 64). */
+static int rotation_k(int d) {
+    if (d % 64) return 0;
+    int n = 64;
+    while (d % (2 * n) == 0) n *= 2;
+    return n;
+}
+static int rotation_v(int dv) { return dv % 64 ? 0 : 64; }
+
+/* x (len, a multiple of n) = H_n x in every run of n: Sylvester's Hadamard matrix over sqrt(n). */
+static void hadamard(float *x, int len, int n) {
+    const float scale = 1.0f / sqrtf((float)n);
+    for (float *r = x; r < x + len; r += n) {
+        for (int h = 1; h < n; h *= 2)
+            for (int i = 0; i < n; i += 2 * h)
+                for (int j = i; j < i + h; j++) {
+                    float a = r[j], b = r[j + h];
+                    r[j] = a + b;
+                    r[j + h] = a - b;
+                }
+        for (int j = 0; j < n; j++) r[j] *= scale;
+    }
+}
+
+void hk_kv_rotate_queries(const hk_config *c, const hk_seq *s, float *q) {
+    if (s->kv_type == HK_KV_Q8_0 && rotation_k(c->head_dim)) hadamard(q, c->n_heads * c->head_dim, rotation_k(c->head_dim));
+}
+
+void hk_kv_rotate_output(const hk_config *c, const hk_seq *s, float *o) {
+    if (s->kv_type == HK_KV_Q8_0 && rotation_v(c->v_head_dim)) hadamard(o, c->n_heads * c->v_head_dim, rotation_v(c->v_head_dim));
+}
+
+/* x (n) rotated (rot > 0) into tmp and quantized as q8_0 into y. */
+static void store_q8_0(const float *x, int n, int rot, float *tmp, uint8_t *y) {
+    if (rot) {
+        memcpy(tmp, x, sizeof(float) * n);
+        hadamard(tmp, n, rot);
+        x = tmp;
+    }
+    quantize_q8_0(x, y, n);
+}
+
+void hk_kv_store(const hk_vecops *vo, const hk_seq *s, size_t slot, const float *k, int d, const float *v, int dv) {
+    uint8_t *kp = (uint8_t *)s->k + slot * hk_kv_row_bytes(s->kv_type, d);
+    uint8_t *vp = (uint8_t *)s->v + slot * hk_kv_row_bytes(s->kv_type, dv);
+    switch (s->kv_type) {
+    case HK_KV_F16:
+        vo->f32_to_f16(k, (uint16_t *)(void *)kp, d);
+        vo->f32_to_f16(v, (uint16_t *)(void *)vp, dv);
+        break;
+    case HK_KV_Q8_0: {
+        float tmp[KV_BUF_FLOATS]; /* head_dim + v_head_dim <= 16384 (hk_model_init) */
+        store_q8_0(k, d, rotation_k(d), tmp, kp);
+        store_q8_0(v, dv, rotation_v(dv), tmp, vp);
+        break;
+    }
+    default:
+        memcpy(kp, k, sizeof(float) * d);
+        memcpy(vp, v, sizeof(float) * dv);
+    }
 }
 
 /* The span from key i of kv on (i < the block's length). */
@@ -99,9 +185,9 @@ static kv_span kv_from(kv_span kv, int i, int d, int dv) {
    near: into L1 for use now, else into L2 for use a task later. */
 static inline void prefetch_kv(const hk_att *a, const hk_seq *s, int kvh, int which, int j0, int j1, const int near) {
     const hk_config *c = &a->m->c;
-    const size_t dim = which ? c->v_head_dim : c->head_dim, elt = s->kv_f16 ? 2 : 4;
-    const char *p = (const char *)(which ? s->v : s->k) + (((size_t)a->layer * c->n_kv_heads + kvh) * s->capacity + j0) * dim * elt;
-    for (size_t off = 0, n = (size_t)(j1 - j0) * dim * elt; off < n; off += 64) {
+    const size_t rb = hk_kv_row_bytes(s->kv_type, which ? c->v_head_dim : c->head_dim);
+    const char *p = (const char *)(which ? s->v : s->k) + (((size_t)a->layer * c->n_kv_heads + kvh) * s->capacity + j0) * rb;
+    for (size_t off = 0, n = (size_t)(j1 - j0) * rb; off < n; off += 64) {
         if (near)
             __builtin_prefetch(p + off, 0, 3);
         else
@@ -246,7 +332,7 @@ void hk_attention_prefetch(const hk_att *a, int i) {
     const hk_att_task *t = &a->tasks[i];
     if (t->chunk < 0) return; /* prefill rows read each key block many times: the first fetch is a small part */
     const hk_seq *s = &a->seqs[t->seq];
-    const int keys = NEXT_TASK_BYTES / (a->m->c.head_dim * (s->kv_f16 ? 2 : 4));
+    const int keys = (int)(NEXT_TASK_BYTES / hk_kv_row_bytes(s->kv_type, a->m->c.head_dim));
     int start, end;
     decode_keys(a, t, &start, &end);
     prefetch_kv(a, s, t->kvh, 0, start, imin(end, start + keys), 0);

@@ -40,6 +40,13 @@ int hk_attention_plan(const hk_model *m, const hk_seq *seqs, int n_seqs, const i
 void hk_attention_task(const hk_att *a, int i);
 /* Ask for the first keys and values of decode task i, a task before it runs (nothing for prefill tasks). */
 void hk_attention_prefetch(const hk_att *a, int i);
+/* A q8_0 cache's rotations (attention.c): a row's queries (n_heads * head_dim) before its attention, its output
+   (n_heads * v_head_dim) after; no-ops for other caches. */
+void hk_kv_rotate_queries(const hk_config *c, const hk_seq *s, float *q);
+void hk_kv_rotate_output(const hk_config *c, const hk_seq *s, float *o);
+/* Write one row's keys k (d floats) and values v (dv floats) of one kv head into slot (a position index over
+   layers, heads and capacity) of the sequence's cache, converted to its element type (q8_0: rotated first). */
+void hk_kv_store(const hk_vecops *vo, const hk_seq *s, size_t slot, const float *k, int d, const float *v, int dv);
 /* A decode row: merge its key chunks' partials into att (every head). No-op for a prefill row. */
 void hk_attention_merge_row(const hk_att *a, int row);
 

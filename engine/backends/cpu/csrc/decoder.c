@@ -204,7 +204,7 @@ static size_t kv_slot(const fwd *f, const hk_seq *s, int layer, int h, int r) {
 static void prefetch_kv_slots(const fwd *f, int layer, int r) {
     const hk_config *c = f->c;
     const hk_seq *s = &f->seqs[f->row_seq[r]];
-    const size_t es = s->kv_f16 ? 2 : 4, kb = (size_t)c->head_dim * es, vb = (size_t)c->v_head_dim * es;
+    const size_t kb = hk_kv_row_bytes(s->kv_type, c->head_dim), vb = hk_kv_row_bytes(s->kv_type, c->v_head_dim);
     for (int h = 0; h < c->n_kv_heads; h++) {
         size_t at = kv_slot(f, s, layer, h, r);
         for (size_t b = 0; b < kb; b += 64) __builtin_prefetch((const char *)s->k + at * kb + b, 1, 3);
@@ -285,17 +285,11 @@ static void row_qkv_post(const fwd *f, int layer, int r) {
     if (temp != 1.0f) f->vo->scale(q, nq, temp);
     f->vo->scale(q, nq, c->attn_scale);
     const hk_seq *s = &f->seqs[f->row_seq[r]];
+    hk_kv_rotate_queries(c, s, q);
     for (int h = 0; h < c->n_kv_heads; h++) {
         head_norm_rope(f, L, L->k_norm, k + h * d, r);
         size_t at = kv_slot(f, s, layer, h, r);
-        const float *vh = v + (size_t)h * c->v_head_dim;
-        if (s->kv_f16) {
-            f->vo->f32_to_f16(k + h * d, (uint16_t *)s->k + at * d, d);
-            f->vo->f32_to_f16(vh, (uint16_t *)s->v + at * c->v_head_dim, c->v_head_dim);
-        } else {
-            memcpy((float *)s->k + at * d, k + h * d, sizeof(float) * d);
-            memcpy((float *)s->v + at * c->v_head_dim, vh, sizeof(float) * c->v_head_dim);
-        }
+        hk_kv_store(f->vo, s, at, k + h * d, d, v + (size_t)h * c->v_head_dim, c->v_head_dim);
     }
 }
 
@@ -306,6 +300,7 @@ static void row_attn_out(const fwd *f, int layer, int r) {
     a.layer = layer;
     a.window = L->window;
     hk_attention_merge_row(&a, r);
+    hk_kv_rotate_output(f->c, &f->seqs[f->row_seq[r]], f->att_out + (size_t)r * width);
     hk_prepare_acts(f->isa, &f->acts, f->att_out + (size_t)r * width, width, hk_act_kinds(&L->wo, NULL, NULL), r);
 }
 

@@ -76,15 +76,24 @@ typedef struct {
     hk_arena arena;
 } hk_model;
 
+/* Element types of a KV cache. q8_0 is llama.cpp's block: 32 int8 codes after one float16 scale (34 bytes),
+   so a key or value row of dim elements takes dim / 32 blocks (dim a multiple of 32). */
+enum { HK_KV_F32 = 0, HK_KV_F16 = 1, HK_KV_Q8_0 = 2 };
+
 /* One sequence of a call: its KV cache (every layer's (n_kv_heads, capacity, head_dim) block, layer after
-   layer, float32 or float16) and the rows of this call that append to it. */
+   layer, of one HK_KV_* type) and the rows of this call that append to it. */
 typedef struct {
-    void *k, *v;   /* (n_layers, n_kv_heads, capacity, head_dim) and (..., v_head_dim) */
+    void *k, *v;   /* (n_layers, n_kv_heads, capacity, head_dim) and (..., v_head_dim) elements */
     int capacity;  /* positions per layer and head */
     int n_past;    /* positions filled before this call */
     int n_rows;    /* rows of this call, at positions n_past .. n_past + n_rows - 1 */
-    int kv_f16;    /* 1: float16 elements, 0: float32 */
+    int kv_type;   /* HK_KV_F32, HK_KV_F16 or HK_KV_Q8_0 */
 } hk_seq;
+
+/* Bytes of one cached key or value row of dim elements in a cache of kv_type. */
+static inline size_t hk_kv_row_bytes(int kv_type, int dim) {
+    return kv_type == HK_KV_Q8_0 ? (size_t)dim / 32 * 34 : (size_t)dim * (kv_type == HK_KV_F16 ? 2 : 4);
+}
 
 enum { HK_LOGITS_NONE = 0, HK_LOGITS_LAST = 1, HK_LOGITS_ALL = 2 };
 

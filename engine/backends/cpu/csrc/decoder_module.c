@@ -229,18 +229,30 @@ fail:
     return NULL;
 }
 
-/* A cache's keys or values: (n_layers, n_kv_heads, capacity, dim) float32 or float16, writeable, C order. */
-static int take_cache(const hk_config *c, PyObject *obj, int dim, int *capacity, int *f16) {
+/* The HK_KV_* type of a cache array: float32, float16, or uint8 rows of q8_0 blocks; -1 for anything else. */
+static int cache_type(PyArrayObject *a) {
+    switch (PyArray_TYPE(a)) {
+    case NPY_FLOAT32: return HK_KV_F32;
+    case NPY_FLOAT16: return HK_KV_F16;
+    case NPY_UINT8: return HK_KV_Q8_0;
+    default: return -1;
+    }
+}
+
+/* A cache's keys or values: (n_layers, n_kv_heads, capacity, dim) float32 or float16, or (..., dim / 32 * 34)
+   uint8 q8_0 blocks (dim a multiple of 32), writeable, C order; keys and values of one type and capacity. */
+static int take_cache(const hk_config *c, PyObject *obj, int dim, int *capacity, int *kv_type) {
     PyArrayObject *a = (PyArrayObject *)obj;
-    if (!PyArray_Check(obj) || (PyArray_TYPE(a) != NPY_FLOAT32 && PyArray_TYPE(a) != NPY_FLOAT16) || PyArray_NDIM(a) != 4 ||
-        !PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a) || !PyArray_ISWRITEABLE(a) || PyArray_DIM(a, 0) != c->n_layers ||
-        PyArray_DIM(a, 1) != c->n_kv_heads || PyArray_DIM(a, 3) != dim || PyArray_DIM(a, 2) > INT_MAX ||
-        (*capacity >= 0 && (PyArray_DIM(a, 2) != *capacity || (PyArray_TYPE(a) == NPY_FLOAT16) != *f16))) {
+    int type = PyArray_Check(obj) ? cache_type(a) : -1;
+    npy_intp width = type == HK_KV_Q8_0 ? (dim % 32 ? -1 : dim / 32 * 34) : dim;
+    if (type < 0 || PyArray_NDIM(a) != 4 || !PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a) || !PyArray_ISWRITEABLE(a) ||
+        PyArray_DIM(a, 0) != c->n_layers || PyArray_DIM(a, 1) != c->n_kv_heads || PyArray_DIM(a, 3) != width ||
+        PyArray_DIM(a, 2) > INT_MAX || (*capacity >= 0 && (PyArray_DIM(a, 2) != *capacity || type != *kv_type))) {
         PyErr_SetString(PyExc_ValueError, "a KV cache array has the wrong type or shape for this model");
         return -1;
     }
     *capacity = (int)PyArray_DIM(a, 2);
-    *f16 = PyArray_TYPE(a) == NPY_FLOAT16;
+    *kv_type = type;
     return 0;
 }
 
@@ -250,7 +262,7 @@ static int take_seqs(const hk_config *c, PyObject *caches, hk_seq *seqs, Py_ssiz
         hk_seq *q = &seqs[s];
         if (!PyArg_ParseTuple(item, "OOii", &k, &v, &q->n_past, &q->n_rows)) return -1;
         q->capacity = -1;
-        if (take_cache(c, k, c->head_dim, &q->capacity, &q->kv_f16) || take_cache(c, v, c->v_head_dim, &q->capacity, &q->kv_f16))
+        if (take_cache(c, k, c->head_dim, &q->capacity, &q->kv_type) || take_cache(c, v, c->v_head_dim, &q->capacity, &q->kv_type))
             return -1;
         q->k = PyArray_DATA((PyArrayObject *)k);
         q->v = PyArray_DATA((PyArrayObject *)v);

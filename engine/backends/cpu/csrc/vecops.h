@@ -31,6 +31,8 @@ typedef struct {
     void (*glu)(float *g, const float *u, int n, int gelu);
     void (*f16_to_f32)(const uint16_t *x, float *y, int n);
     void (*f32_to_f16)(const float *x, uint16_t *y, int n);
+    /* y[32 b + j] = the j-th value of q8_0 block b of x (34 bytes: float16 scale, 32 int8 codes), b < n_blocks */
+    void (*q8_0_to_f32)(const uint8_t *x, float *y, int n_blocks);
 } hk_vecops;
 
 extern const hk_vecops hk_vecops_scalar;

@@ -102,10 +102,18 @@ static void f32_to_f16_scalar(const float *x, uint16_t *y, int n) {
     for (int i = 0; i < n; i++) y[i] = hk_f32_to_f16(x[i]);
 }
 
+static void q8_0_to_f32_scalar(const uint8_t *x, float *y, int n_blocks) {
+    for (int b = 0; b < n_blocks; b++, x += 34, y += 32) {
+        const float d = hk_f16_to_f32((uint16_t)(x[0] | x[1] << 8));
+        for (int j = 0; j < 32; j++) y[j] = d * (float)(int8_t)x[2 + j];
+    }
+}
+
 const hk_vecops hk_vecops_scalar = {
     .name = "scalar", .scores = scores_scalar, .max = max_scalar, .exp_sum = exp_sum_scalar, .pv = pv_scalar,
     .axpby = axpby_scalar, .scale = scale_scalar, .sum_sq = sum_sq_scalar, .scale_mul = scale_mul_scalar,
     .glu = glu_scalar, .f16_to_f32 = f16_to_f32_scalar, .f32_to_f16 = f32_to_f16_scalar,
+    .q8_0_to_f32 = q8_0_to_f32_scalar,
 };
 
 const hk_vecops *hk_vecops_active(void) {

@@ -2,8 +2,7 @@
 
 "mlx" runs MLX's CPU device as it chooses for itself (float32); "mlx-f16" runs it the way a Mac GPU would: the
 device is faked as the GPU while the model loads, so the backend computes in the dtype its policy
-(engine/backends/mlx_compute.py) picks for the model there, on the CPU device. Float16 on MLX's CPU device is
-slow, so that variant checks one prompt (50-51 teacher-forced tokens per model).
+(engine/backends/mlx_compute.py) picks for the model there, on the CPU device, every prompt as on the others.
 """
 
 from __future__ import annotations
@@ -21,16 +20,12 @@ from tests.model_store import model_path
 
 REFERENCE = Path(__file__).parent.parent / "reference"
 MODELS = ("smollm2", "gemma3", "qwen25coder")
-F16_TIMEOUT_S = 3600  # float16 on MLX's CPU device: Gemma 3's 51 tokens took over 15 minutes on a loaded machine
 BACKENDS = (
     pytest.param("numpy", id="numpy"),
     pytest.param("cpu", id="cpu"),
     pytest.param("mlx", id="mlx", marks=pytest.mark.mlx),
-    pytest.param("mlx-f16", id="mlx-f16", marks=[pytest.mark.mlx, pytest.mark.timeout(F16_TIMEOUT_S)]),
+    pytest.param("mlx-f16", id="mlx-f16", marks=pytest.mark.mlx),
 )
-# prompts checked on a backend that is slow here (all on the others): the third, the first whose prompt and
-# greedy tokens together pass the criteria's minimum of 48 teacher-forced tokens on all three models (50-51)
-SLOW_BACKEND_CASES = {"mlx-f16": slice(2, 3)}
 LOGIT_TOLERANCE = 1.0  # llama.cpp quantizes activations to 8 bits; see tests/reference/README.md
 STD_TOLERANCE = 0.05  # ... or 5 % of the logits' standard deviation at that position, where that is more
 NEAR_TIE = 0.5
@@ -79,10 +74,6 @@ def load_as_a_mac_gpu(name: str) -> engine.model.Model:
     return model
 
 
-def cases(name: str, backend: str) -> list[dict]:
-    return reference(name)["generate"][SLOW_BACKEND_CASES.get(backend, slice(None))]
-
-
 def first_near_tie(gaps: list[float]) -> int:
     return next((i for i, g in enumerate(gaps) if g < NEAR_TIE), len(gaps))
 
@@ -90,7 +81,7 @@ def first_near_tie(gaps: list[float]) -> int:
 @pytest.mark.parametrize("name", MODELS)
 def test_teacher_forced_logits_and_argmax(backend_name, name):
     model = get_model(name, backend_name)
-    for case in cases(name, backend_name):
+    for case in reference(name)["generate"]:
         prompt, greedy = case["prompt_ids"], case["greedy_ids"]
         cache = model.backend.new_cache(len(prompt) + len(greedy))
         logits = model.backend.forward(prompt + greedy, cache, all_logits=True)[len(prompt) - 1:-1]
@@ -109,7 +100,7 @@ def test_teacher_forced_logits_and_argmax(backend_name, name):
 @pytest.mark.parametrize("name", MODELS)
 def test_greedy_generation_matches_llama_cpp(backend_name, name):
     model = get_model(name, backend_name)
-    for case in cases(name, backend_name):
+    for case in reference(name)["generate"]:
         assert model.tokenize(case["prompt"], add_special=True, parse_special=True) == case["prompt_ids"]
         ids = [ev.id for ev in model.generate(case["prompt"], max_tokens=len(case["greedy_ids"]), temperature=0.0)]
         agree = first_near_tie(case["top2_gap"])

@@ -32,6 +32,21 @@ def default_matmul_dtype() -> mx.Dtype:
     return mx.float16 if mx.default_device().type == mx.gpu else mx.float32
 
 
+def quantized_matmul(x: mx.array, packed: mx.array, scales: mx.array, biases: mx.array | None = None,
+                     **kwargs) -> mx.array:
+    """``mx.quantized_matmul(x, packed, scales, biases, transpose=True, **kwargs)`` in ``x``'s dtype.
+
+    MLX's CPU device has no float16 path for quantized products: one took 1.9 s in float16 against 44 ms in
+    float32 (51 tokens × 640 × 2048, 4 bits). There a float16 product runs on its float16 inputs widened to
+    float32 and rounds the result to float16, which is what MLX's GPU kernels do (they accumulate in float32).
+    """
+    if x.dtype == mx.float16 and mx.default_device().type == mx.cpu:
+        wide = [a.astype(mx.float32) if a is not None and a.dtype == mx.float16 else a for a in (scales, biases)]
+        return mx.quantized_matmul(x.astype(mx.float32), packed, *wide, transpose=True,
+                                   **kwargs).astype(mx.float16)
+    return mx.quantized_matmul(x, packed, scales, biases, transpose=True, **kwargs)
+
+
 @dataclasses.dataclass(frozen=True)
 class QuantizedMatrix:
     """A (rows, cols) weight in MLX affine quantization with groups of ``GROUP`` columns."""
@@ -43,8 +58,7 @@ class QuantizedMatrix:
 
     def matmul(self, x: mx.array) -> mx.array:
         """``x @ W.T`` for x (..., cols) -> (..., rows)."""
-        return mx.quantized_matmul(x, self.packed, self.scales, self.biases, transpose=True,
-                                   group_size=GROUP, bits=self.bits)
+        return quantized_matmul(x, self.packed, self.scales, self.biases, group_size=GROUP, bits=self.bits)
 
     def rows(self, ids: mx.array) -> mx.array:
         """Rows ``ids`` dequantized to float32 (scales widened first, so the rows are exact), (n, cols)."""
@@ -75,8 +89,7 @@ class SymmetricMatrix:
         makes the biases in that dtype, so the product costs one cast and one multiply instead of two casts.
         """
         scales = self.scales.astype(x.dtype)
-        return mx.quantized_matmul(x, self.packed, scales, scales * -self.zero_code, transpose=True,
-                                   group_size=GROUP, bits=self.bits)
+        return quantized_matmul(x, self.packed, scales, scales * -self.zero_code, group_size=GROUP, bits=self.bits)
 
     def rows(self, ids: mx.array) -> mx.array:
         """Rows ``ids`` dequantized to float32, (n, cols), as QuantizedMatrix.rows gives them."""
@@ -127,8 +140,7 @@ class MxfpMatrix:
 
     def matmul(self, x: mx.array) -> mx.array:
         """``x @ W.T`` for x (..., cols) -> (..., rows)."""
-        return mx.quantized_matmul(x, self.packed, self.scales, transpose=True, group_size=self.group_size, bits=4,
-                                   mode=self.mode)
+        return quantized_matmul(x, self.packed, self.scales, group_size=self.group_size, bits=4, mode=self.mode)
 
     def rows(self, ids: mx.array) -> mx.array:
         """Rows ``ids`` dequantized to float32, (n, cols)."""
@@ -182,8 +194,8 @@ class PairMatrix:
     def matmul(self, x: mx.array) -> mx.array:
         """``x @ W.T`` for x (..., cols) -> (..., rows)."""
         scales = self._scales(x.dtype)
-        y = mx.quantized_matmul(x, self.packed, scales, scales * -self.zero_code, transpose=True,
-                                group_size=GROUP, bits=self.bits)  # (..., 2 * rows)
+        y = quantized_matmul(x, self.packed, scales, scales * -self.zero_code, group_size=GROUP,
+                             bits=self.bits)  # (..., 2 * rows)
         y = y.reshape(*y.shape[:-1], -1, 2).sum(axis=-1)
         if self.offset_ints is not None:
             sums = x.reshape(*x.shape[:-1], -1, SUB_BLOCK).sum(axis=-1)  # (..., cols // 16)

@@ -4,6 +4,7 @@
 
 #include <stdlib.h>
 
+#include "kernels_iq_gemm.h"
 #include "pool.h"
 
 #if defined(__aarch64__) && defined(__linux__)
@@ -144,7 +145,10 @@ void hk_quantize_act(const hk_isa *isa, hk_act_kind kind, const float *x, int co
 
 /* -- the row loop every product runs */
 
-static hk_dot_fn dot_of(const hk_isa *isa, int type) { return isa->dot[type] ? isa->dot[type] : hk_isa_scalar.dot[type]; }
+static hk_dot_fn dot_of(const hk_isa *isa, int type) {
+    hk_dot_fn iq = hk_iq_dot(isa, type);
+    return iq ? iq : isa->dot[type] ? isa->dot[type] : hk_isa_scalar.dot[type];
+}
 
 static int tile_of(const hk_isa *isa, int type) { return isa->dot[type] && isa->tile[type] ? isa->tile[type] : HK_TILE; }
 
@@ -154,6 +158,8 @@ void hk_dot_rows(const hk_isa *isa, int type, const uint8_t *w, ptrdiff_t stride
     const hk_dot_fn dot = dot_of(isa, type);
     const hk_dot16_fn dot16 = isa->dot16[type];
     const int tile = tile_of(isa, type), nb = cols / ti->block;
+    const hk_rows_fn iq_rows = hk_iq_rows(isa, type, n);
+    if (iq_rows && iq_rows(type, w, stride, r0, r1, cols, acts, n, out, rows) == 0) return;
     for (int t0 = 0; t0 < n; t0 += tile) {
         int nt = n - t0 < tile ? n - t0 : tile, r = r0;
         float *o = out + (size_t)t0 * rows;
@@ -170,6 +176,7 @@ int hk_chunk_rows(const hk_isa *isa, int type, int rows, int n, int cols) {
     const hk_type *ti = hk_type_info(type);
     size_t rb = (size_t)cols / ti->block * ti->type_size;
     int c;
+    if (hk_iq_rows(isa, type, n)) return HK_IQ_GEMM_ROWS;
     if (rb == 0) rb = 1;
     if (n <= tile_of(isa, type)) { /* bandwidth-bound: enough tasks to balance a noisy machine, none too small */
         int min_rows = (int)((TASK_MIN_BYTES + rb - 1) / rb);

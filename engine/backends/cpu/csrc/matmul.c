@@ -4,6 +4,7 @@
 
 #include <stdlib.h>
 
+#include "kernels_iq_gemm.h"
 #include "pool.h"
 
 #if defined(__aarch64__) && defined(__linux__)
@@ -144,7 +145,10 @@ void hk_quantize_act(const hk_isa *isa, hk_act_kind kind, const float *x, int co
 
 /* -- the row loop every product runs */
 
-static hk_dot_fn dot_of(const hk_isa *isa, int type) { return isa->dot[type] ? isa->dot[type] : hk_isa_scalar.dot[type]; }
+static hk_dot_fn dot_of(const hk_isa *isa, int type) {
+    hk_dot_fn iq = hk_iq_dot(isa, type);
+    return iq ? iq : isa->dot[type] ? isa->dot[type] : hk_isa_scalar.dot[type];
+}
 
 static int tile_of(const hk_isa *isa, int type) { return isa->dot[type] && isa->tile[type] ? isa->tile[type] : HK_TILE; }
 
@@ -165,6 +169,8 @@ void hk_dot_rows(const hk_isa *isa, int type, const uint8_t *w, ptrdiff_t stride
                  const hk_act *acts, int n, float *out, int rows) {
     const hk_type *ti = hk_type_info(type);
     const hk_dot16_fn dot16 = isa->dot16[type];
+    const hk_rows_fn iq_rows = hk_iq_rows(isa, type, n);
+    if (iq_rows && iq_rows(type, w, stride, r0, r1, cols, acts, n, out, rows) == 0) return;
     /* the same bits as dot, or as dot16 where there is one (see hk.h): which runs is a matter of speed only;
        a 16-row kernel does a single tile of tokens as fast */
     const hk_gemm16_fn gemm16 = n >= GEMM_MIN && (!dot16 || n > tile_of(isa, type)) ? isa->gemm16[type] : NULL;
@@ -187,6 +193,7 @@ int hk_chunk_rows(const hk_isa *isa, int type, int rows, int n, int cols) {
     const hk_type *ti = hk_type_info(type);
     size_t rb = (size_t)cols / ti->block * ti->type_size;
     int c;
+    if (hk_iq_rows(isa, type, n)) return HK_IQ_GEMM_ROWS;
     if (rb == 0) rb = 1;
     if (n <= tile_of(isa, type)) { /* bandwidth-bound: enough tasks to balance a noisy machine, none too small */
         int min_rows = (int)((TASK_MIN_BYTES + rb - 1) / rb);

@@ -16,19 +16,8 @@ def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
 
     A crash or kill at any moment leaves either the old file or the new one, never a half-written file.
     """
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        yield f
 
 
 @contextlib.contextmanager

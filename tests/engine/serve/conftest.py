@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 import uvicorn
 
@@ -28,6 +31,25 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def start_hearth_serve(*args: str) -> tuple[subprocess.Popen, int, dict | None]:
+    """``hearth serve ARGS --port P`` in a child process: (the process, P, its first /health answer, or None when
+    it did not answer within 120 s or exited)."""
+    port = _free_port()
+    process = subprocess.Popen([sys.executable, "-m", "app", "serve", *args, "--port", str(port)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                return process, port, httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).json()
+            except httpx.TransportError:
+                time.sleep(0.2)
+    except BaseException:
+        process.kill()
+        raise
+    return process, port, None
 
 
 def _serve(test_model: str, name: str) -> Iterator[LiveServer]:

@@ -7,9 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
-import httpx
 import openai
 import pytest
 
@@ -18,7 +16,7 @@ from engine.serve.errors import APIError
 from engine.serve.library import LibraryHost, load_refusal, model_id
 from tests.model_store import model_path
 
-from .conftest import _free_port
+from .conftest import start_hearth_serve
 
 
 def test_a_model_that_does_not_fit_is_refused_with_its_size_and_what_is_free():
@@ -81,18 +79,8 @@ def test_hearth_serve_library_lists_the_library_and_loads_the_model_a_request_na
                                "--data-dir", str(data)], capture_output=True, text=True, timeout=300)
     assert imported.returncode == 0, imported.stderr
     name = model_id(model_path("smollm2"))
-    port = _free_port()
-    process = subprocess.Popen([sys.executable, "-m", "app", "serve", "--library", "--data-dir", str(data),
-                                "--port", str(port), "--backend", "cpu", "--n-ctx", "512"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process, port, _ = start_hearth_serve("--library", "--data-dir", str(data), "--backend", "cpu", "--n-ctx", "512")
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and process.poll() is None:
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except httpx.TransportError:
-                time.sleep(0.2)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
         assert name in [m.id for m in client.models.list().data]
         reply = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "Hi"}],

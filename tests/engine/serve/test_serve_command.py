@@ -5,29 +5,18 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 
-import httpx
 import openai
 
 from tests.model_store import model_path
 
-from .conftest import _free_port
+from .conftest import start_hearth_serve
 
 
 def test_hearth_serve_answers_and_stops():
-    port = _free_port()
-    process = subprocess.Popen([sys.executable, "-m", "app", "serve", "--model", str(model_path("smollm2")),
-                                "--port", str(port), "--backend", "cpu", "--n-ctx", "512", "--name", "smol",
-                                "--api-key", "k3y"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process, port, health = start_hearth_serve("--model", str(model_path("smollm2")), "--backend", "cpu",
+                                               "--n-ctx", "512", "--name", "smol", "--api-key", "k3y")
     try:
-        deadline, health = time.monotonic() + 120, None
-        while time.monotonic() < deadline and process.poll() is None:
-            try:
-                health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).json()
-                break
-            except httpx.TransportError:
-                time.sleep(0.2)
         assert health == {"status": "ok", "model": "smol", "active_requests": 0}
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k3y", max_retries=0)
         reply = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Hi"}],
@@ -45,18 +34,9 @@ def test_hearth_serve_keeps_a_q8_0_cache_when_asked():
     """--kv-type q8_0 reaches the model: its greedy reply is the engine's own with that cache."""
     import engine.model
 
-    port = _free_port()
-    process = subprocess.Popen([sys.executable, "-m", "app", "serve", "--model", str(model_path("smollm2")),
-                                "--port", str(port), "--backend", "cpu", "--n-ctx", "512", "--name", "smol",
-                                "--kv-type", "q8_0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process, port, _ = start_hearth_serve("--model", str(model_path("smollm2")), "--backend", "cpu", "--n-ctx", "512",
+                                          "--name", "smol", "--kv-type", "q8_0")
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and process.poll() is None:
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except httpx.TransportError:
-                time.sleep(0.2)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
         reply = client.completions.create(model="smol", prompt="The capital of France is", max_tokens=12,
                                           temperature=0)

@@ -518,9 +518,10 @@ def test_bench_reports_both_engines(tiny_model_path):
         assert report[key] > 0, key
     # each load in a fresh process: the peer's imports (mlx-lm) are not in ours, the runs are in neither
     assert report["peer.rss_after_load_mb"] > report["rss_after_load_mb"] >= report["mlx_active_mb"]
-    # the tiny model's ~0.1 MB load is below what RSS can show (it read -0.07 MB once: freed pages); the real models'
-    # growth is held by the memory tests above. Figures are rounded to 0.1 MB.
-    assert report["peak_rss_mb"] >= report["rss_after_load_mb"] >= report["rss_before_load_mb"] - 0.1
+    # the tiny model's ~0.1 MB load is below what RSS can show: it read -0.07 MB and, in a CI run, -0.2 MB (pages the
+    # allocator handed back during the load). The real models' growth is held by the memory tests above; here the
+    # figures only have to be consistent, to within 1 MB of noise. Figures are rounded to 0.1 MB.
+    assert report["peak_rss_mb"] >= report["rss_after_load_mb"] >= report["rss_before_load_mb"] - 1.0
     assert report["ratio.decode"] == pytest.approx(report["decode_tps"] / report["peer.decode_tps"], rel=0.01)
     assert report["ratio.decode_host"] == pytest.approx(report["host.decode_tps"] / report["peer.decode_tps"], rel=0.01)
     assert report["ratio.decode_cpu"] == pytest.approx(report["decode_cpu_tps"] / report["peer.decode_cpu_tps"],

@@ -126,13 +126,11 @@ HK_ROWS16_DECL(q5_1)
 HK_ROWS16_DECL(q8_0)
 HK_ROWS16_DECL(iq4_nl)
 HK_ROWS16_DECL(mxfp4)
-/* IQ2 / IQ3: 16 rows against a tile of tokens (kernels_avx512_iq_rows16.c) */
+/* IQ2_XS, IQ2_S, IQ3_S: 16 rows against a tile of tokens (kernels_avx512_iq_rows16.c) */
 #define HK_IQ_ROWS16_DECL(t) \
     void hk_rows16_##t(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int nt, float *out, ptrdiff_t os);
-HK_IQ_ROWS16_DECL(iq2_xxs)
 HK_IQ_ROWS16_DECL(iq2_xs)
 HK_IQ_ROWS16_DECL(iq2_s)
-HK_IQ_ROWS16_DECL(iq3_xxs)
 HK_IQ_ROWS16_DECL(iq3_s)
 void hk_gemm16_q4_k(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, float *out, ptrdiff_t os);
 void hk_gemm16_q6_k(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, float *out, ptrdiff_t os);
@@ -202,9 +200,8 @@ const hk_isa hk_isa_avx512 = {
     },
     .dot16 = {[HK_Q4_0] = hk_rows16_q4_0, [HK_Q4_1] = hk_rows16_q4_1, [HK_Q5_0] = hk_rows16_q5_0,
               [HK_Q5_1] = hk_rows16_q5_1, [HK_Q8_0] = hk_rows16_q8_0,
-              [HK_IQ4_NL] = hk_rows16_iq4_nl, [HK_MXFP4] = hk_rows16_mxfp4, [HK_IQ2_XXS] = hk_rows16_iq2_xxs,
-              [HK_IQ2_XS] = hk_rows16_iq2_xs, [HK_IQ2_S] = hk_rows16_iq2_s, [HK_IQ3_XXS] = hk_rows16_iq3_xxs,
-              [HK_IQ3_S] = hk_rows16_iq3_s},
+              [HK_IQ4_NL] = hk_rows16_iq4_nl, [HK_MXFP4] = hk_rows16_mxfp4, [HK_IQ2_XS] = hk_rows16_iq2_xs,
+              [HK_IQ2_S] = hk_rows16_iq2_s, [HK_IQ3_S] = hk_rows16_iq3_s},
     .gemm16 = {[HK_Q4_0] = hk_gemm16_q4_0, [HK_Q4_1] = hk_gemm16_q4_1, [HK_Q5_0] = hk_gemm16_q5_0,
                [HK_Q5_1] = hk_gemm16_q5_1, [HK_Q8_0] = hk_gemm16_q8_0,
                [HK_IQ4_NL] = hk_gemm16_iq4_nl, [HK_MXFP4] = hk_gemm16_mxfp4, [HK_Q4_K] = hk_gemm16_q4_k,

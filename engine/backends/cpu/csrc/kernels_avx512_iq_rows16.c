@@ -1,9 +1,11 @@
-/* AVX-512 (F, BW, VL, VNNI) products of 16 rows of an IQ2 / IQ3 type with a tile of a few tokens: the dot16
-   kernels a decode step runs.
+/* AVX-512 (F, BW, VL, VNNI) products of 16 rows of IQ2_XS, IQ2_S or IQ3_S with a tile of a few tokens: the
+   dot16 kernels a decode step runs. (The same scheme for IQ2_XXS and IQ3_XXS, their 7-bit sign indices
+   through hk_ksigns or a parity computed in general registers, measured 0.6x their row kernels: they keep
+   those.)
 
    Each row's super-block is decoded 64 values at a time: the grid entries by one gather (the indices built in
-   a vector), the sign bits straight into a mask register (IQ2_S / IQ3_S store them whole; the 7-bit sign
-   indices of the other types get their parity bit in general registers), the scales as int16 lanes. The
+   a vector), the sign bits straight into a mask register (IQ2_S / IQ3_S store them whole; IQ2_XS's
+   7-bit sign indices get their parity bit in a general register), the scales as int16 lanes. The
    grid magnitudes meet the activations, negated under the mask, in vpmaddubsw, and vpdpwssd applies the
    scales. A row's 16 int32 lanes are folded together with the other 15 rows' (a transpose-add tree), so
    lane r ends up holding row r's exact integer sum of the block without a horizontal sum per row.
@@ -27,17 +29,7 @@
 INLINE __m128i loadu128(const void *p) { return _mm_loadu_si128((const __m128i *)p); }
 INLINE uint64_t u64_at(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 
-/* Four 7-bit sign indices (the low 28 bits of an IQ2_XXS / IQ3_XXS word) as four whole sign bytes: each
-   index in its own byte, bit 7 the parity of its seven bits (as hk_ksigns). */
-INLINE uint32_t sign_bytes4(uint32_t x) {
-    uint32_t s = (x & 0x7Fu) | ((x << 1) & 0x7F00u) | ((x << 2) & 0x7F0000u) | ((x << 3) & 0x7F000000u);
-    uint32_t p = s ^ (s >> 4); /* only bit 0 of each byte is kept: bits of the next byte land above it */
-    p ^= p >> 2;
-    p ^= p >> 1;
-    return s | ((p & 0x01010101u) << 7);
-}
-
-/* The same for eight indices, one per byte already. */
+/* Eight 7-bit sign indices, one per byte, as whole sign bytes: bit 7 the parity of the seven bits (as hk_ksigns). */
 INLINE uint64_t sign_bytes8(uint64_t s) {
     uint64_t p = s ^ (s >> 4);
     p ^= p >> 2;
@@ -45,7 +37,7 @@ INLINE uint64_t sign_bytes8(uint64_t s) {
     return s | ((p & 0x0101010101010101ull) << 7);
 }
 
-/* int16 lanes of a 64-value chunk under two 32-value scales: lanes 0-15 s0, 16-31 s1. */
+/* int16 lanes of a 64-value chunk under two 32-value scales (IQ3_S): lanes 0-15 s0, 16-31 s1. */
 INLINE __m512i scales32(int s0, int s1) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)s0)), _mm256_set1_epi16((short)s1), 1);
 }
@@ -73,18 +65,6 @@ typedef struct {
     __mmask64 neg;
 } iq_chunk;
 
-INLINE iq_chunk chunk_iq2_xxs(const uint8_t *blk, __m512i sc16, int c) {
-    const uint8_t *p = blk + 2 + 16 * c;
-    (void)sc16;
-    const __m128i pick = _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, -1, -1, -1, -1, -1, -1, -1, -1);
-    __m512i idx = _mm512_cvtepu8_epi64(_mm_shuffle_epi8(loadu128(p), pick));
-    uint32_t a0 = hk_u32(p + 4), a1 = hk_u32(p + 12);
-    iq_chunk k = {_mm512_i64gather_epi64(idx, (const void *)hk_iq2xxs_grid, 8),
-                  scales32(2 * (int)(a0 >> 28) + 1, 2 * (int)(a1 >> 28) + 1),
-                  _cvtu64_mask64(sign_bytes4(a0) | ((uint64_t)sign_bytes4(a1) << 32))};
-    return k;
-}
-
 INLINE iq_chunk chunk_iq2_xs(const uint8_t *blk, __m512i sc16, int c) {
     __m128i raw = loadu128(blk + 2 + 16 * c);
     __m512i idx = _mm512_cvtepu16_epi64(_mm_and_si128(raw, _mm_set1_epi16(511)));
@@ -103,16 +83,6 @@ INLINE iq_chunk chunk_iq2_s(const uint8_t *blk, __m512i sc16, int c) {
     return k;
 }
 
-INLINE iq_chunk chunk_iq3_xxs(const uint8_t *blk, __m512i sc16, int c) {
-    (void)sc16;
-    __m512i idx = _mm512_cvtepu8_epi32(loadu128(blk + 2 + 16 * c));
-    uint32_t a0 = hk_u32(blk + 66 + 8 * c), a1 = hk_u32(blk + 70 + 8 * c);
-    iq_chunk k = {_mm512_i32gather_epi32(idx, (const void *)hk_iq3xxs_grid, 4),
-                  scales32(2 * (int)(a0 >> 28) + 1, 2 * (int)(a1 >> 28) + 1),
-                  _cvtu64_mask64(sign_bytes4(a0) | ((uint64_t)sign_bytes4(a1) << 32))};
-    return k;
-}
-
 INLINE iq_chunk chunk_iq3_s(const uint8_t *blk, __m512i sc16, int c) {
     (void)sc16;
     __m512i lo = _mm512_cvtepu8_epi32(loadu128(blk + 2 + 16 * c));
@@ -126,13 +96,13 @@ INLINE iq_chunk chunk_iq3_s(const uint8_t *blk, __m512i sc16, int c) {
 }
 
 INLINE int block_bytes(int type) {
-    return type == HK_IQ2_XXS ? 66 : type == HK_IQ2_XS ? 74 : type == HK_IQ2_S ? 82 : type == HK_IQ3_XXS ? 98 : 110;
+    return type == HK_IQ2_XS ? 74 : type == HK_IQ2_S ? 82 : 110;
 }
 
 /* The row kernels' float scale of a block: d times the type's factor. */
 INLINE float block_dw(int type, const uint8_t *blk) {
     const float d = _cvtsh_ss(hk_u16(blk));
-    return type == HK_IQ3_XXS ? 0.25f * d : type == HK_IQ3_S ? 1.0f * d : 0.125f * d;
+    return type == HK_IQ3_S ? 1.0f * d : 0.125f * d;
 }
 
 /* Super-block b of one row (at blk) against nt tokens: isum[t]'s 16 lanes add up to the exact integer sum. */
@@ -141,9 +111,8 @@ INLINE void row_block(const int type, const uint8_t *blk, const hk_act *a, int b
                                                                                          : _mm512_setzero_si512();
     HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_setzero_si512();
     for (int c = 0; c < 4; c++) {
-        iq_chunk k = type == HK_IQ2_XXS ? chunk_iq2_xxs(blk, sc16, c) : type == HK_IQ2_XS ? chunk_iq2_xs(blk, sc16, c)
-                   : type == HK_IQ2_S   ? chunk_iq2_s(blk, sc16, c)   : type == HK_IQ3_XXS ? chunk_iq3_xxs(blk, sc16, c)
-                                                                                         : chunk_iq3_s(blk, sc16, c);
+        iq_chunk k = type == HK_IQ2_XS ? chunk_iq2_xs(blk, sc16, c) : type == HK_IQ2_S ? chunk_iq2_s(blk, sc16, c)
+                                                                           : chunk_iq3_s(blk, sc16, c);
         HK_UNROLL for (int t = 0; t < nt; t++) {
             __m512i av = _mm512_loadu_si512(a[t].qs + 256 * b + 64 * c);
             av = _mm512_mask_sub_epi8(av, k.neg, _mm512_setzero_si512(), av);
@@ -205,10 +174,8 @@ INLINE void iq_rows16_nt(const int type, int nb, const uint8_t *w, ptrdiff_t str
         }                                                                                                      \
     }
 
-IQ_ROWS16(iq2_xxs, HK_IQ2_XXS)
 IQ_ROWS16(iq2_xs, HK_IQ2_XS)
 IQ_ROWS16(iq2_s, HK_IQ2_S)
-IQ_ROWS16(iq3_xxs, HK_IQ3_XXS)
 IQ_ROWS16(iq3_s, HK_IQ3_S)
 
 #if defined(__clang__)

@@ -31,7 +31,7 @@ INLINE uint64_t u64_at(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return 
 
 /* Eight 7-bit sign indices, one per byte, as whole sign bytes: bit 7 the parity of the seven bits (as hk_ksigns). */
 INLINE uint64_t sign_bytes8(uint64_t s) {
-    uint64_t p = s ^ (s >> 4);
+    uint64_t p = s ^ (s >> 4); /* only bit 0 of each byte is kept: the next byte's bits land above it */
     p ^= p >> 2;
     p ^= p >> 1;
     return s | ((p & 0x0101010101010101ull) << 7);

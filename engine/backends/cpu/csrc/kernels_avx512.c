@@ -128,7 +128,25 @@ HK_ROWS16_DECL(mxfp4)
 void hk_gemm16_q4_k(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, float *out, ptrdiff_t os);
 void hk_gemm16_q6_k(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, float *out, ptrdiff_t os);
 
-/* -- Q4_K and Q5_K with one 64-element chunk (two sub-blocks) per 512-bit vector */
+/* -- Q4_K and Q5_K with one 64-element chunk (two sub-blocks) per 512-bit vector. Each super-block's integer
+   sums are added up exactly first, then one float step per token (k1_accumulate): the 16-row GEMM
+   (kernels_avx512_rows16.c) takes the same steps with one row per lane, so their results are the same bits. */
+
+INLINE int hsum_epi32_256(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1))));
+}
+
+/* acc += float(isum) * (dw * da), then -= float(msum) * (dm * da), each one rounding (fused), in lane 0. */
+INLINE void k1_accumulate(const hk_act *a, int b, const int nt, const __m256i *isum, const __m256i *msum, float dw, float dm, __m128 *acc) {
+    HK_UNROLL for (int t = 0; t < nt; t++) {
+        const float da = a[t].d[b];
+        const __m128 i = _mm_cvtsi32_ss(_mm_setzero_ps(), hsum_epi32_256(isum[t]));
+        const __m128 m = _mm_cvtsi32_ss(_mm_setzero_ps(), hsum_epi32_256(msum[t]));
+        acc[t] = _mm_fnmadd_ss(m, _mm_set_ss(dm * da), _mm_fmadd_ss(i, _mm_set_ss(dw * da), acc[t]));
+    }
+}
 
 /* int16 lanes 0-15 equal to byte i of the k4_scales vector, lanes 16-31 to byte i + 1. */
 INLINE __m512i k4_scale_pair512(__m512i sc, int i) {
@@ -141,8 +159,8 @@ INLINE void dot512_q45_k_nt(const int five, int nb, const uint8_t *w, const hk_a
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m256i m16 = _mm256_set1_epi8(0x10);
     const int ts = five ? 176 : 144;
-    __m256 acc[HK_MAX_NT];
-    HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    __m128 acc[HK_MAX_NT];
+    HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = _mm_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = w + (size_t)b * ts, *qs = blk + (five ? 48 : 16);
         __m256i sc = k4_scales(blk + 4), mins16 = k4_mins_pairs(sc), qh = five ? loadu256(blk + 16) : _mm256_setzero_si256();
@@ -166,9 +184,9 @@ INLINE void dot512_q45_k_nt(const int five, int nb, const uint8_t *w, const hk_a
             isum256[t] = _mm256_add_epi32(_mm512_castsi512_si256(isum[t]), _mm512_extracti64x4_epi64(isum[t], 1));
             msum256[t] = _mm256_madd_epi16(bsums_of(&a[t], b), mins16);
         }
-        k_accumulate(a, b, nt, isum256, msum256, f16x(blk), f16x(blk + 2), acc);
+        k1_accumulate(a, b, nt, isum256, msum256, f16x(blk), f16x(blk + 2), acc);
     }
-    k_store(acc, nt, out, os);
+    HK_UNROLL for (int t = 0; t < nt; t++) out[t * os] = _mm_cvtss_f32(acc[t]);
 }
 INLINE void dot512_q4_k_nt(int nb, const uint8_t *w, const hk_act *a, const int nt, float *out, ptrdiff_t os) {
     dot512_q45_k_nt(0, nb, w, a, nt, out, os);

@@ -249,6 +249,7 @@ GEMM16_32(gemm16_mxfp4, HK_MXFP4)
    +-127, so no pair saturates. */
 
 #define K_TOKENS 32 /* tokens per pass: their 8 float lanes per row stay in L1 (16 KiB) */
+#define K1_TOKENS 64 /* tokens per pass of the kernels with one float lane per row (a whole GEMM tile) */
 
 /* Each int32 lane's low 16 bits in both halves: an int16 pair for madd / dpwssd. */
 INLINE __m512i pair16(__m512i v) { return _mm512_or_si512(_mm512_and_si512(v, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(v, 16)); }
@@ -269,56 +270,60 @@ INLINE __m512 lanes_sum(const __m512 *f) {
                          _mm512_add_ps(_mm512_add_ps(f[1], f[5]), _mm512_add_ps(f[3], f[7])));
 }
 
-/* Sub-block scale j and min j (0..7) of 16 Q4_K rows as int16 pairs, from their 12 scale bytes (see
-   hk_unpack_k4_scales). */
-INLINE void k4_scales16(const uint8_t *s, __m512i offsets, __m512i scp[8], __m512i mnp[8]) {
+/* Sub-block scale j (0..7) of 16 Q4_K rows as int32 lanes and min j as int16 pairs, from their 12 scale
+   bytes (see hk_unpack_k4_scales). */
+INLINE void k4_scales16(const uint8_t *s, __m512i offsets, __m512i sc[8], __m512i mnp[8]) {
     __m512i a0 = _mm512_i32gather_epi32(offsets, s, 1), a1 = _mm512_i32gather_epi32(offsets, s + 4, 1);
     __m512i a2 = _mm512_i32gather_epi32(offsets, s + 8, 1);
     const __m512i m6 = _mm512_set1_epi32(0x3F3F3F3F), m4 = _mm512_set1_epi32(0x0F0F0F0F), top = _mm512_set1_epi32(0x30303030);
     __m512i w[4] = {_mm512_and_si512(a0, m6), _mm512_or_si512(_mm512_and_si512(a2, m4), _mm512_and_si512(_mm512_srli_epi32(a0, 2), top)),
                     _mm512_and_si512(a1, m6), _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(a2, 4), m4), _mm512_and_si512(_mm512_srli_epi32(a1, 2), top))};
     for (int j = 0; j < 8; j++) {
-        scp[j] = pair16(sc_byte(w[j / 4], j % 4));
+        sc[j] = sc_byte(w[j / 4], j % 4);
         mnp[j] = pair16(sc_byte(w[2 + j / 4], j % 4));
     }
 }
 
 /* Tokens t0 .. t0 + nt - 1 (nt <= 8) against a decoded Q4_K super-block b of 16 rows: q[8j + l] holds the
-   codes of sub-block j, elements 4l..4l+3. Lane l: its codes times the sub-block scales, less min l times
-   block sums 2l and 2l + 1 (dot512_q4_k's lane l after its two halves are added); f[8t + l] its floats. */
-INLINE void q4_k_tokens(const __m512i *q, const __m512i *scp, const __m512i *mnp, __m512 dw, __m512 dm, int b,
+   codes of sub-block j, elements 4l..4l+3. Each row's whole super-block as exact integers (vpdpbusd over a
+   sub-block's 32 elements, at most 32 * 15 * 127, times its scale; the mins times the block sums), then
+   dot512_q4_k's float step (k1_accumulate) for its lane in f[t]. */
+INLINE void q4_k_tokens(const __m512i *q, const __m512i *sc, const __m512i *mnp, __m512 dw, __m512 dm, int b,
                         const hk_act *a, __m512 *f, int t0, const int nt) {
     a += t0;
-    f += 8 * t0;
-    for (int l = 0; l < 8; l++) {
-        __m512i isum[HK_MAX_NT];
-        HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_setzero_si512();
-        HK_UNROLL for (int j = 0; j < 8; j++) {
-            const __m512i qj = _mm512_load_si512(q + 8 * j + l), s = _mm512_load_si512(scp + j);
-            HK_UNROLL for (int t = 0; t < nt; t++)
-                isum[t] = _mm512_dpwssd_epi32(isum[t], _mm512_maddubs_epi16(qj, bcast32(a[t].qs + 256 * b + 32 * j + 4 * l)), s);
+    f += t0;
+    __m512i isum[HK_MAX_NT];
+    HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; j++) {
+        __m512i s[HK_MAX_NT];
+        HK_UNROLL for (int t = 0; t < nt; t++) s[t] = _mm512_setzero_si512();
+        HK_UNROLL for (int l = 0; l < 8; l++) {
+            const __m512i qv = _mm512_load_si512(q + 8 * j + l);
+            HK_UNROLL for (int t = 0; t < nt; t++) s[t] = _mm512_dpbusd_epi32(s[t], qv, bcast32(a[t].qs + 256 * b + 32 * j + 4 * l));
         }
-        HK_UNROLL for (int t = 0; t < nt; t++) {
-            const __m512 da = _mm512_set1_ps(a[t].d[b]);
-            const __m512i msum = _mm512_madd_epi16(_mm512_load_si512(mnp + l), bsum_pair(&a[t], b, 2 * l));
-            __m512 acc = b ? f[8 * t + l] : _mm512_setzero_ps();
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(dw, da), acc);
-            f[8 * t + l] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dm, da), acc);
-        }
+        const __m512i scj = _mm512_load_si512(sc + j);
+        HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(s[t], scj));
+    }
+    HK_UNROLL for (int t = 0; t < nt; t++) {
+        __m512i msum = _mm512_setzero_si512();
+        HK_UNROLL for (int j = 0; j < 8; j++) msum = _mm512_dpwssd_epi32(msum, _mm512_load_si512(mnp + j), bsum_pair(&a[t], b, 2 * j));
+        const __m512 da = _mm512_set1_ps(a[t].d[b]);
+        const __m512 acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(dw, da), b ? f[t] : _mm512_setzero_ps());
+        f[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dm, da), acc);
     }
 }
 
-/* nt <= K_TOKENS tokens through all nb super-blocks of 16 Q4_K rows; f: (nt, 8) lane vectors. */
+/* nt <= K_TOKENS tokens through all nb super-blocks of 16 Q4_K rows; f: (nt,) one vector of 16 rows each. */
 INLINE void q4_k_pass(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, __m512 *f) {
     const __m512i offsets = row_offsets(stride), m4 = _mm512_set1_epi8(0x0F);
-    __m512i q[64] __attribute__((aligned(64))), scp[8] __attribute__((aligned(64))), mnp[8] __attribute__((aligned(64)));
+    __m512i q[64] __attribute__((aligned(64))), sc[8] __attribute__((aligned(64))), mnp[8] __attribute__((aligned(64)));
     size_t line = 0;
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = w + (size_t)b * 144;
         prefetch_next_rows(w, stride, b, nb, &line);
         __m512i head = _mm512_i32gather_epi32(offsets, blk, 1);
         __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head)), dm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)));
-        k4_scales16(blk + 4, offsets, scp, mnp);
+        k4_scales16(blk + 4, offsets, sc, mnp);
         for (int c = 0; c < 4; c++) {
             __m512i words[8];
             rows16_words(blk + 16 + 32 * c, stride, words);
@@ -328,7 +333,7 @@ INLINE void q4_k_pass(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *
                 q[16 * c + 8 + k] = _mm512_and_si512(_mm512_srli_epi32(words[k], 4), m4);
             }
         }
-        TOKEN_GROUPS(n, q4_k_tokens, q, scp, mnp, dw, dm, b, a, f)
+        TOKEN_GROUPS(n, q4_k_tokens, q, sc, mnp, dw, dm, b, a, f)
     }
 }
 
@@ -404,7 +409,14 @@ INLINE void q6_k_pass(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *
         }                                                                                                    \
     }
 
-GEMM16_K(gemm16_q4_k, q4_k_pass)
+void hk_gemm16_q4_k(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, float *out, ptrdiff_t os) {
+    __m512 f[K1_TOKENS] __attribute__((aligned(64))); /* (K1_TOKENS,) 16 rows each */
+    for (int t0 = 0; t0 < n; t0 += K1_TOKENS) {
+        const int nk = n - t0 < K1_TOKENS ? n - t0 : K1_TOKENS;
+        q4_k_pass(nb, w, stride, a + t0, nk, f);
+        for (int t = 0; t < nk; t++) _mm512_storeu_ps(out + (ptrdiff_t)(t0 + t) * os, f[t]);
+    }
+}
 GEMM16_K(gemm16_q6_k, q6_k_pass)
 
 #if defined(__clang__)

@@ -138,13 +138,16 @@ INLINE int hsum_epi32_256(__m256i v) {
     return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1))));
 }
 
-/* acc += float(isum) * (dw * da), then -= float(msum) * (dm * da), each one rounding (fused), in lane 0. */
-INLINE void k1_accumulate(const hk_act *a, int b, const int nt, const __m256i *isum, const __m256i *msum, float dw, float dm, __m128 *acc) {
+/* acc += float(isum) * (dw * da) and accm += float(msum) * (dm * da), each one rounding (fused): the mins'
+   products are summed apart and taken off at the end (as llama.cpp's kernels do). */
+INLINE void k1_accumulate(const hk_act *a, int b, const int nt, const __m256i *isum, const __m256i *msum, float dw, float dm,
+                          __m128 *acc, __m128 *accm) {
     HK_UNROLL for (int t = 0; t < nt; t++) {
         const float da = a[t].d[b];
         const __m128 i = _mm_cvtsi32_ss(_mm_setzero_ps(), hsum_epi32_256(isum[t]));
         const __m128 m = _mm_cvtsi32_ss(_mm_setzero_ps(), hsum_epi32_256(msum[t]));
-        acc[t] = _mm_fnmadd_ss(m, _mm_set_ss(dm * da), _mm_fmadd_ss(i, _mm_set_ss(dw * da), acc[t]));
+        acc[t] = _mm_fmadd_ss(i, _mm_set_ss(dw * da), acc[t]);
+        accm[t] = _mm_fmadd_ss(m, _mm_set_ss(dm * da), accm[t]);
     }
 }
 
@@ -159,8 +162,8 @@ INLINE void dot512_q45_k_nt(const int five, int nb, const uint8_t *w, const hk_a
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m256i m16 = _mm256_set1_epi8(0x10);
     const int ts = five ? 176 : 144;
-    __m128 acc[HK_MAX_NT];
-    HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = _mm_setzero_ps();
+    __m128 acc[HK_MAX_NT], accm[HK_MAX_NT];
+    HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = accm[t] = _mm_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = w + (size_t)b * ts, *qs = blk + (five ? 48 : 16);
         __m256i sc = k4_scales(blk + 4), mins16 = k4_mins_pairs(sc), qh = five ? loadu256(blk + 16) : _mm256_setzero_si256();
@@ -184,9 +187,9 @@ INLINE void dot512_q45_k_nt(const int five, int nb, const uint8_t *w, const hk_a
             isum256[t] = _mm256_add_epi32(_mm512_castsi512_si256(isum[t]), _mm512_extracti64x4_epi64(isum[t], 1));
             msum256[t] = _mm256_madd_epi16(bsums_of(&a[t], b), mins16);
         }
-        k1_accumulate(a, b, nt, isum256, msum256, f16x(blk), f16x(blk + 2), acc);
+        k1_accumulate(a, b, nt, isum256, msum256, f16x(blk), f16x(blk + 2), acc, accm);
     }
-    HK_UNROLL for (int t = 0; t < nt; t++) out[t * os] = _mm_cvtss_f32(acc[t]);
+    HK_UNROLL for (int t = 0; t < nt; t++) out[t * os] = _mm_cvtss_f32(_mm_sub_ss(acc[t], accm[t]));
 }
 INLINE void dot512_q4_k_nt(int nb, const uint8_t *w, const hk_act *a, const int nt, float *out, ptrdiff_t os) {
     dot512_q45_k_nt(0, nb, w, a, nt, out, os);
@@ -197,6 +200,24 @@ INLINE void dot512_q5_k_nt(int nb, const uint8_t *w, const hk_act *a, const int 
     dot512_q45_k_nt(1, nb, w, a, nt, out, os);
 }
 NT_DISPATCH(dot512_q5_k)
+
+/* -- Q6_K: dot_q6_k's integer lanes, added up exactly per super-block, then one float step per token (the
+   16-row GEMM's, kernels_avx512_rows16.c) */
+
+INLINE void dot512_q6_k_nt(int nb, const uint8_t *w, const hk_act *a, const int nt, float *out, ptrdiff_t os) {
+    __m128 acc[HK_MAX_NT];
+    HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = _mm_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = w + (size_t)b * 210;
+        const float dw = f16x(blk + 208);
+        __m256i isum[HK_MAX_NT];
+        q6_k_isum(blk, a, b, nt, isum);
+        HK_UNROLL for (int t = 0; t < nt; t++)
+            acc[t] = _mm_fmadd_ss(_mm_cvtsi32_ss(_mm_setzero_ps(), hsum_epi32_256(isum[t])), _mm_set_ss(dw * a[t].d[b]), acc[t]);
+    }
+    HK_UNROLL for (int t = 0; t < nt; t++) out[t * os] = _mm_cvtss_f32(acc[t]);
+}
+NT_DISPATCH(dot512_q6_k)
 
 /* -- IQ4_XS with two 32-element sub-blocks per 512-bit vector: the table values' magnitudes against the
    activations negated where a value is negative (no vpsignb in AVX-512), int16 pairs times each sub-block's scale */
@@ -243,7 +264,7 @@ const hk_isa hk_isa_avx512 = {
         [HK_F32] = FN(dot_f32), [HK_F16] = FN(dot_f16), [HK_BF16] = FN(dot_bf16), [HK_Q4_0] = FN(dot512_q4_0),
         [HK_Q4_1] = FN(dot512_q4_1), [HK_Q5_0] = FN(dot512_q5_0), [HK_Q5_1] = FN(dot512_q5_1), [HK_Q8_0] = FN(dot512_q8_0),
         [HK_Q2_K] = FN(dot_q2_k), [HK_Q3_K] = FN(dot_q3_k), [HK_Q4_K] = FN(dot512_q4_k), [HK_Q5_K] = FN(dot512_q5_k),
-        [HK_Q6_K] = FN(dot_q6_k), [HK_TQ1_0] = FN(dot_tq1_0), [HK_TQ2_0] = FN(dot_tq2_0),
+        [HK_Q6_K] = FN(dot512_q6_k), [HK_TQ1_0] = FN(dot_tq1_0), [HK_TQ2_0] = FN(dot_tq2_0),
         [HK_IQ4_NL] = FN(dot512_iq4_nl), [HK_MXFP4] = FN(dot512_mxfp4), [HK_IQ4_XS] = FN(dot512_iq4_xs),
         [HK_IQ2_XXS] = FN(dot_iq2_xxs), [HK_IQ2_XS] = FN(dot_iq2_xs), [HK_IQ2_S] = FN(dot_iq2_s),
         [HK_IQ3_XXS] = FN(dot_iq3_xxs), [HK_IQ3_S] = FN(dot_iq3_s),

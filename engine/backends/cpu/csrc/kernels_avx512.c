@@ -132,23 +132,19 @@ void hk_gemm16_q6_k(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a,
    sums are added up exactly first, then one float step per token (k1_accumulate): the 16-row GEMM
    (kernels_avx512_rows16.c) takes the same steps with one row per lane, so their results are the same bits. */
 
-INLINE int hsum_epi32_256(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
-    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1))));
+/* The sums of the 8 lanes of i and of m, in lanes 0 and 1 (and again in 2 and 3). */
+INLINE __m128i hsum2_epi32(__m256i i, __m256i m) {
+    const __m256i h = _mm256_hadd_epi32(i, m);
+    const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    return _mm_hadd_epi32(s, s);
 }
 
-/* acc += float(isum) * (dw * da) and accm += float(msum) * (dm * da), each one rounding (fused): the mins'
-   products are summed apart and taken off at the end (as llama.cpp's kernels do). */
-INLINE void k1_accumulate(const hk_act *a, int b, const int nt, const __m256i *isum, const __m256i *msum, float dw, float dm,
-                          __m128 *acc, __m128 *accm) {
-    HK_UNROLL for (int t = 0; t < nt; t++) {
-        const float da = a[t].d[b];
-        const __m128 i = _mm_cvtsi32_ss(_mm_setzero_ps(), hsum_epi32_256(isum[t]));
-        const __m128 m = _mm_cvtsi32_ss(_mm_setzero_ps(), hsum_epi32_256(msum[t]));
-        acc[t] = _mm_fmadd_ss(i, _mm_set_ss(dw * da), acc[t]);
-        accm[t] = _mm_fmadd_ss(m, _mm_set_ss(dm * da), accm[t]);
-    }
+/* acc (lane 0) += float(isum) * (dw * da) and accm (lane 1) += float(msum) * (dm * da), each one rounding
+   (fused); dwm holds dw, dm in lanes 0, 1. The mins' products are summed apart and taken off at the end
+   (as llama.cpp's kernels do). */
+INLINE void k1_accumulate(const hk_act *a, int b, const int nt, const __m256i *isum, const __m256i *msum, __m128 dwm, __m128 *acc) {
+    HK_UNROLL for (int t = 0; t < nt; t++)
+        acc[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum2_epi32(isum[t], msum[t])), _mm_mul_ps(dwm, _mm_set1_ps(a[t].d[b])), acc[t]);
 }
 
 /* int16 lanes 0-15 equal to byte i of the k4_scales vector, lanes 16-31 to byte i + 1. */
@@ -162,8 +158,8 @@ INLINE void dot512_q45_k_nt(const int five, int nb, const uint8_t *w, const hk_a
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m256i m16 = _mm256_set1_epi8(0x10);
     const int ts = five ? 176 : 144;
-    __m128 acc[HK_MAX_NT], accm[HK_MAX_NT];
-    HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = accm[t] = _mm_setzero_ps();
+    __m128 acc[HK_MAX_NT]; /* lane 0: the sums, lane 1: the mins' */
+    HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = _mm_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = w + (size_t)b * ts, *qs = blk + (five ? 48 : 16);
         __m256i sc = k4_scales(blk + 4), mins16 = k4_mins_pairs(sc), qh = five ? loadu256(blk + 16) : _mm256_setzero_si256();
@@ -187,9 +183,9 @@ INLINE void dot512_q45_k_nt(const int five, int nb, const uint8_t *w, const hk_a
             isum256[t] = _mm256_add_epi32(_mm512_castsi512_si256(isum[t]), _mm512_extracti64x4_epi64(isum[t], 1));
             msum256[t] = _mm256_madd_epi16(bsums_of(&a[t], b), mins16);
         }
-        k1_accumulate(a, b, nt, isum256, msum256, f16x(blk), f16x(blk + 2), acc, accm);
+        k1_accumulate(a, b, nt, isum256, msum256, _mm_cvtph_ps(_mm_cvtsi32_si128((int)hk_u32(blk))), acc);
     }
-    HK_UNROLL for (int t = 0; t < nt; t++) out[t * os] = _mm_cvtss_f32(_mm_sub_ss(acc[t], accm[t]));
+    HK_UNROLL for (int t = 0; t < nt; t++) out[t * os] = _mm_cvtss_f32(_mm_sub_ss(acc[t], _mm_movehdup_ps(acc[t])));
 }
 INLINE void dot512_q4_k_nt(int nb, const uint8_t *w, const hk_act *a, const int nt, float *out, ptrdiff_t os) {
     dot512_q45_k_nt(0, nb, w, a, nt, out, os);
@@ -213,7 +209,7 @@ INLINE void dot512_q6_k_nt(int nb, const uint8_t *w, const hk_act *a, const int 
         __m256i isum[HK_MAX_NT];
         q6_k_isum(blk, a, b, nt, isum);
         HK_UNROLL for (int t = 0; t < nt; t++)
-            acc[t] = _mm_fmadd_ss(_mm_cvtsi32_ss(_mm_setzero_ps(), hsum_epi32_256(isum[t])), _mm_set_ss(dw * a[t].d[b]), acc[t]);
+            acc[t] = _mm_fmadd_ss(_mm_cvtepi32_ps(hsum2_epi32(isum[t], isum[t])), _mm_set_ss(dw * a[t].d[b]), acc[t]);
     }
     HK_UNROLL for (int t = 0; t < nt; t++) out[t * os] = _mm_cvtss_f32(acc[t]);
 }

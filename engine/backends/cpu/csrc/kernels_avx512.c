@@ -197,8 +197,42 @@ INLINE void dot512_q5_k_nt(int nb, const uint8_t *w, const hk_act *a, const int 
 }
 NT_DISPATCH(dot512_q5_k)
 
-/* -- Q6_K: dot_q6_k's integer lanes, added up exactly per super-block, then one float step per token (the
-   16-row GEMM's, kernels_avx512_rows16.c) */
+/* -- Q6_K: a super-block's integer lanes added up exactly, then one float step per token (the 16-row GEMM's,
+   kernels_avx512_rows16.c) */
+
+/* The integer lanes of a Q6_K super-block b against nt tokens, 64 elements per 512-bit vector: group g
+   (elements 64g .. 64g + 63: bytes 64h.. of ql, low nibbles for g = 2h, high for 2h + 1; qh's 32 bytes at
+   128 + 32h, shifted to bits 4-5 per 32-element quarter) times sub-block scales 4g .. 4g + 3. The lanes'
+   sum is the super-block's exact integer dot, as q6_k_isum's (the float steps see only that sum). */
+INLINE void q6_k_isum512(const uint8_t *blk, const hk_act *a, int b, const int nt, __m256i *isum) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m512i up = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);   /* quarters 0, 1: bits 0-1, 2-3 */
+    const __m512i down = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1); /* quarters 2, 3: bits 4-5, 6-7 */
+    const __m128i sc8 = loadu128(blk + 192);
+    const __m256i sc8x2 = _mm256_broadcastsi128_si256(sc8);
+    __m512i acc[HK_MAX_NT];
+    HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_si512();
+    HK_UNROLL for (int h = 0; h < 2; h++) {
+        const __m512i ql = _mm512_loadu_si512(blk + 64 * h), qh = _mm512_broadcast_i64x4(loadu256(blk + 128 + 32 * h));
+        HK_UNROLL for (int e = 0; e < 2; e++) {
+            const int g = 2 * h + e;
+            const __m512i lo = e ? _mm512_srli_epi16(ql, 4) : ql;
+            const __m512i hi = e ? _mm512_srlv_epi16(qh, down) : _mm512_sllv_epi16(qh, up);
+            const __m512i q = _mm512_or_si512(_mm512_and_si512(lo, m4), _mm512_and_si512(hi, m30));
+            const __m256i pick = _mm256_setr_epi8(4 * g, 4 * g, 4 * g, 4 * g, 4 * g, 4 * g, 4 * g, 4 * g, 4 * g + 1, 4 * g + 1, 4 * g + 1,
+                                                  4 * g + 1, 4 * g + 1, 4 * g + 1, 4 * g + 1, 4 * g + 1, 4 * g + 2, 4 * g + 2, 4 * g + 2,
+                                                  4 * g + 2, 4 * g + 2, 4 * g + 2, 4 * g + 2, 4 * g + 2, 4 * g + 3, 4 * g + 3, 4 * g + 3,
+                                                  4 * g + 3, 4 * g + 3, 4 * g + 3, 4 * g + 3, 4 * g + 3);
+            const __m512i sc = _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(sc8x2, pick));
+            HK_UNROLL for (int t = 0; t < nt; t++)
+                acc[t] = _mm512_dpwssd_epi32(acc[t], _mm512_maddubs_epi16(q, _mm512_loadu_si512(a[t].qs + 256 * b + 64 * g)), sc);
+        }
+    }
+    const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+    HK_UNROLL for (int t = 0; t < nt; t++) /* less 32 * sum(scale * bsum) */
+        isum[t] = _mm256_sub_epi32(_mm256_add_epi32(_mm512_castsi512_si256(acc[t]), _mm512_extracti64x4_epi64(acc[t], 1)),
+                                   _mm256_slli_epi32(_mm256_madd_epi16(bsums_of(&a[t], b), sc16), 5));
+}
 
 INLINE void dot512_q6_k_nt(int nb, const uint8_t *w, const hk_act *a, const int nt, float *out, ptrdiff_t os) {
     __m128 acc[HK_MAX_NT];
@@ -207,7 +241,7 @@ INLINE void dot512_q6_k_nt(int nb, const uint8_t *w, const hk_act *a, const int 
         const uint8_t *blk = w + (size_t)b * 210;
         const float dw = f16x(blk + 208);
         __m256i isum[HK_MAX_NT];
-        q6_k_isum(blk, a, b, nt, isum);
+        q6_k_isum512(blk, a, b, nt, isum);
         HK_UNROLL for (int t = 0; t < nt; t++)
             acc[t] = _mm_fmadd_ss(_mm_cvtepi32_ps(hsum2_epi32(isum[t], isum[t])), _mm_set_ss(dw * a[t].d[b]), acc[t]);
     }

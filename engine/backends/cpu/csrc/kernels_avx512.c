@@ -132,11 +132,11 @@ void hk_gemm16_q6_k(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a,
    sums are added up exactly first, then one float step per token (k1_accumulate): the 16-row GEMM
    (kernels_avx512_rows16.c) takes the same steps with one row per lane, so their results are the same bits. */
 
-/* The sums of the 8 lanes of i and of m, in lanes 0 and 1 (and again in 2 and 3). */
+/* The sums of the 8 lanes of i and of m, in lanes 0 and 1 (single-uop shuffles: no vphaddd). */
 INLINE __m128i hsum2_epi32(__m256i i, __m256i m) {
-    const __m256i h = _mm256_hadd_epi32(i, m);
+    const __m256i h = _mm256_add_epi32(_mm256_unpacklo_epi32(i, m), _mm256_unpackhi_epi32(i, m));
     const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-    return _mm_hadd_epi32(s, s);
+    return _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
 }
 
 /* acc (lane 0) += float(isum) * (dw * da) and accm (lane 1) += float(msum) * (dm * da), each one rounding

@@ -399,7 +399,8 @@ def test_k_quant_products_at_the_extremes_of_codes_scales_and_activations(qtype)
 def test_k_quant_products_are_float32_exact_on_exact_activations(qtype):
     """Activations whose 8-bit quantization is exact (integers times 2^-5, each 256 holding a 127): every product,
     one token alone and in a GEMM of 70, is the float64 dot of the dequantized rows to float32 rounding (each
-    super-block's sum exact in integers, one rounded step per super-block), far inside assert_matches' bound."""
+    super-block's sum exact in integers, one rounded step per super-block), far inside assert_matches' bound.
+    The NumPy fallback's float32 BLAS rounds more."""
     rng = np.random.default_rng(int(qtype) + 300)
     w = random_weights(qtype, 37, 8 * 256, rng)
     codes = rng.integers(-126, 127, (70, 8 * 256))
@@ -408,7 +409,7 @@ def test_k_quant_products_are_float32_exact_on_exact_activations(qtype):
     exact = x.astype(np.float64) @ dequantize(w, qtype).astype(np.float64).reshape(37, -1).T
     for got in (kernels.matmul(w, qtype, x), kernels.matmul(w, qtype, x[:1])):
         error = np.abs(got - exact[:len(got)]).max() / np.abs(exact).max()
-        assert error < 4e-7, error
+        assert error < (4e-7 if kernels.AVAILABLE else 2e-6), error  # the NumPy fallback: float32 BLAS sums
 
 
 def test_log_sum_exp_matches_float64():

@@ -1,18 +1,24 @@
-/* The sampler's top-k over a whole vocabulary in one pass: NumPy's argpartition over 150k-260k logits was most of
-   a chat-default sampling step. The k best (logit, id) pairs, best first, where a higher logit is better and
-   among equal logits the lower id: the same set and order as the NumPy fallback in vector_math.py. */
+/* The sampler's arithmetic over a whole vocabulary (150k-260k logits), where NumPy took milliseconds a token.
+
+   top_k_sorted: the k best (logit, id) pairs in one pass, best first, where a higher logit is better and among
+   equal logits the lower id: the same set and order as the NumPy fallback in vector_math.py.
+   sample_vocabulary: with top-k off, top-p, min-p, temperature and the inverse-CDF draw over every id in a few
+   passes: the nucleus by a three-level radix select on the weights' bits instead of a sort. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "sampling.h"
+#include "vecops.h"
 
 typedef float hk_v4 __attribute__((vector_size(16))); /* GCC/Clang vectors: SSE2 or NEON, no ISA dispatch */
 typedef int32_t hk_i4 __attribute__((vector_size(16)));
+typedef double hk_d4 __attribute__((vector_size(32)));
 
 typedef struct {
     float v;
@@ -113,6 +119,30 @@ static PyArrayObject *as_1d(PyObject *obj, int type, const char *what) {
     return (PyArrayObject *)obj;
 }
 
+/* The replaced logits (ids, values) as pairs sorted by id, or NULL with an exception: ids must be distinct and in
+   [0, n). The caller frees the result with PyMem_Free. */
+static hk_scored *read_overrides(PyArrayObject *ia, PyArrayObject *va, int64_t n) {
+    const int64_t m = PyArray_DIM(ia, 0);
+    if (PyArray_DIM(va, 0) != m) {
+        PyErr_Format(PyExc_ValueError, "ids and values differ in length");
+        return NULL;
+    }
+    const float *vals = PyArray_DATA(va);
+    const int64_t *ids = PyArray_DATA(ia);
+    hk_scored *over = PyMem_Malloc(sizeof(hk_scored) * (size_t)(m ? m : 1));
+    if (!over) return (hk_scored *)PyErr_NoMemory();
+    for (int64_t j = 0; j < m; j++) over[j] = (hk_scored){vals[j], ids[j]};
+    qsort(over, (size_t)m, sizeof(hk_scored), cmp_id);
+    for (int64_t j = 0; j < m; j++) {
+        if (over[j].id < 0 || over[j].id >= n || (j && over[j].id == over[j - 1].id)) {
+            PyMem_Free(over);
+            PyErr_Format(PyExc_ValueError, "replaced ids must be distinct and in [0, %lld)", (long long)n);
+            return NULL;
+        }
+    }
+    return over;
+}
+
 /* top_k_sorted(logits, k, ids, values) -> (ids int64 (k,), scores float32 (k,)), best first. ``ids``/``values``
    replace those logits (the penalised ones) without a copy of the vocabulary; ids must be distinct. */
 static PyObject *py_top_k_sorted(PyObject *self, PyObject *args) {
@@ -124,24 +154,13 @@ static PyObject *py_top_k_sorted(PyObject *self, PyObject *args) {
     if (!la || !ia || !va) return NULL;
     const int64_t n = PyArray_DIM(la, 0), m = PyArray_DIM(ia, 0);
     if (k < 1 || k > n) return PyErr_Format(PyExc_ValueError, "k must be in [1, %lld], got %zd", (long long)n, k);
-    if (PyArray_DIM(va, 0) != m) return PyErr_Format(PyExc_ValueError, "ids and values differ in length");
-    const float *x = PyArray_DATA(la), *vals = PyArray_DATA(va);
-    const int64_t *ids = PyArray_DATA(ia);
-    hk_scored *over = PyMem_Malloc(sizeof(hk_scored) * (size_t)(m ? m : 1));
+    const float *x = PyArray_DATA(la);
+    hk_scored *over = read_overrides(ia, va, n);
+    if (!over) return NULL;
     hk_scored *heap = PyMem_Malloc(sizeof(hk_scored) * (size_t)k);
-    if (!over || !heap) {
+    if (!heap) {
         PyMem_Free(over);
-        PyMem_Free(heap);
         return PyErr_NoMemory();
-    }
-    for (int64_t j = 0; j < m; j++) over[j] = (hk_scored){vals[j], ids[j]};
-    qsort(over, (size_t)m, sizeof(hk_scored), cmp_id);
-    for (int64_t j = 0; j < m; j++) {
-        if (over[j].id < 0 || over[j].id >= n || (j && over[j].id == over[j - 1].id)) {
-            PyMem_Free(over);
-            PyMem_Free(heap);
-            return PyErr_Format(PyExc_ValueError, "replaced ids must be distinct and in [0, %lld)", (long long)n);
-        }
     }
     hk_top t = {heap, k, 0};
     Py_BEGIN_ALLOW_THREADS
@@ -174,8 +193,273 @@ static PyObject *py_top_k_sorted(PyObject *self, PyObject *args) {
     return Py_BuildValue("(NN)", out_ids, out_v);
 }
 
+/* -- sample_vocabulary: top-p, min-p, temperature and the draw over every id ------------------------------------ */
+
+#define HK_TINY 0x1p-125f /* a weight below this (e^-86.6 of the best token's) counts as 0, as in vector_math.py */
+#define HK_BLOCK 512      /* the draw's ids per block: block sums first, then a running sum inside one block */
+
+static inline uint32_t bits_of(float w) {
+    uint32_t b;
+    memcpy(&b, &w, 4);
+    return b; /* for w >= 0 the bits order as the values do */
+}
+
+/* The highest of x[0:n]; *bad = 1 if any is NaN. */
+static float max_checked(const float *x, int64_t n, int *bad) {
+    const float ninf = -INFINITY;
+    hk_v4 m0 = {ninf, ninf, ninf, ninf}, m1 = m0;
+    hk_i4 nan = {0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        hk_v4 a, b;
+        memcpy(&a, x + i, 16), memcpy(&b, x + i + 4, 16);
+        nan |= (a != a) | (b != b);
+        hk_i4 ga = a > m0, gb = b > m1;
+        m0 = (hk_v4)((ga & (hk_i4)a) | (~ga & (hk_i4)m0));
+        m1 = (hk_v4)((gb & (hk_i4)b) | (~gb & (hk_i4)m1));
+    }
+    int any = (nan[0] | nan[1] | nan[2] | nan[3]) != 0;
+    float m = ninf;
+    for (int j = 0; j < 4; j++) {
+        if (m0[j] > m) m = m0[j];
+        if (m1[j] > m) m = m1[j];
+    }
+    for (; i < n; i++) {
+        if (x[i] != x[i]) any = 1;
+        else if (x[i] > m) m = x[i];
+    }
+    *bad = any;
+    return m;
+}
+
+/* Weights in w[0:n] below HK_TINY set to 0 (the vector exp floors at about 2^-126 instead of reaching 0);
+   returns the sum of w in double. */
+static double flush_and_sum(float *w, int64_t n) {
+    const hk_v4 tiny = {HK_TINY, HK_TINY, HK_TINY, HK_TINY};
+    hk_d4 a = {0, 0, 0, 0}, b = a;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        hk_v4 x, y;
+        memcpy(&x, w + i, 16), memcpy(&y, w + i + 4, 16);
+        x = (hk_v4)((hk_i4)x & (x >= tiny));
+        y = (hk_v4)((hk_i4)y & (y >= tiny));
+        memcpy(w + i, &x, 16), memcpy(w + i + 4, &y, 16);
+        a += __builtin_convertvector(x, hk_d4);
+        b += __builtin_convertvector(y, hk_d4);
+    }
+    a += b;
+    double s = (a[0] + a[1]) + (a[2] + a[3]);
+    for (; i < n; i++) {
+        if (!(w[i] >= HK_TINY)) w[i] = 0.0f;
+        s += w[i];
+    }
+    return s;
+}
+
+/* exp(x - m) in place over x[0:n] in the vector exp of the decoder, then flushed as above; returns the sum. */
+static double exp_weights(const hk_vecops *vo, float *x, int64_t n, float m) {
+    for (int64_t i = 0; i < n; i += 1 << 20) vo->exp_sum(x + i, (int)(n - i < (1 << 20) ? n - i : 1 << 20), m);
+    return flush_and_sum(x, n);
+}
+
+/* The nucleus: keep w_i > w, and w_i == w for ids up to last (ties keep their lowest ids). */
+typedef struct {
+    float w;
+    int64_t last;
+} hk_nucleus;
+
+/* Walks buckets top..0 (the heavier weights first) adding their mass to *cum, stopping at the one where the
+   cumulative share reaches p, or else at the last non-empty one; returns it, with *cum the mass before it. */
+static int walk_buckets(const double *mass, const int64_t *count, int top, double *cum, double total, double p) {
+    double c = *cum, before = c;
+    int last = -1;
+    for (int k = top; k >= 0; k--) {
+        if (!count[k]) continue;
+        before = c;
+        c += mass[k];
+        last = k;
+        if (c / total >= p) break;
+    }
+    *cum = before;
+    return last;
+}
+
+/* The smallest set of the heaviest weights (ties: lower ids first) holding at least p of total, as a sort by
+   weight then a running sum would find it: a radix select on the weights' bits, 10 bits a level, collecting
+   only the ids in the bucket where the running sum crosses p. Weights under t cannot be in it (all of them
+   together hold less than 1 - p of the total) and are skipped. cand and group hold n ids each. */
+static hk_nucleus nucleus(const float *w, int64_t n, double total, double p, int32_t *cand, int32_t *group) {
+    static const int SHIFT[3] = {20, 10, 0};
+    double mass[1024];
+    int64_t count[1024], start[1025];
+    float t = (float)(0.5 * (1.0 - p) * total / (double)n);
+    if (!(t >= HK_TINY)) t = HK_TINY;
+    double cum = 0.0;
+    int64_t nc = 0;
+    uint32_t prefix = 0;
+    for (int level = 0; level < 3; level++) {
+        const int sh = SHIFT[level];
+        memset(mass, 0, sizeof mass), memset(count, 0, sizeof count);
+        if (level == 0) {
+            for (int64_t i = 0; i < n; i++) {
+                if (w[i] >= t) {
+                    uint32_t k = bits_of(w[i]) >> 20;
+                    mass[k] += w[i], count[k]++;
+                }
+            }
+        } else {
+            for (int64_t j = 0; j < nc; j++) {
+                uint32_t k = (bits_of(w[cand[j]]) >> sh) & 1023;
+                mass[k] += w[cand[j]], count[k]++;
+            }
+        }
+        if (level == 2) break;
+        int k = walk_buckets(mass, count, level ? 1023 : (int)(bits_of(1.0f) >> 20), &cum, total, p);
+        prefix |= (uint32_t)k << sh;
+        const uint32_t high = level ? 0xFFFFFFFFu << sh : 0xFFFFFFFFu << 20;
+        if (level == 0) {
+            for (int64_t i = 0; i < n; i++)
+                if (w[i] >= t && (bits_of(w[i]) & high) == prefix) cand[nc++] = (int32_t)i;
+        } else {
+            int64_t kept = 0;
+            for (int64_t j = 0; j < nc; j++)
+                if ((bits_of(w[cand[j]]) & high) == prefix) cand[kept++] = cand[j];
+            nc = kept;
+        }
+    }
+    /* the last level's buckets are single values: groups of equal weights, each walked in id order */
+    start[0] = 0;
+    for (int k = 0; k < 1024; k++) start[k + 1] = start[k] + count[k];
+    for (int64_t j = 0; j < nc; j++) group[start[bits_of(w[cand[j]]) & 1023]++] = cand[j];
+    hk_nucleus found = {0.0f, -1};
+    int64_t end = nc;
+    for (int k = 1023; k >= 0; k--) {
+        const int64_t begin = end - count[k];
+        for (int64_t j = begin; j < end; j++) {
+            const float v = w[group[j]];
+            cum += v;
+            found = (hk_nucleus){v, group[j]};
+            if (cum / total >= p) return found;
+        }
+        end = begin;
+    }
+    return found; /* the running sum fell short of p by rounding: everything collected is kept */
+}
+
+typedef struct {
+    const float *z;  /* (n,) the logits with the penalised ones replaced */
+    float *w;        /* (n,) scratch: the weights */
+    double *cdf;     /* (n / HK_BLOCK + 1,) the running sums of the draw's block weights */
+    int32_t *cand;   /* (n,) */
+    int32_t *group;  /* (n,) */
+    int64_t n;
+} hk_draw_work;
+
+/* The draw (see py_sample_vocabulary); returns the id, or -1 when nothing finite is left to draw from. */
+static int64_t draw(const hk_draw_work *d, double top_p, double min_p, double temperature, double u,
+                    double *logprob) {
+    const int64_t n = d->n;
+    const float *z = d->z;
+    float *w = d->w;
+    int bad;
+    float top = max_checked(z, n, &bad);
+    if (bad || !isfinite(top)) return -1;
+    const hk_vecops *vo = hk_vecops_active();
+    const int nucleus_on = top_p < 1.0;
+    hk_nucleus ns = {0.0f, n};
+    if (nucleus_on) {
+        memcpy(w, z, sizeof(float) * (size_t)n);
+        ns = nucleus(w, n, exp_weights(vo, w, n, top), top_p, d->cand, d->group);
+        if (ns.w == 1.0f) { /* the best logit may have lost a tie at weight 1 to a lower id: the kept maximum */
+            top = -INFINITY;
+            for (int64_t i = 0; i <= ns.last; i++)
+                if (w[i] == 1.0f && z[i] > top) top = z[i];
+        }
+    }
+    const float temp = (float)temperature, thr = min_p > 0.0 ? top + (float)log(min_p) : -INFINITY;
+    const float shift = top / temp; /* the highest tempered logit left */
+    if (!isfinite(shift)) return -1;
+    const int reuse = nucleus_on && temp == 1.0f; /* z / 1 = z: the nucleus's weights are the draw's */
+    for (int64_t i = 0; i < n; i++) {
+        const int keep = z[i] >= thr && (!nucleus_on || w[i] > ns.w || (w[i] == ns.w && i <= ns.last));
+        w[i] = reuse ? (keep ? w[i] : 0.0f) : (keep ? z[i] / temp : -INFINITY);
+    }
+    if (!reuse)
+        for (int64_t i = 0; i < n; i += 1 << 20) vo->exp_sum(w + i, (int)(n - i < (1 << 20) ? n - i : 1 << 20), shift);
+    const int64_t nb = (n + HK_BLOCK - 1) / HK_BLOCK;
+    double run = 0.0;
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t lo = b * HK_BLOCK, len = n - lo < HK_BLOCK ? n - lo : HK_BLOCK;
+        run += flush_and_sum(w + lo, len);
+        d->cdf[b] = run;
+    }
+    const double total = run;
+    double point = u * total;
+    if (point >= total) point = nextafter(total, 0.0); /* u * total can round up to total itself */
+    int64_t b = 0;
+    while (b < nb - 1 && !(d->cdf[b] > point)) b++;
+    const int64_t lo = b * HK_BLOCK, len = n - lo < HK_BLOCK ? n - lo : HK_BLOCK;
+    const double target = point - (b ? d->cdf[b - 1] : 0.0);
+    double inside = 0.0;
+    int64_t pick = -1;
+    for (int64_t j = 0; j < len && pick < 0; j++) {
+        inside += w[lo + j];
+        if (inside > target) pick = lo + j;
+    }
+    for (int64_t j = len - 1; pick < 0 && j >= 0; j--) /* rounding put the point at the block's end */
+        if (w[lo + j] != 0.0f) pick = lo + j;
+    *logprob = log((double)w[pick]) - log(total);
+    return pick;
+}
+
+/* sample_vocabulary(logits, ids, values, top_p, min_p, temperature, u) -> (id, logprob): top-p (< 1), min-p
+   (> 0), temperature (> 0) and the inverse-CDF draw at u in [0, 1) over every id, the penalised logits given
+   as (ids, values) beside the model's. id -1 (logprob NaN): NaN or +inf among the logits, or nothing finite. */
+static PyObject *py_sample_vocabulary(PyObject *self, PyObject *args) {
+    PyObject *lo, *io, *vo;
+    double top_p, min_p, temperature, u;
+    if (!PyArg_ParseTuple(args, "OOOdddd", &lo, &io, &vo, &top_p, &min_p, &temperature, &u)) return NULL;
+    PyArrayObject *la = as_1d(lo, NPY_FLOAT32, "logits"), *ia = as_1d(io, NPY_INT64, "ids"),
+                  *va = as_1d(vo, NPY_FLOAT32, "values");
+    if (!la || !ia || !va) return NULL;
+    const int64_t n = PyArray_DIM(la, 0), m = PyArray_DIM(ia, 0);
+    if (n < 1 || n > INT32_MAX) return PyErr_Format(PyExc_ValueError, "logits must hold 1 to 2^31 - 1 values");
+    if (!(top_p >= 0.0 && top_p <= 1.0) || !(min_p >= 0.0 && min_p <= 1.0) || !(temperature > 0.0) ||
+        !isfinite(temperature) || !(u >= 0.0 && u < 1.0))
+        return PyErr_Format(PyExc_ValueError, "need 0 <= top_p, min_p <= 1, a finite temperature > 0, 0 <= u < 1");
+    hk_scored *over = read_overrides(ia, va, n);
+    if (!over) return NULL;
+    const int64_t nb = (n + HK_BLOCK - 1) / HK_BLOCK;
+    char *scratch = PyMem_Malloc(sizeof(float) * (size_t)n * (m ? 2 : 1) + sizeof(double) * (size_t)nb +
+                                 sizeof(int32_t) * 2 * (size_t)n);
+    if (!scratch) {
+        PyMem_Free(over);
+        return PyErr_NoMemory();
+    }
+    hk_draw_work d = {PyArray_DATA(la), NULL, (double *)scratch, NULL, NULL, n};
+    d.w = (float *)(d.cdf + nb);
+    d.cand = (int32_t *)(d.w + n);
+    d.group = d.cand + n;
+    int64_t id;
+    double logprob = NAN;
+    Py_BEGIN_ALLOW_THREADS
+    if (m) { /* the model's logits with the penalised ones replaced */
+        float *z = (float *)(d.group + n);
+        memcpy(z, d.z, sizeof(float) * (size_t)n);
+        for (int64_t j = 0; j < m; j++) z[over[j].id] = over[j].v;
+        d.z = z;
+    }
+    id = draw(&d, top_p, min_p, temperature, u, &logprob);
+    Py_END_ALLOW_THREADS
+    PyMem_Free(scratch);
+    PyMem_Free(over);
+    return Py_BuildValue("(Ld)", (long long)id, logprob);
+}
+
 static PyMethodDef METHODS[] = {
     {"top_k_sorted", py_top_k_sorted, METH_VARARGS, "top_k_sorted(logits, k, ids, values)"},
+    {"sample_vocabulary", py_sample_vocabulary, METH_VARARGS,
+     "sample_vocabulary(logits, ids, values, top_p, min_p, temperature, u)"},
     {NULL, NULL, 0, NULL},
 };
 

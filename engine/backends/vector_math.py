@@ -159,7 +159,8 @@ def _sample_vocabulary_numpy(logits: np.ndarray, ids: np.ndarray, values: np.nda
         top = np.max(z)
     if min_p > 0.0:
         z = np.where(z >= top + math.log(min_p), z, np.float32(-np.inf))
-    z = z / np.asarray(temperature, dtype=np.float32)
+    with np.errstate(over="ignore"):  # a temperature near 0 overflows: refused just below, as in the extension
+        z = z / np.asarray(temperature, dtype=np.float32)
     if not math.isfinite(np.max(z)):
         return -1, math.nan
     weights = exp_shifted(z)

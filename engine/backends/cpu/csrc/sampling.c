@@ -9,6 +9,7 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -195,6 +196,41 @@ static PyObject *py_top_k_sorted(PyObject *self, PyObject *args) {
 
 /* -- sample_vocabulary: top-p, min-p, temperature and the draw over every id ------------------------------------ */
 
+/* This thread's scratch of at least size bytes, kept from call to call (fresh pages of a new allocation fault
+   in, one by one, every token); NULL when out of memory. Freed when the thread ends. */
+static pthread_key_t SCRATCH_KEY;
+static pthread_once_t SCRATCH_ONCE = PTHREAD_ONCE_INIT;
+
+typedef struct {
+    size_t size;
+    char *data;
+} hk_scratch;
+
+static void scratch_free(void *p) {
+    free(((hk_scratch *)p)->data);
+    free(p);
+}
+
+static void scratch_key(void) { pthread_key_create(&SCRATCH_KEY, scratch_free); }
+
+static char *thread_scratch(size_t size) {
+    pthread_once(&SCRATCH_ONCE, scratch_key);
+    hk_scratch *s = pthread_getspecific(SCRATCH_KEY);
+    if (!s) {
+        if (!(s = calloc(1, sizeof *s))) return NULL;
+        if (pthread_setspecific(SCRATCH_KEY, s) != 0) {
+            free(s);
+            return NULL;
+        }
+    }
+    if (s->size < size) {
+        free(s->data);
+        s->data = malloc(size);
+        s->size = s->data ? size : 0;
+    }
+    return s->data;
+}
+
 #define HK_TINY 0x1p-125f /* a weight below this (e^-86.6 of the best token's) counts as 0, as in vector_math.py */
 #define HK_BLOCK 512      /* the draw's ids per block: block sums first, then a running sum inside one block */
 
@@ -301,10 +337,19 @@ static hk_nucleus nucleus(const float *w, int64_t n, double total, double p, int
         const int sh = SHIFT[level];
         memset(mass, 0, sizeof mass), memset(count, 0, sizeof count);
         if (level == 0) {
-            for (int64_t i = 0; i < n; i++) {
-                if (w[i] >= t) {
-                    uint32_t k = bits_of(w[i]) >> 20;
-                    mass[k] += w[i], count[k]++;
+            const hk_v4 t4 = {t, t, t, t};
+            for (int64_t i = 0; i < n; i += 8) {
+                if (i + 8 <= n) { /* most of a real model's vocabulary is far below t: 8 ruled out at once */
+                    hk_v4 a, b;
+                    memcpy(&a, w + i, 16), memcpy(&b, w + i + 4, 16);
+                    hk_i4 over = (a >= t4) | (b >= t4);
+                    if (!(over[0] | over[1] | over[2] | over[3])) continue;
+                }
+                for (int64_t j = i; j < i + 8 && j < n; j++) {
+                    if (w[j] >= t) {
+                        uint32_t k = bits_of(w[j]) >> 20;
+                        mass[k] += w[j], count[k]++;
+                    }
                 }
             }
         } else {
@@ -316,10 +361,23 @@ static hk_nucleus nucleus(const float *w, int64_t n, double total, double p, int
         if (level == 2) break;
         int k = walk_buckets(mass, count, level ? 1023 : (int)(bits_of(1.0f) >> 20), &cum, total, p);
         prefix |= (uint32_t)k << sh;
-        const uint32_t high = level ? 0xFFFFFFFFu << sh : 0xFFFFFFFFu << 20;
-        if (level == 0) {
-            for (int64_t i = 0; i < n; i++)
-                if (w[i] >= t && (bits_of(w[i]) & high) == prefix) cand[nc++] = (int32_t)i;
+        const uint32_t high = 0xFFFFFFFFu << sh;
+        if (level == 0) { /* the bucket's weights are the values in [lo, hi) */
+            const uint32_t hi_bits = prefix + (1u << 20);
+            float lo, hi;
+            memcpy(&lo, &prefix, 4), memcpy(&hi, &hi_bits, 4);
+            if (lo < t) lo = t;
+            const hk_v4 lo4 = {lo, lo, lo, lo}, hi4 = {hi, hi, hi, hi};
+            for (int64_t i = 0; i < n; i += 8) {
+                if (i + 8 <= n) {
+                    hk_v4 a, b;
+                    memcpy(&a, w + i, 16), memcpy(&b, w + i + 4, 16);
+                    hk_i4 in = ((a >= lo4) & (a < hi4)) | ((b >= lo4) & (b < hi4));
+                    if (!(in[0] | in[1] | in[2] | in[3])) continue;
+                }
+                for (int64_t j = i; j < i + 8 && j < n; j++)
+                    if (w[j] >= lo && w[j] < hi) cand[nc++] = (int32_t)j;
+            }
         } else {
             int64_t kept = 0;
             for (int64_t j = 0; j < nc; j++)
@@ -355,6 +413,32 @@ typedef struct {
     int64_t n;
 } hk_draw_work;
 
+/* w[i] = what the draw exponentiates for id i: z_i / temp where z_i >= thr and (nucleus_on) i is in the
+   nucleus, else -inf; with reuse (temp 1 after a nucleus), w_i itself where kept, else 0. */
+static void keep_survivors(const float *z, float *w, int64_t n, float thr, int nucleus_on, hk_nucleus ns, float temp,
+                           int reuse) {
+    const float drop = reuse ? 0.0f : -INFINITY;
+    const int32_t last = (int32_t)(ns.last < INT32_MAX ? ns.last : INT32_MAX);
+    const hk_v4 thr4 = {thr, thr, thr, thr}, ws = {ns.w, ns.w, ns.w, ns.w}, t4 = {temp, temp, temp, temp},
+                drop4 = {drop, drop, drop, drop};
+    const hk_i4 last4 = {last, last, last, last}, four = {4, 4, 4, 4};
+    hk_i4 id = {0, 1, 2, 3};
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4, id += four) {
+        hk_v4 zv, wv;
+        memcpy(&zv, z + i, 16), memcpy(&wv, w + i, 16);
+        hk_i4 keep = zv >= thr4;
+        if (nucleus_on) keep &= (wv > ws) | ((wv == ws) & (id <= last4));
+        const hk_v4 v = reuse ? wv : zv / t4; /* the same IEEE division as NumPy's, four at a time */
+        const hk_v4 out = (hk_v4)((keep & (hk_i4)v) | (~keep & (hk_i4)drop4));
+        memcpy(w + i, &out, 16);
+    }
+    for (; i < n; i++) {
+        const int keep = z[i] >= thr && (!nucleus_on || w[i] > ns.w || (w[i] == ns.w && i <= ns.last));
+        w[i] = keep ? (reuse ? w[i] : z[i] / temp) : drop;
+    }
+}
+
 /* The draw (see py_sample_vocabulary); returns the id, or -1 when nothing finite is left to draw from. */
 static int64_t draw(const hk_draw_work *d, double top_p, double min_p, double temperature, double u,
                     double *logprob) {
@@ -380,10 +464,7 @@ static int64_t draw(const hk_draw_work *d, double top_p, double min_p, double te
     const float shift = top / temp; /* the highest tempered logit left */
     if (!isfinite(shift)) return -1;
     const int reuse = nucleus_on && temp == 1.0f; /* z / 1 = z: the nucleus's weights are the draw's */
-    for (int64_t i = 0; i < n; i++) {
-        const int keep = z[i] >= thr && (!nucleus_on || w[i] > ns.w || (w[i] == ns.w && i <= ns.last));
-        w[i] = reuse ? (keep ? w[i] : 0.0f) : (keep ? z[i] / temp : -INFINITY);
-    }
+    keep_survivors(z, w, n, thr, nucleus_on, ns, temp, reuse);
     if (!reuse)
         for (int64_t i = 0; i < n; i += 1 << 20) vo->exp_sum(w + i, (int)(n - i < (1 << 20) ? n - i : 1 << 20), shift);
     const int64_t nb = (n + HK_BLOCK - 1) / HK_BLOCK;
@@ -430,8 +511,8 @@ static PyObject *py_sample_vocabulary(PyObject *self, PyObject *args) {
     hk_scored *over = read_overrides(ia, va, n);
     if (!over) return NULL;
     const int64_t nb = (n + HK_BLOCK - 1) / HK_BLOCK;
-    char *scratch = PyMem_Malloc(sizeof(float) * (size_t)n * (m ? 2 : 1) + sizeof(double) * (size_t)nb +
-                                 sizeof(int32_t) * 2 * (size_t)n);
+    char *scratch = thread_scratch(sizeof(float) * (size_t)n * (m ? 2 : 1) + sizeof(double) * (size_t)nb +
+                                   sizeof(int32_t) * 2 * (size_t)n);
     if (!scratch) {
         PyMem_Free(over);
         return PyErr_NoMemory();
@@ -451,7 +532,6 @@ static PyObject *py_sample_vocabulary(PyObject *self, PyObject *args) {
     }
     id = draw(&d, top_p, min_p, temperature, u, &logprob);
     Py_END_ALLOW_THREADS
-    PyMem_Free(scratch);
     PyMem_Free(over);
     return Py_BuildValue("(Ld)", (long long)id, logprob);
 }

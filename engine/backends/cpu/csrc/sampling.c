@@ -19,7 +19,7 @@
 
 typedef float hk_v4 __attribute__((vector_size(16))); /* GCC/Clang vectors: SSE2 or NEON, no ISA dispatch */
 typedef int32_t hk_i4 __attribute__((vector_size(16)));
-typedef double hk_d4 __attribute__((vector_size(32)));
+typedef double hk_d2 __attribute__((vector_size(16)));
 
 typedef struct {
     float v;
@@ -272,7 +272,7 @@ static float max_checked(const float *x, int64_t n, int *bad) {
    returns the sum of w in double. */
 static double flush_and_sum(float *w, int64_t n) {
     const hk_v4 tiny = {HK_TINY, HK_TINY, HK_TINY, HK_TINY};
-    hk_d4 a = {0, 0, 0, 0}, b = a;
+    hk_d2 a = {0, 0}, b = a, c = a, e = a; /* four chains of two lanes: all in registers */
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         hk_v4 x, y;
@@ -280,11 +280,11 @@ static double flush_and_sum(float *w, int64_t n) {
         x = (hk_v4)((hk_i4)x & (x >= tiny));
         y = (hk_v4)((hk_i4)y & (y >= tiny));
         memcpy(w + i, &x, 16), memcpy(w + i + 4, &y, 16);
-        a += __builtin_convertvector(x, hk_d4);
-        b += __builtin_convertvector(y, hk_d4);
+        a += (hk_d2){x[0], x[1]}, b += (hk_d2){x[2], x[3]};
+        c += (hk_d2){y[0], y[1]}, e += (hk_d2){y[2], y[3]};
     }
-    a += b;
-    double s = (a[0] + a[1]) + (a[2] + a[3]);
+    a = (a + b) + (c + e);
+    double s = a[0] + a[1];
     for (; i < n; i++) {
         if (!(w[i] >= HK_TINY)) w[i] = 0.0f;
         s += w[i];
@@ -413,16 +413,18 @@ typedef struct {
     int64_t n;
 } hk_draw_work;
 
-/* w[i] = what the draw exponentiates for id i: z_i / temp where z_i >= thr and (nucleus_on) i is in the
-   nucleus, else -inf; with reuse (temp 1 after a nucleus), w_i itself where kept, else 0. */
-static void keep_survivors(const float *z, float *w, int64_t n, float thr, int nucleus_on, hk_nucleus ns, float temp,
-                           int reuse) {
+/* For ids base .. base + n - 1: w[i] = what the draw exponentiates for id base + i: z_i / temp where
+   z_i >= thr and (nucleus_on) the id is in the nucleus, else -inf; with reuse (temp 1 after a nucleus), w_i
+   itself where kept, else 0. Returns how many were kept. */
+static int64_t keep_survivors(const float *z, float *w, int64_t n, int64_t base, float thr, int nucleus_on,
+                              hk_nucleus ns, float temp, int reuse) {
     const float drop = reuse ? 0.0f : -INFINITY;
     const int32_t last = (int32_t)(ns.last < INT32_MAX ? ns.last : INT32_MAX);
     const hk_v4 thr4 = {thr, thr, thr, thr}, ws = {ns.w, ns.w, ns.w, ns.w}, t4 = {temp, temp, temp, temp},
                 drop4 = {drop, drop, drop, drop};
+    const int32_t b0 = (int32_t)base;
     const hk_i4 last4 = {last, last, last, last}, four = {4, 4, 4, 4};
-    hk_i4 id = {0, 1, 2, 3};
+    hk_i4 id = {b0, b0 + 1, b0 + 2, b0 + 3}, kept = {0, 0, 0, 0};
     int64_t i = 0;
     for (; i + 4 <= n; i += 4, id += four) {
         hk_v4 zv, wv;
@@ -432,11 +434,15 @@ static void keep_survivors(const float *z, float *w, int64_t n, float thr, int n
         const hk_v4 v = reuse ? wv : zv / t4; /* the same IEEE division as NumPy's, four at a time */
         const hk_v4 out = (hk_v4)((keep & (hk_i4)v) | (~keep & (hk_i4)drop4));
         memcpy(w + i, &out, 16);
+        kept -= keep; /* true lanes are -1 */
     }
+    int64_t count = (int64_t)kept[0] + kept[1] + kept[2] + kept[3];
     for (; i < n; i++) {
-        const int keep = z[i] >= thr && (!nucleus_on || w[i] > ns.w || (w[i] == ns.w && i <= ns.last));
+        const int keep = z[i] >= thr && (!nucleus_on || w[i] > ns.w || (w[i] == ns.w && base + i <= ns.last));
         w[i] = keep ? (reuse ? w[i] : z[i] / temp) : drop;
+        count += keep;
     }
+    return count;
 }
 
 /* The draw (see py_sample_vocabulary); returns the id, or -1 when nothing finite is left to draw from. */
@@ -464,14 +470,14 @@ static int64_t draw(const hk_draw_work *d, double top_p, double min_p, double te
     const float shift = top / temp; /* the highest tempered logit left */
     if (!isfinite(shift)) return -1;
     const int reuse = nucleus_on && temp == 1.0f; /* z / 1 = z: the nucleus's weights are the draw's */
-    keep_survivors(z, w, n, thr, nucleus_on, ns, temp, reuse);
-    if (!reuse)
-        for (int64_t i = 0; i < n; i += 1 << 20) vo->exp_sum(w + i, (int)(n - i < (1 << 20) ? n - i : 1 << 20), shift);
     const int64_t nb = (n + HK_BLOCK - 1) / HK_BLOCK;
     double run = 0.0;
-    for (int64_t b = 0; b < nb; b++) {
+    for (int64_t b = 0; b < nb; b++) { /* a block with nothing kept weighs 0 and is never searched: skipped */
         const int64_t lo = b * HK_BLOCK, len = n - lo < HK_BLOCK ? n - lo : HK_BLOCK;
-        run += flush_and_sum(w + lo, len);
+        if (keep_survivors(z + lo, w + lo, len, lo, thr, nucleus_on, ns, temp, reuse)) {
+            if (!reuse) vo->exp_sum(w + lo, (int)len, shift);
+            run += flush_and_sum(w + lo, len);
+        }
         d->cdf[b] = run;
     }
     const double total = run;

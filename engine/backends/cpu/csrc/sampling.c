@@ -326,7 +326,7 @@ static int walk_buckets(const double *mass, const int64_t *count, int top, doubl
    together hold less than 1 - p of the total) and are skipped. cand and group hold n ids each. */
 static hk_nucleus nucleus(const float *w, int64_t n, double total, double p, int32_t *cand, int32_t *group) {
     static const int SHIFT[3] = {20, 10, 0};
-    double mass[1024];
+    double mass[1024], mass2[1024];
     int64_t count[1024], start[1025];
     float t = (float)(0.5 * (1.0 - p) * total / (double)n);
     if (!(t >= HK_TINY)) t = HK_TINY;
@@ -335,7 +335,7 @@ static hk_nucleus nucleus(const float *w, int64_t n, double total, double p, int
     uint32_t prefix = 0;
     for (int level = 0; level < 3; level++) {
         const int sh = SHIFT[level];
-        memset(mass, 0, sizeof mass), memset(count, 0, sizeof count);
+        memset(mass, 0, sizeof mass), memset(mass2, 0, sizeof mass2), memset(count, 0, sizeof count);
         if (level == 0) {
             const hk_v4 t4 = {t, t, t, t};
             for (int64_t i = 0; i < n; i += 8) {
@@ -345,13 +345,14 @@ static hk_nucleus nucleus(const float *w, int64_t n, double total, double p, int
                     hk_i4 over = (a >= t4) | (b >= t4);
                     if (!(over[0] | over[1] | over[2] | over[3])) continue;
                 }
-                for (int64_t j = i; j < i + 8 && j < n; j++) {
+                for (int64_t j = i; j < i + 8 && j < n; j++) { /* two histograms: half the chains through memory */
                     if (w[j] >= t) {
                         uint32_t k = bits_of(w[j]) >> 20;
-                        mass[k] += w[j], count[k]++;
+                        (j & 1 ? mass2 : mass)[k] += w[j], count[k]++;
                     }
                 }
             }
+            for (int k = 0; k < 1024; k++) mass[k] += mass2[k];
         } else {
             for (int64_t j = 0; j < nc; j++) {
                 uint32_t k = (bits_of(w[cand[j]]) >> sh) & 1023;
@@ -375,8 +376,10 @@ static hk_nucleus nucleus(const float *w, int64_t n, double total, double p, int
                     hk_i4 in = ((a >= lo4) & (a < hi4)) | ((b >= lo4) & (b < hi4));
                     if (!(in[0] | in[1] | in[2] | in[3])) continue;
                 }
-                for (int64_t j = i; j < i + 8 && j < n; j++)
-                    if (w[j] >= lo && w[j] < hi) cand[nc++] = (int32_t)j;
+                for (int64_t j = i; j < i + 8 && j < n; j++) { /* no branch: flat logits mix members and not */
+                    cand[nc] = (int32_t)j;
+                    nc += w[j] >= lo && w[j] < hi;
+                }
             }
         } else {
             int64_t kept = 0;

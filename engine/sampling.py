@@ -11,11 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from .backends.vector_math import (NonFiniteLogitsError, exp_shifted, inverse_cdf, log_sum_exp, nucleus_mask,
-                                   sample_vocabulary, top_k_sorted)
-
-__all__ = ["NonFiniteLogitsError", "SamplingParams", "Sampler", "make_sampler", "apply_penalties", "apply_top_k",
-           "apply_top_p", "apply_min_p", "apply_temperature"]
+from .backends.vector_math import NonFiniteLogitsError  # noqa: F401  (raised here too; callers import it from here)
+from .backends.vector_math import (exp_shifted, inverse_cdf, log_sum_exp, nucleus_mask, sample_vocabulary,
+                                   top_k_sorted)
 
 _BIT_GENERATOR = "PCG64"
 _STATE_VERSION = 1
@@ -184,7 +182,7 @@ class Sampler:
     extension (``vector_math.top_k_sorted``, NumPy where it is not built: the same candidates, best first) and the
     later steps run on the ``k`` candidates only, so a step costs O(n_vocab) plus O(k log k). With top-k off the
     later steps and the draw run over the whole vocabulary in ``vector_math.sample_vocabulary`` (a few passes in
-    the extension, no sort); the penalised logits go beside the model's in both cases, never a copy.
+    the extension, no sort); in both cases the penalised logits go beside the model's, not in a copy made here.
     """
 
     def __init__(self, params: SamplingParams):

@@ -100,6 +100,15 @@ def test_ties_at_the_nucleus_boundary_keep_the_lowest_ids(implementation):
     assert drawn == set(kept.tolist())  # evenly spread uniforms reach every kept token and nothing else
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_min_p_is_relative_to_the_best_token_top_p_kept(implementation, temperature):
+    logits = np.full(5000, -3.0, np.float32)
+    best = np.float32(1e-3)
+    logits[[7, 9]] = [np.nextafter(best, np.float32(0)), best]  # both weigh exactly 1: top-p 0 keeps id 7 alone
+    assert vector_math.exp_shifted(logits)[7] == 1.0
+    assert sample_vocabulary(logits, 0.9, top_p=0.0, min_p=1.0, temperature=temperature) == (7, 0.0)
+
+
 def test_top_p_and_min_p_off_sample_the_tempered_softmax(implementation):
     rng = np.random.default_rng(34)
     logits = np.full(151_936, -np.inf, np.float32)

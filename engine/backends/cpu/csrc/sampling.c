@@ -460,6 +460,7 @@ static int64_t draw(const hk_draw_work *d, double top_p, double min_p, double te
     const hk_vecops *vo = hk_vecops_active();
     const int nucleus_on = top_p < 1.0;
     hk_nucleus ns = {0.0f, n};
+    const float best = top;
     if (nucleus_on) {
         memcpy(w, z, sizeof(float) * (size_t)n);
         ns = nucleus(w, n, exp_weights(vo, w, n, top), top_p, d->cand, d->group);
@@ -472,7 +473,8 @@ static int64_t draw(const hk_draw_work *d, double top_p, double min_p, double te
     const float temp = (float)temperature, thr = min_p > 0.0 ? top + (float)log(min_p) : -INFINITY;
     const float shift = top / temp; /* the highest tempered logit left */
     if (!isfinite(shift)) return -1;
-    const int reuse = nucleus_on && temp == 1.0f; /* z / 1 = z: the nucleus's weights are the draw's */
+    /* z / 1 = z and the same maximum: the nucleus's weights are the draw's */
+    const int reuse = nucleus_on && temp == 1.0f && top == best;
     const int64_t nb = (n + HK_BLOCK - 1) / HK_BLOCK;
     double run = 0.0;
     for (int64_t b = 0; b < nb; b++) { /* a block with nothing kept weighs 0 and is never searched: skipped */

@@ -292,10 +292,26 @@ static double flush_and_sum(float *w, int64_t n) {
     return s;
 }
 
-/* exp(x - m) in place over x[0:n] in the vector exp of the decoder, then flushed as above; returns the sum. */
-static double exp_weights(const hk_vecops *vo, float *x, int64_t n, float m) {
-    for (int64_t i = 0; i < n; i += 1 << 20) vo->exp_sum(x + i, (int)(n - i < (1 << 20) ? n - i : 1 << 20), m);
-    return flush_and_sum(x, n);
+/* w = exp(z - m) over [0, n) in the vector exp of the decoder, flushed as above; returns the sum. In chunks
+   that stay in L1 between the copy, the exp and the sum. */
+static double exp_weights(const hk_vecops *vo, const float *z, float *w, int64_t n, float m) {
+    double total = 0.0;
+    for (int64_t i = 0; i < n; i += 2048) {
+        const int64_t len = n - i < 2048 ? n - i : 2048;
+        memcpy(w + i, z + i, sizeof(float) * (size_t)len);
+        vo->exp_sum(w + i, (int)len, m);
+        total += flush_and_sum(w + i, len);
+    }
+    return total;
+}
+
+/* Whether any of p[0:16] lies in [lo, hi). */
+static inline int any_in16(const float *p, float lo, float hi) {
+    const hk_v4 l = {lo, lo, lo, lo}, h = {hi, hi, hi, hi};
+    hk_v4 a, b, c, d;
+    memcpy(&a, p, 16), memcpy(&b, p + 4, 16), memcpy(&c, p + 8, 16), memcpy(&d, p + 12, 16);
+    const hk_i4 in = ((a >= l) & (a < h)) | ((b >= l) & (b < h)) | ((c >= l) & (c < h)) | ((d >= l) & (d < h));
+    return (in[0] | in[1] | in[2] | in[3]) != 0;
 }
 
 /* The nucleus: keep w_i > w, and w_i == w for ids up to last (ties keep their lowest ids). */
@@ -337,15 +353,10 @@ static hk_nucleus nucleus(const float *w, int64_t n, double total, double p, int
         const int sh = SHIFT[level];
         memset(mass, 0, sizeof mass), memset(mass2, 0, sizeof mass2), memset(count, 0, sizeof count);
         if (level == 0) {
-            const hk_v4 t4 = {t, t, t, t};
-            for (int64_t i = 0; i < n; i += 8) {
-                if (i + 8 <= n) { /* most of a real model's vocabulary is far below t: 8 ruled out at once */
-                    hk_v4 a, b;
-                    memcpy(&a, w + i, 16), memcpy(&b, w + i + 4, 16);
-                    hk_i4 over = (a >= t4) | (b >= t4);
-                    if (!(over[0] | over[1] | over[2] | over[3])) continue;
-                }
-                for (int64_t j = i; j < i + 8 && j < n; j++) { /* two histograms: half the chains through memory */
+            for (int64_t i = 0; i < n; i += 16) {
+                /* most of a real model's vocabulary is far below t: 16 ruled out at once */
+                if (i + 16 <= n && !any_in16(w + i, t, INFINITY)) continue;
+                for (int64_t j = i; j < i + 16 && j < n; j++) { /* two histograms: half the chains through memory */
                     if (w[j] >= t) {
                         uint32_t k = bits_of(w[j]) >> 20;
                         (j & 1 ? mass2 : mass)[k] += w[j], count[k]++;
@@ -368,15 +379,9 @@ static hk_nucleus nucleus(const float *w, int64_t n, double total, double p, int
             float lo, hi;
             memcpy(&lo, &prefix, 4), memcpy(&hi, &hi_bits, 4);
             if (lo < t) lo = t;
-            const hk_v4 lo4 = {lo, lo, lo, lo}, hi4 = {hi, hi, hi, hi};
-            for (int64_t i = 0; i < n; i += 8) {
-                if (i + 8 <= n) {
-                    hk_v4 a, b;
-                    memcpy(&a, w + i, 16), memcpy(&b, w + i + 4, 16);
-                    hk_i4 in = ((a >= lo4) & (a < hi4)) | ((b >= lo4) & (b < hi4));
-                    if (!(in[0] | in[1] | in[2] | in[3])) continue;
-                }
-                for (int64_t j = i; j < i + 8 && j < n; j++) { /* no branch: flat logits mix members and not */
+            for (int64_t i = 0; i < n; i += 16) {
+                if (i + 16 <= n && !any_in16(w + i, lo, hi)) continue;
+                for (int64_t j = i; j < i + 16 && j < n; j++) { /* no branch: flat logits mix members and not */
                     cand[nc] = (int32_t)j;
                     nc += w[j] >= lo && w[j] < hi;
                 }
@@ -462,8 +467,7 @@ static int64_t draw(const hk_draw_work *d, double top_p, double min_p, double te
     hk_nucleus ns = {0.0f, n};
     const float best = top;
     if (nucleus_on) {
-        memcpy(w, z, sizeof(float) * (size_t)n);
-        ns = nucleus(w, n, exp_weights(vo, w, n, top), top_p, d->cand, d->group);
+        ns = nucleus(w, n, exp_weights(vo, z, w, n, top), top_p, d->cand, d->group);
         if (ns.w == 1.0f) { /* the best logit may have lost a tie at weight 1 to a lower id: the kept maximum */
             top = -INFINITY;
             for (int64_t i = 0; i <= ns.last; i++)

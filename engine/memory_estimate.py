@@ -92,7 +92,8 @@ MAPPED_BACKENDS = ("cpu",)  # compute on the memory-mapped file's pages (the oth
 
 
 def kv_layout(backend: str) -> KVLayout:
-    """How ``backend`` stores its KV cache; MLX's element type is asked of its loader (it needs mlx).
+    """How ``backend`` stores its KV cache; for MLX the element type is its device's default matmul dtype (it needs mlx;
+    ``estimate_memory`` takes the model's own compute dtype instead).
 
     Raises:
         ValueError: a backend whose memory is not modelled.
@@ -140,7 +141,8 @@ def estimate_memory(gguf: GGUFFile, n_ctx: int, backend: str = "cpu", kv_type: s
         gguf: A parsed GGUF file (``read_gguf``) or its header alone (``GGUFHeader``).
         n_ctx: Context length the model will be run with.
         backend: ``"cpu"`` (memory-mapped quantized weights, float16 KV cache), ``"numpy"`` (float32 matrices,
-            float32 KV) or ``"mlx"`` (the MLX loader's repacked weights, KV in its matmul dtype, sliding rings).
+            float32 KV) or ``"mlx"`` (the MLX loader's repacked weights, KV in the model's compute dtype on this machine's
+            MLX device — ``mlx_compute.choose_for_file`` — and sliding rings).
         kv_type: the CPU backend's KV element type (``"f16"``, ``"f32"``, ``"q8_0"``); None: its default.
 
     Returns:
@@ -161,6 +163,12 @@ def estimate_memory(gguf: GGUFFile, n_ctx: int, backend: str = "cpu", kv_type: s
     if n_ctx <= 0:
         raise ValueError(f"n_ctx must be positive, got {n_ctx}")
     config = ModelConfig.from_gguf(gguf)
+    if backend == "mlx":  # this model's compute dtype on this machine's MLX device, which its KV cache is kept in
+        from .backends import platform_mlx
+        from .backends.mlx_compute import DTYPE_BYTES, choose_for_file
+
+        compute = choose_for_file(gguf, config, platform_mlx.default_device_is_gpu())
+        layout = dataclasses.replace(layout, element_bytes=DTYPE_BYTES[compute.name])
     scratch_backend = backend
     if backend == "cpu":
         from .backends.cpu_backend import runs_in_c_decoder

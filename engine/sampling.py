@@ -11,18 +11,12 @@ from typing import Any
 
 import numpy as np
 
-from .backends.vector_math import log_sum_exp, top_k_sorted
+from .backends.vector_math import NonFiniteLogitsError  # noqa: F401  (raised here too; callers import it from here)
+from .backends.vector_math import (exp_shifted, inverse_cdf, log_sum_exp, nucleus_mask, sample_vocabulary,
+                                   top_k_sorted)
 
 _BIT_GENERATOR = "PCG64"
 _STATE_VERSION = 1
-
-
-class NonFiniteLogitsError(ValueError):
-    """The model's scores for the next token hold NaN or +inf (or are all -inf): no token can be chosen.
-
-    Only the model's own arithmetic produces such scores (damaged weights, or numbers that overflow in a
-    backend), so the message says so; the same input will fail the same way again.
-    """
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,30 +138,14 @@ def apply_top_k(logits: np.ndarray, k: int) -> np.ndarray:
 def apply_top_p(logits: np.ndarray, p: float) -> np.ndarray:
     """Keep the most likely tokens until their probability reaches ``p``, including the one that crosses it.
 
-    Only candidates are sorted: the top 256, 1024, ... tokens (by partition) until they hold ``p`` of the mass,
-    which gives the same set as sorting everything; logits already sorted best first (top-k's) are not sorted
-    again. At least one token is always kept.
+    Among tokens of equal probability the lower ids come first, so ties at the boundary keep the lowest ids.
+    Only candidates are sorted (``vector_math.nucleus_mask``), and logits already sorted best first (top-k's)
+    are not sorted again. At least one token is always kept.
     """
     if p >= 1.0:
         return logits
-    weights = _exp_shifted(logits)  # unnormalised probabilities; -inf logits weigh 0
-    total = weights.sum(dtype=np.float64)
-    n_alive = int(np.count_nonzero(weights))
-    if logits.size <= 4096 and bool(np.all(logits[:-1] >= logits[1:])):  # best first already (top-k's candidates)
-        order = np.flatnonzero(weights)  # what the stable sort below would give: exp keeps the order
-    else:
-        m = 256
-        while True:
-            candidates = np.argpartition(-weights, m)[:m] if m < n_alive else np.flatnonzero(weights)
-            if m >= n_alive or weights[candidates].sum(dtype=np.float64) >= p * total:
-                break
-            m *= 4
-        order = candidates[np.argsort(-weights[candidates], kind="stable")]
-    cumulative = np.cumsum(weights[order], dtype=np.float64) / total
-    keep = order[:min(int(np.searchsorted(cumulative, p, side="left")) + 1, order.size)]
-    out = np.full_like(logits, -np.inf)
-    out[keep] = logits[keep]
-    return out
+    return np.where(nucleus_mask(exp_shifted(logits), p), logits, np.float32(-np.inf)).astype(logits.dtype,
+                                                                                               copy=False)
 
 
 def apply_min_p(logits: np.ndarray, p: float) -> np.ndarray:
@@ -183,11 +161,6 @@ def apply_temperature(logits: np.ndarray, temperature: float) -> np.ndarray:
     if not temperature > 0:
         raise ValueError(f"temperature must be positive to scale logits, got {temperature!r}")
     return logits / np.asarray(temperature, dtype=logits.dtype)
-
-
-def _exp_shifted(logits: np.ndarray) -> np.ndarray:
-    """exp(logits - max) in float32 (float64 exp is ten times slower over a 262k vocabulary); sums use float64."""
-    return np.exp(logits - np.max(logits), dtype=np.float32)
 
 
 def _log_softmax_at(logits: np.ndarray, index: int, top: float) -> float:
@@ -207,7 +180,9 @@ class Sampler:
     It owns its random generator (PCG64), so one sequence's draws never depend on another's; ``get_state`` /
     ``set_state`` let a snapshot continue the exact same draws. Top-k is one pass over the vocabulary in the CPU
     extension (``vector_math.top_k_sorted``, NumPy where it is not built: the same candidates, best first) and the
-    later steps run on the ``k`` candidates only, so a step costs O(n_vocab) plus O(k log k).
+    later steps run on the ``k`` candidates only, so a step costs O(n_vocab) plus O(k log k). With top-k off the
+    later steps and the draw run over the whole vocabulary in ``vector_math.sample_vocabulary`` (a few passes in
+    the extension, no sort); in both cases the penalised logits go beside the model's, not in a copy made here.
     """
 
     def __init__(self, params: SamplingParams):
@@ -237,6 +212,8 @@ class Sampler:
             token = int(np.argmax(logits))
             _check_finite(float(logits[token]))
             return token, _log_softmax_at(logits, token, float(logits[token]))
+        if not self.params.greedy and not 0 < self.params.top_k < logits.size:
+            return self._sample_vocabulary(logits, history)
         top = float(np.max(logits))
         _check_finite(top)  # NaN propagates through max; +inf or all -inf is as broken
         if self.params.greedy:
@@ -248,9 +225,18 @@ class Sampler:
 
     def _draw(self, logits: np.ndarray) -> tuple[int, float]:
         _check_finite(np.max(logits))
-        weights = _exp_shifted(logits)
-        index, total = _inverse_cdf(weights, self._rng.random())
+        weights = exp_shifted(logits)
+        index, total = inverse_cdf(weights, self._rng.random())
         return index, math.log(float(weights[index])) - math.log(total)
+
+    def _sample_vocabulary(self, logits: np.ndarray, history: Sequence[int]) -> tuple[int, float]:
+        """Top-k off: penalties beside the logits, then top-p, min-p, temperature and the draw on every id.
+        The one uniform is drawn before the logits are checked, so a NonFiniteLogitsError has used it."""
+        p = self.params
+        changed = penalty_changes(logits, recent_tokens(history, p.repeat_last_n), p.repeat_penalty,
+                                  p.presence_penalty, p.frequency_penalty) or (None, None)
+        return sample_vocabulary(np.ascontiguousarray(logits), self._rng.random(), p.top_p, p.min_p, p.temperature,
+                                 *changed)
 
     def get_state(self) -> dict:
         """The random generator's state, JSON-serialisable; ``set_state`` with it resumes the same draws."""
@@ -327,24 +313,6 @@ def make_sampler(params: SamplingParams) -> Sampler:
     return Sampler(params)
 
 
-def _inverse_cdf(weights: np.ndarray, u: float, block: int = 512) -> tuple[int, float]:
-    """The index where ``u`` (uniform in [0, 1)) falls in the cumulative weights, and the total weight.
-
-    A running sum is sequential and slow over a 262k vocabulary, so it runs over block sums first and then
-    inside the one block that holds the point.
-    """
-    starts = np.arange(0, weights.size, block)
-    block_cdf = np.cumsum(np.add.reduceat(weights, starts, dtype=np.float64))
-    total = float(block_cdf[-1])
-    point = min(u * total, np.nextafter(total, 0.0))  # u * total can round up to total itself
-    b = int(np.searchsorted(block_cdf, point, side="right"))
-    inside = np.cumsum(weights[starts[b]:starts[b] + block], dtype=np.float64)
-    i = int(np.searchsorted(inside, point - (block_cdf[b - 1] if b else 0.0), side="right"))
-    if i >= inside.size:  # rounding put the point at the block's end: take its last token that can be drawn
-        i = int(np.flatnonzero(weights[starts[b]:starts[b] + block])[-1])
-    return int(starts[b]) + i, total
-
-
 def recent_tokens(history: Sequence[int], n: int) -> Sequence[int]:
     """The last ``n`` tokens of ``history``; all of it for -1, none for 0."""
     if n < 0:
@@ -362,6 +330,4 @@ def _top_k_ids(logits: np.ndarray, k: int) -> np.ndarray | None:
 
 def _check_finite(value: float) -> None:
     if not math.isfinite(value):
-        raise NonFiniteLogitsError(
-            "the model computed NaN or infinite scores for the next token, so no token can be sampled; the model "
-            "file may be damaged, or its numbers overflow in this backend")
+        raise NonFiniteLogitsError()

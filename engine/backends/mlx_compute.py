@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from ..config import ModelConfig
-from ..gguf_file import GGUFFile
+from ..gguf_file import GGUFFile, GGUFHeader
 from ..ggml_types import GGMLQuantizationType
 from ..model_tensors import layer_tensor_names
 
@@ -72,12 +72,17 @@ def post_norm_bound(gguf: GGUFFile, config: ModelConfig) -> float | None:
     """The most any post-normed block output of the model can reach: ``sqrt(n_embd)`` times the largest
     magnitude among its post-norm weights; None when the model has no post-norms."""
     peak = None
+    for name in _post_norm_tensors(gguf, config):
+        peak = max(peak or 0.0, float(np.abs(_float_vector(gguf, name)).max()))
+    return None if peak is None else math.sqrt(config.n_embd) * peak
+
+
+def _post_norm_tensors(gguf: GGUFFile, config: ModelConfig):
+    """The names of the model's post-norm weights, layer by layer."""
     for i in range(config.n_layers):
         for field, ref in layer_tensor_names(gguf, config, i).items():
             if ref is not None and field.startswith("post_") and "norm" in field:
-                weight = _float_vector(gguf, ref.name)
-                peak = max(peak or 0.0, float(np.abs(weight).max()))
-    return None if peak is None else math.sqrt(config.n_embd) * peak
+                yield ref.name
 
 
 def _float_vector(gguf: GGUFFile, name: str) -> np.ndarray:
@@ -93,5 +98,15 @@ def _float_vector(gguf: GGUFFile, name: str) -> np.ndarray:
 
 
 def choose_for_file(gguf: GGUFFile, config: ModelConfig, on_gpu: bool) -> ComputeDtype:
-    """``choose_compute_dtype`` for a model file: the post-norm bound read from it when the choice needs it."""
+    """``choose_compute_dtype`` for a model file: the post-norm bound read from it when the choice needs it.
+
+    A header without tensor data (``GGUFHeader``: a Hub file judged before download) has no post-norm weights to
+    read; a model with post-norms is then taken to compute in float32, the larger, so that a memory estimate made
+    before the download never promises less than the load will take.
+    """
+    if on_gpu and isinstance(gguf, GGUFHeader) and next(_post_norm_tensors(gguf, config), None) is not None:
+        return ComputeDtype("float32", "its post-norm weights are read only after the download; float32 assumed")
     return choose_compute_dtype(config, on_gpu, post_norm_bound(gguf, config) if on_gpu else None)
+
+
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}  # an element of each of DTYPES

@@ -69,6 +69,9 @@ def _model_parser() -> argparse.ArgumentParser:
                    help="host overhead per token instead of the peers: Model.generate's decode with this sampling "
                         "(chat: the engine's default penalties, top-k, top-p, min-p, temperature) beside the bare "
                         "backend forward on the same token ids, overhead in %% over interleaved pairs")
+    for name, kind in SAMPLING_OVERRIDES.items():
+        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, default=None,
+                       help=f"with --sampling: this {name} instead of the mode's (e.g. --sampling chat --top-k 0)")
     p.add_argument("--depth", type=int, action="append", default=[], metavar="N",
                    help="repeatable: time a --prompt-tokens chunk and --gen-tokens decode steps after N positions of "
                         "context (untimed fill, as llama-bench -d); peers: llama.cpp, llama-bench")
@@ -78,7 +81,13 @@ def _model_parser() -> argparse.ArgumentParser:
     return p
 
 
+SAMPLING_OVERRIDES = {"top_k": int, "top_p": float, "min_p": float, "temperature": float}
+
+
 def _bench_model(args) -> int:
+    overrides = {name: getattr(args, name) for name in SAMPLING_OVERRIDES if getattr(args, name) is not None}
+    if overrides and not args.sampling:
+        raise ValueError(f"--{next(iter(overrides)).replace('_', '-')} needs --sampling greedy|chat")
     if args.load_memory:
         from .mlx_speed import load_memory
 
@@ -96,7 +105,7 @@ def _bench_model(args) -> int:
         from .overhead import run_overhead_bench
 
         report = run_overhead_bench(args.model, args.backend, args.threads, args.prompt_tokens, args.gen_tokens,
-                                    args.sampling, args.repeats)
+                                    args.sampling, args.repeats, overrides)
     elif args.draft or args.lookup:
         from .speculative import run_speculative_bench
 

@@ -28,15 +28,21 @@ CHAT_SEED = 1234  # a fixed seed: every repeat samples the same tokens, so the p
 WARM_UP_TOKENS = 8
 
 
-def sampling_params(mode: str) -> SamplingParams:
+def sampling_params(mode: str, overrides: dict | None = None) -> SamplingParams:
     """The parameters of a sampling mode: "greedy" (plain argmax, as ``Model.generate`` decodes by default) or
     "chat" (``SamplingParams``' own defaults, which ``Model.chat`` uses: penalties, top-k, top-p, min-p and a
-    temperature), seeded."""
+    temperature), seeded; ``overrides`` (field -> value, e.g. ``{"top_k": 0}``) replace the mode's fields.
+
+    Raises:
+        ValueError: an unknown mode or an invalid override.
+    """
     if mode == "greedy":
-        return GREEDY
-    if mode == "chat":
-        return dataclasses.replace(SamplingParams(), seed=CHAT_SEED)
-    raise ValueError(f"unknown sampling mode {mode!r}; choose from {', '.join(SAMPLING_MODES)}")
+        params = GREEDY
+    elif mode == "chat":
+        params = dataclasses.replace(SamplingParams(), seed=CHAT_SEED)
+    else:
+        raise ValueError(f"unknown sampling mode {mode!r}; choose from {', '.join(SAMPLING_MODES)}")
+    return dataclasses.replace(params, **(overrides or {}))
 
 
 def generate_decode(model: Model, ids: list[int], params: SamplingParams, gen_tokens: int) -> tuple[list[int], list[float]]:
@@ -106,13 +112,14 @@ def sampler_ms(model: Model, ids: list[int], params: SamplingParams, calls: int 
 
 
 def run_overhead_bench(path: Path, backend: str, threads: int | None, prompt_tokens: int, gen_tokens: int,
-                       mode: str, repeats: int) -> dict:
-    """The ``python -m engine bench MODEL --sampling MODE`` report as a dict (see the module docstring).
+                       mode: str, repeats: int, overrides: dict | None = None) -> dict:
+    """The ``python -m engine bench MODEL --sampling MODE`` report as a dict (see the module docstring);
+    ``overrides`` replace fields of the mode's parameters (``--top-k 0`` ...), reported in ``sampling_params``.
 
     Raises:
-        ValueError: an unknown mode, or generation ended before a second token (nothing to time).
+        ValueError: an unknown mode or override, or generation ended before a second token (nothing to time).
     """
-    params = sampling_params(mode)
+    params = sampling_params(mode, overrides)
     if threads:
         set_threads(backend, threads)
     model = load(path, backend, prompt_tokens + gen_tokens + 8)

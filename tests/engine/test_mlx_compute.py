@@ -12,7 +12,7 @@ from engine.backends import platform_mlx
 from engine.backends.mlx_compute import FLOAT16_MAX, ComputeDtype, choose_compute_dtype, choose_for_file, post_norm_bound
 from engine.cli import main
 from engine.config import ModelConfig
-from engine.gguf_file import read_gguf
+from engine.gguf_file import GGUFHeader, read_gguf
 from tests.model_store import model_path
 
 # What the policy picks on a Mac GPU, per real model (measurements in engine/backends/mlx_compute.py).
@@ -60,6 +60,34 @@ def test_a_post_norm_bound_beyond_float16s_range_makes_the_gpu_compute_in_float3
     if dtype == "float32":
         assert gpu.reason == f"post-normed block outputs can reach {bound:,.0f}, beyond float16's 65,504"
     assert choose_compute_dtype(config, on_gpu=False, post_norm_bound=bound).name == "float32"
+
+
+def header_of(path) -> GGUFHeader:
+    """The file's header alone, as the Models page reads a Hub file before downloading it."""
+    with open(path, "rb") as f:
+        return GGUFHeader(f.read(16 << 20), path.stat().st_size, path.name)
+
+
+@pytest.mark.mlx
+@pytest.mark.parametrize("on_gpu, bound_past_float16, element", [(True, False, 2), (True, True, 4), (False, False, 4)])
+def test_the_mlx_memory_estimate_keeps_the_kv_cache_in_the_models_own_compute_dtype(on_gpu, bound_past_float16,
+                                                                                    element, monkeypatch):
+    """Gemma 3 on a (faked) GPU computes in float16 by its real post-norm bound, in float32 were its bound past
+    float16's range, and in float32 on MLX's CPU device: its estimated KV cache follows. Judged from the header alone
+    (before a download, the post-norm weights cannot be read) it is counted in float32, the larger."""
+    from engine.backends import mlx_compute
+    from engine.memory_estimate import estimate_memory, kv_cache_bytes, kv_layout
+
+    monkeypatch.setattr(platform_mlx, "default_device_is_gpu", lambda: on_gpu)
+    if bound_past_float16:
+        monkeypatch.setattr(mlx_compute, "post_norm_bound", lambda gguf, config: FLOAT16_MAX * 1.01)
+    rings = kv_layout("mlx").ring_slots
+    with read_gguf(model_path("gemma3")) as gguf:
+        config = ModelConfig.from_gguf(gguf)
+        estimate = estimate_memory(gguf, 2048, "mlx")
+    assert estimate.kv_cache_bytes == kv_cache_bytes(config, 2048, element, True, rings(config, 2048))
+    before_download = estimate_memory(header_of(model_path("gemma3")), 2048, "mlx")
+    assert before_download.kv_cache_bytes == kv_cache_bytes(config, 2048, 4, True, rings(config, 2048))
 
 
 def test_an_unknown_dtype_is_refused():

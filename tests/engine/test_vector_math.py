@@ -21,6 +21,25 @@ def test_a_single_logit_at_the_shift_sums_to_one():
     assert log_sum_exp(np.array([2.5], np.float32), 2.5) == 0.0
 
 
+@pytest.mark.parametrize("use_c", [True, False])
+def test_log_sum_exp_in_c_and_in_numpy_matches_float64_with_masked_tokens(monkeypatch, use_c):
+    from engine.backends.cpu import kernels
+
+    assert kernels.AVAILABLE, "the C extension must be built for this comparison"
+    if not use_c:
+        monkeypatch.setattr(kernels, "_ext", None)
+    rng = np.random.default_rng(7)
+    for n in (1, 15, 16, 4095, 4097, 49152, 262144):
+        x = (rng.standard_normal(n) * 6).astype(np.float32)
+        if n > 20:
+            x[rng.choice(n, 10, replace=False)] = -np.inf  # a masked token counts for nothing
+        top = float(x.max())
+        want = np.log(np.exp(x.astype(np.float64) - top).sum())
+        assert abs(log_sum_exp(x, top) - want) <= 1e-5 * max(1.0, abs(want)), n  # float sums of 1024
+    with pytest.raises(ValueError):
+        log_sum_exp(np.zeros((2, 3), np.float32), 0.0)
+
+
 # -- top-k over a vocabulary: the C extension and the NumPy fallback give the same arrays -------------------
 
 def _reference_top_k(logits: np.ndarray, k: int, ids=(), values=()) -> tuple[np.ndarray, np.ndarray]:

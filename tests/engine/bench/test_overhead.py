@@ -55,6 +55,24 @@ def test_chat_uses_the_engines_default_sampling(tiny_model_path):
     assert report["sampling_params"]["seed"] is not None  # seeded: every pair decodes the same ids
 
 
+def test_chat_with_top_k_off_overrides_only_the_fields_given(tiny_model_path):
+    report = bench_json(tiny_model_path, "--sampling", "chat", "--top-k", "0", "--min-p", "0.1", *SMALL)
+    _check_report(report, "chat", 3, report["n_vocab"])
+    defaults = SamplingParams()
+    assert report["sampling_params"]["top_k"] == 0 and report["sampling_params"]["min_p"] == 0.1
+    for name in ("temperature", "top_p", "repeat_penalty", "repeat_last_n"):
+        assert report["sampling_params"][name] == getattr(defaults, name), name
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--top-k", "0", "--json"), "--top-k needs --sampling"),
+    (("--sampling", "chat", "--top-p", "2", "--json"), "top_p must be between"),
+])
+def test_sampling_overrides_without_a_mode_or_out_of_range_are_refused(tiny_model_path, args, message):
+    done = bench(tiny_model_path, *args)
+    assert done.returncode == 2 and message in done.stderr
+
+
 def test_an_unknown_sampling_mode_is_refused(tiny_model_path):
     done = bench(tiny_model_path, "--sampling", "creative", "--json")
     assert done.returncode == 2 and "invalid choice" in done.stderr
@@ -65,3 +83,11 @@ def test_chat_sampling_on_the_152k_vocabulary_of_qwen25_coder():
     report = bench_json(model_path("qwen25coder"), "--sampling", "chat", "--threads", "2", "--prompt-tokens", "64",
                         "--gen-tokens", "9", "--repeats", "2", "--json")
     _check_report(report, "chat", 2, 151_936)
+
+
+@pytest.mark.slow
+def test_chat_sampling_with_top_k_off_on_the_152k_vocabulary_of_qwen25_coder():
+    report = bench_json(model_path("qwen25coder"), "--sampling", "chat", "--top-k", "0", "--threads", "2",
+                        "--prompt-tokens", "64", "--gen-tokens", "9", "--repeats", "2", "--json")
+    _check_report(report, "chat", 2, 151_936)
+    assert report["sampling_params"]["top_k"] == 0

@@ -56,7 +56,7 @@ typedef void (*hk_dot_fn)(int nb, const uint8_t *w, const hk_act *a, int nt, flo
 typedef void (*hk_dot16_fn)(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int nt, float *out, ptrdiff_t os);
 /* A product of 16 rows (stride bytes apart) with any number n of tokens: out[t * os + r] = row r . a[t], each
    block of the rows decoded once for all n tokens. Each result is the same bits as the type's dot16 kernel
-   gives, or its dot kernel where it has no dot16 (the same integer lanes, then the same float steps), so
+   gives, or its dot kernel where it has no dot16 (the same exact integer sums, then the same float steps), so
    the choice between them, and the batch size, is invisible. */
 typedef void (*hk_gemm16_fn)(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, float *out, ptrdiff_t os);
 /* Quantize one token of cols floats (cols a multiple of the block) into the given arrays. */

@@ -135,7 +135,24 @@ HK_IQ_ROWS16_DECL(iq3_s)
 void hk_gemm16_q4_k(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, float *out, ptrdiff_t os);
 void hk_gemm16_q6_k(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, float *out, ptrdiff_t os);
 
-/* -- Q4_K and Q5_K with one 64-element chunk (two sub-blocks) per 512-bit vector */
+/* -- Q4_K and Q5_K with one 64-element chunk (two sub-blocks) per 512-bit vector. Each super-block's integer
+   sums are added up exactly first, then one float step per token (k1_accumulate): the 16-row GEMM
+   (kernels_avx512_rows16.c) takes the same steps with one row per lane, so their results are the same bits. */
+
+/* The sums of the 8 lanes of i and of m, in lanes 0 and 1 (single-uop shuffles: no vphaddd). */
+INLINE __m128i hsum2_epi32(__m256i i, __m256i m) {
+    const __m256i h = _mm256_add_epi32(_mm256_unpacklo_epi32(i, m), _mm256_unpackhi_epi32(i, m));
+    const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    return _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+}
+
+/* acc (lane 0) += float(isum) * (dw * da) and accm (lane 1) += float(msum) * (dm * da), each one rounding
+   (fused); dwm holds dw, dm in lanes 0, 1. The mins' products are summed apart and taken off at the end
+   (as llama.cpp's kernels do). */
+INLINE void k1_accumulate(const hk_act *a, int b, const int nt, const __m256i *isum, const __m256i *msum, __m128 dwm, __m128 *acc) {
+    HK_UNROLL for (int t = 0; t < nt; t++)
+        acc[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum2_epi32(isum[t], msum[t])), _mm_mul_ps(dwm, _mm_set1_ps(a[t].d[b])), acc[t]);
+}
 
 /* int16 lanes 0-15 equal to byte i of the k4_scales vector, lanes 16-31 to byte i + 1. */
 INLINE __m512i k4_scale_pair512(__m512i sc, int i) {
@@ -148,8 +165,8 @@ INLINE void dot512_q45_k_nt(const int five, int nb, const uint8_t *w, const hk_a
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m256i m16 = _mm256_set1_epi8(0x10);
     const int ts = five ? 176 : 144;
-    __m256 acc[HK_MAX_NT];
-    HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    __m128 acc[HK_MAX_NT]; /* lane 0: the sums, lane 1: the mins' */
+    HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = _mm_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = w + (size_t)b * ts, *qs = blk + (five ? 48 : 16);
         __m256i sc = k4_scales(blk + 4), mins16 = k4_mins_pairs(sc), qh = five ? loadu256(blk + 16) : _mm256_setzero_si256();
@@ -173,9 +190,9 @@ INLINE void dot512_q45_k_nt(const int five, int nb, const uint8_t *w, const hk_a
             isum256[t] = _mm256_add_epi32(_mm512_castsi512_si256(isum[t]), _mm512_extracti64x4_epi64(isum[t], 1));
             msum256[t] = _mm256_madd_epi16(bsums_of(&a[t], b), mins16);
         }
-        k_accumulate(a, b, nt, isum256, msum256, f16x(blk), f16x(blk + 2), acc);
+        k1_accumulate(a, b, nt, isum256, msum256, _mm_cvtph_ps(_mm_cvtsi32_si128((int)hk_u32(blk))), acc);
     }
-    k_store(acc, nt, out, os);
+    HK_UNROLL for (int t = 0; t < nt; t++) out[t * os] = _mm_cvtss_f32(_mm_sub_ss(acc[t], _mm_movehdup_ps(acc[t])));
 }
 INLINE void dot512_q4_k_nt(int nb, const uint8_t *w, const hk_act *a, const int nt, float *out, ptrdiff_t os) {
     dot512_q45_k_nt(0, nb, w, a, nt, out, os);
@@ -187,13 +204,66 @@ INLINE void dot512_q5_k_nt(int nb, const uint8_t *w, const hk_act *a, const int 
 }
 NT_DISPATCH(dot512_q5_k)
 
+/* -- Q6_K: a super-block's integer lanes added up exactly, then one float step per token (the 16-row GEMM's,
+   kernels_avx512_rows16.c) */
+
+/* The integer lanes of a Q6_K super-block b against nt tokens, 64 elements per 512-bit vector: group g
+   (elements 64g .. 64g + 63: bytes 64h.. of ql, low nibbles for g = 2h, high for 2h + 1; qh's 32 bytes at
+   128 + 32h, shifted to bits 4-5 per 32-element quarter) times sub-block scales 4g .. 4g + 3. The lanes'
+   sum is the super-block's exact integer dot, as q6_k_isum's (the float steps see only that sum). */
+INLINE void q6_k_isum512(const uint8_t *blk, const hk_act *a, int b, const int nt, __m256i *isum) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m512i up = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);   /* quarters 0, 1: bits 0-1, 2-3 */
+    const __m512i down = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1); /* quarters 2, 3: bits 4-5, 6-7 */
+    const __m128i sc8 = loadu128(blk + 192);
+    const __m256i sc8x2 = _mm256_broadcastsi128_si256(sc8);
+    __m512i acc[HK_MAX_NT];
+    HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_si512();
+    HK_UNROLL for (int h = 0; h < 2; h++) {
+        const __m512i ql = _mm512_loadu_si512(blk + 64 * h), qh = _mm512_broadcast_i64x4(loadu256(blk + 128 + 32 * h));
+        HK_UNROLL for (int e = 0; e < 2; e++) {
+            const int g = 2 * h + e;
+            const __m512i lo = e ? _mm512_srli_epi16(ql, 4) : ql;
+            const __m512i hi = e ? _mm512_srlv_epi16(qh, down) : _mm512_sllv_epi16(qh, up);
+            const __m512i q = _mm512_or_si512(_mm512_and_si512(lo, m4), _mm512_and_si512(hi, m30));
+            const __m256i pick = _mm256_setr_epi8(4 * g, 4 * g, 4 * g, 4 * g, 4 * g, 4 * g, 4 * g, 4 * g, 4 * g + 1, 4 * g + 1, 4 * g + 1,
+                                                  4 * g + 1, 4 * g + 1, 4 * g + 1, 4 * g + 1, 4 * g + 1, 4 * g + 2, 4 * g + 2, 4 * g + 2,
+                                                  4 * g + 2, 4 * g + 2, 4 * g + 2, 4 * g + 2, 4 * g + 2, 4 * g + 3, 4 * g + 3, 4 * g + 3,
+                                                  4 * g + 3, 4 * g + 3, 4 * g + 3, 4 * g + 3, 4 * g + 3);
+            const __m512i sc = _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(sc8x2, pick));
+            HK_UNROLL for (int t = 0; t < nt; t++)
+                acc[t] = _mm512_dpwssd_epi32(acc[t], _mm512_maddubs_epi16(q, _mm512_loadu_si512(a[t].qs + 256 * b + 64 * g)), sc);
+        }
+    }
+    const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+    HK_UNROLL for (int t = 0; t < nt; t++) /* less 32 * sum(scale * bsum) */
+        isum[t] = _mm256_sub_epi32(_mm256_add_epi32(_mm512_castsi512_si256(acc[t]), _mm512_extracti64x4_epi64(acc[t], 1)),
+                                   _mm256_slli_epi32(_mm256_madd_epi16(bsums_of(&a[t], b), sc16), 5));
+}
+
+INLINE void dot512_q6_k_nt(int nb, const uint8_t *w, const hk_act *a, const int nt, float *out, ptrdiff_t os) {
+    __m128 acc[HK_MAX_NT];
+    HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = _mm_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = w + (size_t)b * 210;
+        const float dw = f16x(blk + 208);
+        __m256i isum[HK_MAX_NT];
+        q6_k_isum512(blk, a, b, nt, isum);
+        HK_UNROLL for (int t = 0; t < nt; t++)
+            acc[t] = _mm_fmadd_ss(_mm_cvtepi32_ps(hsum2_epi32(isum[t], isum[t])), _mm_set_ss(dw * a[t].d[b]), acc[t]);
+    }
+    HK_UNROLL for (int t = 0; t < nt; t++) out[t * os] = _mm_cvtss_f32(acc[t]);
+}
+NT_DISPATCH(dot512_q6_k)
+
+
 const hk_isa hk_isa_avx512 = {
     .name = "avx512",
     .dot = {
         [HK_F32] = FN(dot_f32), [HK_F16] = FN(dot_f16), [HK_BF16] = FN(dot_bf16), [HK_Q4_0] = FN(dot512_q4_0),
         [HK_Q4_1] = FN(dot512_q4_1), [HK_Q5_0] = FN(dot512_q5_0), [HK_Q5_1] = FN(dot512_q5_1), [HK_Q8_0] = FN(dot512_q8_0),
         [HK_Q2_K] = FN(dot_q2_k), [HK_Q3_K] = FN(dot_q3_k), [HK_Q4_K] = FN(dot512_q4_k), [HK_Q5_K] = FN(dot512_q5_k),
-        [HK_Q6_K] = FN(dot_q6_k), [HK_TQ1_0] = FN(dot_tq1_0), [HK_TQ2_0] = FN(dot_tq2_0),
+        [HK_Q6_K] = FN(dot512_q6_k), [HK_TQ1_0] = FN(dot_tq1_0), [HK_TQ2_0] = FN(dot_tq2_0),
         [HK_IQ4_NL] = FN(dot512_iq4_nl), [HK_MXFP4] = FN(dot512_mxfp4),
         /* IQ4_XS and IQ2 / IQ3: hk_iq_dot's row kernels (kernels_avx512_iq.c), which agree with the prompt-chunk
            products bit for bit */

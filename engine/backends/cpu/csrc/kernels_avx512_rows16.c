@@ -241,14 +241,14 @@ GEMM16_32(gemm16_q8_0, HK_Q8_0)
 GEMM16_32(gemm16_iq4_nl, HK_IQ4_NL)
 GEMM16_32(gemm16_mxfp4, HK_MXFP4)
 
-/* -- Q4_K and Q6_K: 16 rows of a super-block transposed and decoded once for K_TOKENS tokens. The one-row
-   kernels (dot512_q4_k, dot_q6_k) keep 8 integer lanes per super-block and 8 float lanes per row, summed at
-   the end as hsum_ps sums them; these kernels keep the same 8 lanes for each of their rows, so a product is
-   the same bits whichever kernel computes it. Lane l sums elements 4l..4l+3 of each 32 of a super-block
-   (maddubs pairs, then int16 pairs times the sub-block scale); codes stay below 64 and activations within
-   +-127, so no pair saturates. */
+/* -- Q4_K and Q6_K: 16 rows of a super-block transposed and decoded once for K1_TOKENS tokens. vpdpbusd sums
+   a sub-block's codes times a token's activations (at most 32 * 15 * 127 or 16 * 63 * 127), times the
+   sub-block's scale in int32 (vpmulld): each row's super-block is one exact integer (as in llama.cpp's
+   repacked K-quant GEMMs), then a float step per row and token, with the Q4_K mins' products summed apart
+   and taken off at the end. The one-row kernels (dot512_q4_k, dot512_q6_k) take the same float steps on
+   the same integers, so a product is the same bits whichever kernel computes it. */
 
-#define K_TOKENS 32 /* tokens per pass: their 8 float lanes per row stay in L1 (16 KiB) */
+#define K1_TOKENS 64 /* tokens per pass (a whole GEMM tile): their 16-row sums stay in L1 */
 
 /* Each int32 lane's low 16 bits in both halves: an int16 pair for madd / dpwssd. */
 INLINE __m512i pair16(__m512i v) { return _mm512_or_si512(_mm512_and_si512(v, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(v, 16)); }
@@ -263,62 +263,60 @@ INLINE __m512i bsum_pair(const hk_act *at, int b, int i) {
     return _mm512_set1_epi32(v);
 }
 
-/* The end of the one-row kernels (k_store's hsum_ps) for 16 rows: lanes added as (0+4 + 2+6) + (1+5 + 3+7). */
-INLINE __m512 lanes_sum(const __m512 *f) {
-    return _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(f[0], f[4]), _mm512_add_ps(f[2], f[6])),
-                         _mm512_add_ps(_mm512_add_ps(f[1], f[5]), _mm512_add_ps(f[3], f[7])));
-}
-
-/* Sub-block scale j and min j (0..7) of 16 Q4_K rows as int16 pairs, from their 12 scale bytes (see
-   hk_unpack_k4_scales). */
-INLINE void k4_scales16(const uint8_t *s, __m512i offsets, __m512i scp[8], __m512i mnp[8]) {
+/* Sub-block scale j (0..7) of 16 Q4_K rows as int32 lanes and min j as int16 pairs, from their 12 scale
+   bytes (see hk_unpack_k4_scales). */
+INLINE void k4_scales16(const uint8_t *s, __m512i offsets, __m512i sc[8], __m512i mnp[8]) {
     __m512i a0 = _mm512_i32gather_epi32(offsets, s, 1), a1 = _mm512_i32gather_epi32(offsets, s + 4, 1);
     __m512i a2 = _mm512_i32gather_epi32(offsets, s + 8, 1);
     const __m512i m6 = _mm512_set1_epi32(0x3F3F3F3F), m4 = _mm512_set1_epi32(0x0F0F0F0F), top = _mm512_set1_epi32(0x30303030);
     __m512i w[4] = {_mm512_and_si512(a0, m6), _mm512_or_si512(_mm512_and_si512(a2, m4), _mm512_and_si512(_mm512_srli_epi32(a0, 2), top)),
                     _mm512_and_si512(a1, m6), _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(a2, 4), m4), _mm512_and_si512(_mm512_srli_epi32(a1, 2), top))};
     for (int j = 0; j < 8; j++) {
-        scp[j] = pair16(sc_byte(w[j / 4], j % 4));
+        sc[j] = sc_byte(w[j / 4], j % 4);
         mnp[j] = pair16(sc_byte(w[2 + j / 4], j % 4));
     }
 }
 
 /* Tokens t0 .. t0 + nt - 1 (nt <= 8) against a decoded Q4_K super-block b of 16 rows: q[8j + l] holds the
-   codes of sub-block j, elements 4l..4l+3. Lane l: its codes times the sub-block scales, less min l times
-   block sums 2l and 2l + 1 (dot512_q4_k's lane l after its two halves are added); f[8t + l] its floats. */
-INLINE void q4_k_tokens(const __m512i *q, const __m512i *scp, const __m512i *mnp, __m512 dw, __m512 dm, int b,
+   codes of sub-block j, elements 4l..4l+3. Each row's whole super-block as exact integers (vpdpbusd over a
+   sub-block's 32 elements, at most 32 * 15 * 127, times its scale; the mins times the block sums), then
+   dot512_q4_k's float step (k1_accumulate) for its lane in f[t]. */
+INLINE void q4_k_tokens(const __m512i *q, const __m512i *sc, const __m512i *mnp, __m512 dw, __m512 dm, int b,
                         const hk_act *a, __m512 *f, int t0, const int nt) {
     a += t0;
-    f += 8 * t0;
-    for (int l = 0; l < 8; l++) {
-        __m512i isum[HK_MAX_NT];
-        HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_setzero_si512();
-        HK_UNROLL for (int j = 0; j < 8; j++) {
-            const __m512i qj = _mm512_load_si512(q + 8 * j + l), s = _mm512_load_si512(scp + j);
-            HK_UNROLL for (int t = 0; t < nt; t++)
-                isum[t] = _mm512_dpwssd_epi32(isum[t], _mm512_maddubs_epi16(qj, bcast32(a[t].qs + 256 * b + 32 * j + 4 * l)), s);
+    f += 2 * t0;
+    __m512i isum[HK_MAX_NT];
+    HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; j++) {
+        __m512i s[HK_MAX_NT];
+        HK_UNROLL for (int t = 0; t < nt; t++) s[t] = _mm512_setzero_si512();
+        HK_UNROLL for (int l = 0; l < 8; l++) {
+            const __m512i qv = _mm512_load_si512(q + 8 * j + l);
+            HK_UNROLL for (int t = 0; t < nt; t++) s[t] = _mm512_dpbusd_epi32(s[t], qv, bcast32(a[t].qs + 256 * b + 32 * j + 4 * l));
         }
-        HK_UNROLL for (int t = 0; t < nt; t++) {
-            const __m512 da = _mm512_set1_ps(a[t].d[b]);
-            const __m512i msum = _mm512_madd_epi16(_mm512_load_si512(mnp + l), bsum_pair(&a[t], b, 2 * l));
-            __m512 acc = b ? f[8 * t + l] : _mm512_setzero_ps();
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(dw, da), acc);
-            f[8 * t + l] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dm, da), acc);
-        }
+        const __m512i scj = _mm512_load_si512(sc + j);
+        HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(s[t], scj));
+    }
+    HK_UNROLL for (int t = 0; t < nt; t++) {
+        __m512i msum = _mm512_setzero_si512();
+        HK_UNROLL for (int j = 0; j < 8; j++) msum = _mm512_dpwssd_epi32(msum, _mm512_load_si512(mnp + j), bsum_pair(&a[t], b, 2 * j));
+        const __m512 da = _mm512_set1_ps(a[t].d[b]);
+        f[2 * t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(dw, da), b ? f[2 * t] : _mm512_setzero_ps());
+        f[2 * t + 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dm, da), b ? f[2 * t + 1] : _mm512_setzero_ps());
     }
 }
 
-/* nt <= K_TOKENS tokens through all nb super-blocks of 16 Q4_K rows; f: (nt, 8) lane vectors. */
+/* nt <= K1_TOKENS tokens through all nb super-blocks of 16 Q4_K rows; f: (nt, 2) vectors of 16 rows. */
 INLINE void q4_k_pass(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, __m512 *f) {
     const __m512i offsets = row_offsets(stride), m4 = _mm512_set1_epi8(0x0F);
-    __m512i q[64] __attribute__((aligned(64))), scp[8] __attribute__((aligned(64))), mnp[8] __attribute__((aligned(64)));
+    __m512i q[64] __attribute__((aligned(64))), sc[8] __attribute__((aligned(64))), mnp[8] __attribute__((aligned(64)));
     size_t line = 0;
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = w + (size_t)b * 144;
         prefetch_next_rows(w, stride, b, nb, &line);
         __m512i head = _mm512_i32gather_epi32(offsets, blk, 1);
         __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head)), dm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)));
-        k4_scales16(blk + 4, offsets, scp, mnp);
+        k4_scales16(blk + 4, offsets, sc, mnp);
         for (int c = 0; c < 4; c++) {
             __m512i words[8];
             rows16_words(blk + 16 + 32 * c, stride, words);
@@ -328,52 +326,52 @@ INLINE void q4_k_pass(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *
                 q[16 * c + 8 + k] = _mm512_and_si512(_mm512_srli_epi32(words[k], 4), m4);
             }
         }
-        TOKEN_GROUPS(n, q4_k_tokens, q, scp, mnp, dw, dm, b, a, f)
+        TOKEN_GROUPS(n, q4_k_tokens, q, sc, mnp, dw, dm, b, a, f)
     }
 }
 
-/* Tokens t0 .. t0 + nt - 1 against a decoded Q6_K super-block b of 16 rows: q[4s + k] holds the codes
-   (0..63) of the 16-element sub-block s, elements 4k..4k+3, scp[s] its scale as an int16 pair, sc_pairs[p]
-   scales 2p and 2p + 1. Lane l (dot_q6_k's): -32 times scales 2l, 2l + 1 times their block sums, then
-   elements 4(l % 4).. of the sub-blocks s = l / 4 (mod 2) times their scales; f[8t + l] its floats. */
-INLINE void q6_k_tokens(const __m512i *q, const __m512i *scp, const __m512i *sc_pairs, __m512 dw, int b,
+/* Tokens t0 .. t0 + nt - 1 (nt <= 8) against a decoded Q6_K super-block b of 16 rows: q[4s + k] holds the
+   codes (0..63) of the 16-element sub-block s, elements 4k..4k+3, sc[s] its scale as int32 lanes,
+   sc_pairs[p] scales 2p and 2p + 1 as an int16 pair. Each row's super-block as exact integers (vpdpbusd
+   over a sub-block, times its scale; less 32 times the scales times the block sums), then dot512_q6_k's
+   float step for its lane in f[t]. */
+INLINE void q6_k_tokens(const __m512i *q, const __m512i *sc, const __m512i *sc_pairs, __m512 dw, int b,
                         const hk_act *a, __m512 *f, int t0, const int nt) {
     a += t0;
-    f += 8 * t0;
-    for (int l = 0; l < 8; l++) {
-        __m512i isum[HK_MAX_NT];
-        HK_UNROLL for (int t = 0; t < nt; t++) /* the -32 offset */
-            isum[t] = _mm512_slli_epi32(_mm512_sub_epi32(_mm512_setzero_si512(),
-                                                         _mm512_madd_epi16(bsum_pair(&a[t], b, 2 * l), _mm512_load_si512(sc_pairs + l))), 5);
-        HK_UNROLL for (int m = 0; m < 8; m++) {
-            const int s = 2 * m + l / 4, k = l % 4;
-            const __m512i qs = _mm512_load_si512(q + 4 * s + k), sc = _mm512_load_si512(scp + s);
-            HK_UNROLL for (int t = 0; t < nt; t++)
-                isum[t] = _mm512_dpwssd_epi32(isum[t], _mm512_maddubs_epi16(qs, bcast32(a[t].qs + 256 * b + 16 * s + 4 * k)), sc);
+    f += t0;
+    __m512i isum[HK_MAX_NT];
+    HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_setzero_si512();
+    for (int s = 0; s < 16; s++) {
+        __m512i p[HK_MAX_NT];
+        HK_UNROLL for (int t = 0; t < nt; t++) p[t] = _mm512_setzero_si512();
+        HK_UNROLL for (int k = 0; k < 4; k++) {
+            const __m512i qv = _mm512_load_si512(q + 4 * s + k);
+            HK_UNROLL for (int t = 0; t < nt; t++) p[t] = _mm512_dpbusd_epi32(p[t], qv, bcast32(a[t].qs + 256 * b + 16 * s + 4 * k));
         }
-        HK_UNROLL for (int t = 0; t < nt; t++) {
-            __m512 acc = b ? f[8 * t + l] : _mm512_setzero_ps();
-            f[8 * t + l] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(dw, _mm512_set1_ps(a[t].d[b])), acc);
-        }
+        const __m512i scs = _mm512_load_si512(sc + s);
+        HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(p[t], scs));
+    }
+    HK_UNROLL for (int t = 0; t < nt; t++) {
+        __m512i off = _mm512_setzero_si512(); /* the -32 offset: 32 * sum(scale * bsum) */
+        HK_UNROLL for (int m = 0; m < 8; m++) off = _mm512_dpwssd_epi32(off, _mm512_load_si512(sc_pairs + m), bsum_pair(&a[t], b, 2 * m));
+        const __m512i total = _mm512_sub_epi32(isum[t], _mm512_slli_epi32(off, 5));
+        f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(dw, _mm512_set1_ps(a[t].d[b])), b ? f[t] : _mm512_setzero_ps());
     }
 }
 
-/* nt <= K_TOKENS tokens through all nb super-blocks of 16 Q6_K rows; f: (nt, 8) lane vectors. */
+/* nt <= K1_TOKENS tokens through all nb super-blocks of 16 Q6_K rows; f: (nt,) vectors of 16 rows. */
 INLINE void q6_k_pass(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, __m512 *f) {
     const __m512i offsets = row_offsets(stride), m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-    __m512i q[64] __attribute__((aligned(64))), scp[16] __attribute__((aligned(64))), sc_pairs[8] __attribute__((aligned(64)));
+    __m512i q[64] __attribute__((aligned(64))), sc[16] __attribute__((aligned(64))), sc_pairs[8] __attribute__((aligned(64)));
     size_t line = 0;
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = w + (size_t)b * 210;
         prefetch_next_rows(w, stride, b, nb, &line);
         /* d is bytes 208-209: gathered from 206 so no lane reads past the block */
         __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_i32gather_epi32(offsets, blk + 206, 1), 16)));
-        __m512i scw[4], sc[16];
+        __m512i scw[4];
         rows16_words(blk + 192, stride, scw); /* lane r of scw[k]: row r's scales 4k..4k+3 */
-        for (int s = 0; s < 16; s++) {
-            sc[s] = _mm512_srai_epi32(_mm512_slli_epi32(scw[s / 4], 24 - 8 * (s % 4)), 24);
-            scp[s] = pair16(sc[s]);
-        }
+        for (int s = 0; s < 16; s++) sc[s] = _mm512_srai_epi32(_mm512_slli_epi32(scw[s / 4], 24 - 8 * (s % 4)), 24);
         for (int p = 0; p < 8; p++)
             sc_pairs[p] = _mm512_or_si512(_mm512_and_si512(sc[2 * p], _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(sc[2 * p + 1], 16));
         HK_UNROLL for (int h = 0; h < 2; h++)
@@ -390,22 +388,26 @@ INLINE void q6_k_pass(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *
                     qs[24 + k] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(ql1[k], 4), m4), _mm512_and_si512(_mm512_srli_epi32(qh[k], 2), m30));
                 }
             }
-        TOKEN_GROUPS(n, q6_k_tokens, q, scp, sc_pairs, dw, b, a, f)
+        TOKEN_GROUPS(n, q6_k_tokens, q, sc, sc_pairs, dw, b, a, f)
     }
 }
 
-#define GEMM16_K(name, pass)                                                                                 \
+/* A K-quant GEMM: K1_TOKENS tokens a pass; pass leaves (nt, lanes) vectors in f, lanes added by sum. */
+#define GEMM16_K(name, pass, lanes, sum)                                                                     \
     void hk_##name(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, float *out, ptrdiff_t os) { \
-        __m512 f[8 * K_TOKENS] __attribute__((aligned(64))); /* (K_TOKENS, 8 lanes) of 16 rows */          \
-        for (int t0 = 0; t0 < n; t0 += K_TOKENS) {                                                           \
-            const int nk = n - t0 < K_TOKENS ? n - t0 : K_TOKENS;                                            \
+        __m512 f[(lanes) * K1_TOKENS] __attribute__((aligned(64)));                                          \
+        for (int t0 = 0; t0 < n; t0 += K1_TOKENS) {                                                          \
+            const int nk = n - t0 < K1_TOKENS ? n - t0 : K1_TOKENS;                                          \
             pass(nb, w, stride, a + t0, nk, f);                                                              \
-            for (int t = 0; t < nk; t++) _mm512_storeu_ps(out + (ptrdiff_t)(t0 + t) * os, lanes_sum(f + 8 * t)); \
+            for (int t = 0; t < nk; t++) _mm512_storeu_ps(out + (ptrdiff_t)(t0 + t) * os, sum(f + (lanes) * t)); \
         }                                                                                                    \
     }
 
-GEMM16_K(gemm16_q4_k, q4_k_pass)
-GEMM16_K(gemm16_q6_k, q6_k_pass)
+INLINE __m512 sums_less_mins(const __m512 *f) { return _mm512_sub_ps(f[0], f[1]); }
+INLINE __m512 one_lane(const __m512 *f) { return f[0]; }
+
+GEMM16_K(gemm16_q4_k, q4_k_pass, 2, sums_less_mins)
+GEMM16_K(gemm16_q6_k, q6_k_pass, 1, one_lane)
 
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -1,8 +1,10 @@
 """How responsive the GUI thread is: a 10 ms QTimer's ticks, their longest gap and the fewest ticks in any 1 s window,
-and, for a failing assertion, what the GUI thread (and every other thread) was doing while a tick was late."""
+and, for a failing assertion, what the GUI thread (and every other thread) was doing while a tick was late, and which
+garbage collections ran then (a collection holds the GIL: every thread waits for it)."""
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 import time
@@ -78,6 +80,15 @@ class Ticks:
         self.timer.timeout.connect(self._tick)
         self._last = 0.0
         self.sampler: StallSampler | None = None
+        self.collections: list[tuple[float, float, int]] = []  # (monotonic ms start, end, generation)
+        self._gc_start = 0.0
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        now = time.monotonic() * 1000
+        if phase == "start":
+            self._gc_start = now
+        else:
+            self.collections.append((self._gc_start, now, info["generation"]))
 
     def _tick(self) -> None:
         self.times.append(self.clock.elapsed())
@@ -92,6 +103,8 @@ class Ticks:
         self.wall = [self._last]
         self.sampler = StallSampler(lambda: self._last, threading.get_ident())
         self.sampler.start()
+        self.collections.clear()
+        gc.callbacks.append(self._on_gc)
         self.timer.start()
 
     def stop(self) -> int:
@@ -100,6 +113,7 @@ class Ticks:
         self.times.append(self.clock.elapsed())
         self.wall.append(time.monotonic() * 1000)
         self.sampler.stop()
+        gc.callbacks.remove(self._on_gc)
         return self.longest_gap()
 
     def longest_gap(self) -> int:
@@ -128,6 +142,8 @@ class Ticks:
         out = []
         for a, b in spans:
             out.append(f"gap of {b - a:.0f} ms:")
+            out.extend(f"  +{start - a:4.0f} garbage collection of generation {gen}: {end - start:.0f} ms"
+                       for start, end, gen in self.collections if start <= b and end >= a and end - start >= 1)
             for t, gui, others in self.sampler.samples:
                 if a <= t <= b + 5:
                     out.append(f"  +{t - a:4.0f} GUI {gui}")

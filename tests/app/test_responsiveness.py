@@ -3,6 +3,9 @@ ticks while a model loads, a model is switched, a long prompt is prefilled, a KV
 conversation is exported and a big text is pasted. A failure names what every thread was doing while ticks were
 late (``gui_ticks.Ticks.culprits``)."""
 
+import json
+import os
+
 import pytest
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QGuiApplication
@@ -35,10 +38,16 @@ def ticks():
 
 
 def check(gaps: dict[str, int], culprits: dict[str, str], name: str, ticks: Ticks) -> None:
-    """Record ``name``'s longest gap, and what the threads did during its longest gaps when it is over the bound."""
+    """Record ``name``'s longest gap, and what the threads did during its longest gaps when it is over the bound.
+
+    With ``HEARTH_TEST_GAPS=FILE`` every gap and its culprits are appended to FILE as a JSON line, passing or not:
+    how the bounds above are measured in a whole-suite run."""
     gaps[name] = ticks.stop()
     if gaps[name] > BOUNDS_MS.get(name, LONGEST_GAP_MS):
         culprits[name] = ticks.culprits()
+    if os.environ.get("HEARTH_TEST_GAPS"):
+        with open(os.environ["HEARTH_TEST_GAPS"], "a", encoding="utf-8") as f:
+            f.write(json.dumps({"operation": name, "gap_ms": gaps[name], "culprits": ticks.culprits()}) + "\n")
 
 
 def assert_responsive(gaps: dict[str, int], culprits: dict[str, str]) -> None:

@@ -51,10 +51,12 @@ from .ui.theme import dark_palette
 
 PROMPT = "Hello! Who are you?"
 DASHBOARD_PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
-DASHBOARD_AFTER_S = 6  # of decoding (or half the tokens) before dashboard.png, so its charts show an answer
-# Greedy, the story runs this long (no end-of-generation token before it), so an engine sample (one every 0.5 s)
-# past half of it arrives while it streams at any speed under 1500 tok/s; at 600 tokens a fast quiet machine
-# (400 tok/s with prompt lookup) once finished between two samples.
+DASHBOARD_AFTER_S = 2  # of decoding (or DASHBOARD_AFTER_TOKENS) before dashboard.png, so its charts show an answer
+DASHBOARD_AFTER_TOKENS = 100
+# The story's length is the model's choice, not ours: greedy with the app's repeat penalty it ran past 1500 tokens
+# until a kernel change moved its rounding, and then ended at 292 tokens (2026-11-26). An engine sample arrives every
+# 0.5 s, so one past 100 tokens comes while any answer of 200+ tokens streams at under 200 tok/s (the built-in model
+# decodes 50-65 tok/s on the CPU backend here); the answer is stopped once the screenshot is taken.
 DASHBOARD_MAX_TOKENS = 1500
 TIMEOUT_S = 600
 SERVER_CLIENTS = 4  # streaming API requests running while the Server page is grabbed
@@ -196,7 +198,7 @@ class SmokeTest(QObject):
 
     def _on_engine_sample(self, sample) -> None:
         streamed = sample.phase == "decode" and (sample.decode_s >= DASHBOARD_AFTER_S
-                                                 or sample.generated_tokens >= DASHBOARD_MAX_TOKENS // 2)
+                                                 or sample.generated_tokens >= DASHBOARD_AFTER_TOKENS)
         if streamed and "dashboard" not in self.pages:
             self._grab_dashboard()
 

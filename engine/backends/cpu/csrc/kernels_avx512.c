@@ -12,7 +12,6 @@
 #define HK_SUFFIX _avx512
 #define HK_VNNI 2
 #define HK_NO_TABLE 1
-#define HK_NO_IQ_ROWS 1
 #define NT_DISPATCH_WIDE(name)                                                                            \
     case 5: name##_nt(nb, w, a, 5, out, os); break;                                                       \
     case 6: name##_nt(nb, w, a, 6, out, os); break;                                                       \
@@ -126,12 +125,6 @@ HK_ROWS16_DECL(q5_1)
 HK_ROWS16_DECL(q8_0)
 HK_ROWS16_DECL(iq4_nl)
 HK_ROWS16_DECL(mxfp4)
-/* IQ2_XS, IQ2_S, IQ3_S: 16 rows against a tile of tokens (kernels_avx512_iq_rows16.c) */
-#define HK_IQ_ROWS16_DECL(t) \
-    void hk_rows16_##t(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int nt, float *out, ptrdiff_t os);
-HK_IQ_ROWS16_DECL(iq2_xs)
-HK_IQ_ROWS16_DECL(iq2_s)
-HK_IQ_ROWS16_DECL(iq3_s)
 void hk_gemm16_q4_k(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, float *out, ptrdiff_t os);
 void hk_gemm16_q6_k(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, float *out, ptrdiff_t os);
 
@@ -256,6 +249,44 @@ INLINE void dot512_q6_k_nt(int nb, const uint8_t *w, const hk_act *a, const int 
 }
 NT_DISPATCH(dot512_q6_k)
 
+/* -- IQ4_XS with two 32-element sub-blocks per 512-bit vector: the table values' magnitudes against the
+   activations negated where a value is negative (no vpsignb in AVX-512), int16 pairs times each sub-block's scale */
+
+INLINE void dot512_iq4_xs_nt(int nb, const uint8_t *w, const hk_act *a, const int nt, float *out, ptrdiff_t os) {
+    const __m512i table = _mm512_broadcast_i32x4(loadu128(hk_kvalues_iq4nl)), m4 = _mm512_set1_epi8(0x0F);
+    __m256 acc[HK_MAX_NT];
+    HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = w + (size_t)b * 136;
+        const unsigned sh = hk_u16(blk + 2);
+        __m512i isum[HK_MAX_NT];
+        __m256i isum256[HK_MAX_NT];
+        HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_setzero_si512();
+        for (int c = 0; c < 4; c++) { /* sub-blocks 2c and 2c + 1: 32 bytes of codes, elements 64c .. 64c + 63 */
+            __m256i raw = loadu256(blk + 8 + 32 * c);
+            __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(raw), _mm256_srli_epi16(raw, 4), 1);
+            __m512i v = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0)), m4));
+            __m512i uv = _mm512_abs_epi8(v);
+            __mmask64 neg = _mm512_movepi8_mask(v);
+            int ls[2];
+            for (int k = 0; k < 2; k++) {
+                const int ib = 2 * c + k;
+                ls[k] = (((blk[4 + c] >> (4 * k)) & 0xF) | (((sh >> (2 * ib)) & 3) << 4)) - 32;
+            }
+            __m512i scale = _mm512_inserti64x4(_mm512_set1_epi16((short)ls[0]), _mm256_set1_epi16((short)ls[1]), 1);
+            HK_UNROLL for (int t = 0; t < nt; t++) {
+                __m512i av = _mm512_loadu_si512(a[t].qs + 256 * b + 64 * c);
+                av = _mm512_mask_sub_epi8(av, neg, _mm512_setzero_si512(), av);
+                isum[t] = _mm512_dpwssd_epi32(isum[t], _mm512_maddubs_epi16(uv, av), scale);
+            }
+        }
+        HK_UNROLL for (int t = 0; t < nt; t++)
+            isum256[t] = _mm256_add_epi32(_mm512_castsi512_si256(isum[t]), _mm512_extracti64x4_epi64(isum[t], 1));
+        k_accumulate(a, b, nt, isum256, NULL, f16x(blk), 0.0f, acc);
+    }
+    k_store(acc, nt, out, os);
+}
+NT_DISPATCH(dot512_iq4_xs)
 
 const hk_isa hk_isa_avx512 = {
     .name = "avx512",
@@ -264,14 +295,13 @@ const hk_isa hk_isa_avx512 = {
         [HK_Q4_1] = FN(dot512_q4_1), [HK_Q5_0] = FN(dot512_q5_0), [HK_Q5_1] = FN(dot512_q5_1), [HK_Q8_0] = FN(dot512_q8_0),
         [HK_Q2_K] = FN(dot_q2_k), [HK_Q3_K] = FN(dot_q3_k), [HK_Q4_K] = FN(dot512_q4_k), [HK_Q5_K] = FN(dot512_q5_k),
         [HK_Q6_K] = FN(dot512_q6_k), [HK_TQ1_0] = FN(dot_tq1_0), [HK_TQ2_0] = FN(dot_tq2_0),
-        [HK_IQ4_NL] = FN(dot512_iq4_nl), [HK_MXFP4] = FN(dot512_mxfp4),
-        /* IQ4_XS and IQ2 / IQ3: hk_iq_dot's row kernels (kernels_avx512_iq.c), which agree with the prompt-chunk
-           products bit for bit */
+        [HK_IQ4_NL] = FN(dot512_iq4_nl), [HK_MXFP4] = FN(dot512_mxfp4), [HK_IQ4_XS] = FN(dot512_iq4_xs),
+        [HK_IQ2_XXS] = FN(dot_iq2_xxs), [HK_IQ2_XS] = FN(dot_iq2_xs), [HK_IQ2_S] = FN(dot_iq2_s),
+        [HK_IQ3_XXS] = FN(dot_iq3_xxs), [HK_IQ3_S] = FN(dot_iq3_s),
     },
     .dot16 = {[HK_Q4_0] = hk_rows16_q4_0, [HK_Q4_1] = hk_rows16_q4_1, [HK_Q5_0] = hk_rows16_q5_0,
               [HK_Q5_1] = hk_rows16_q5_1, [HK_Q8_0] = hk_rows16_q8_0,
-              [HK_IQ4_NL] = hk_rows16_iq4_nl, [HK_MXFP4] = hk_rows16_mxfp4, [HK_IQ2_XS] = hk_rows16_iq2_xs,
-              [HK_IQ2_S] = hk_rows16_iq2_s, [HK_IQ3_S] = hk_rows16_iq3_s},
+              [HK_IQ4_NL] = hk_rows16_iq4_nl, [HK_MXFP4] = hk_rows16_mxfp4},
     .gemm16 = {[HK_Q4_0] = hk_gemm16_q4_0, [HK_Q4_1] = hk_gemm16_q4_1, [HK_Q5_0] = hk_gemm16_q5_0,
                [HK_Q5_1] = hk_gemm16_q5_1, [HK_Q8_0] = hk_gemm16_q8_0,
                [HK_IQ4_NL] = hk_gemm16_iq4_nl, [HK_MXFP4] = hk_gemm16_mxfp4, [HK_Q4_K] = hk_gemm16_q4_k,

@@ -3,7 +3,9 @@
 The pass sums a buffer several times larger than the last-level cache, split over the same number of threads
 as the engine decodes with. It runs in NumPy (``np.add.reduce`` over int64 words, which releases the GIL, one
 slice per thread): the C extension has no bare read loop, and a sum does a trivial amount of work per byte.
-The best of several passes is reported: bandwidth is a ceiling, and a neighbour can only lower a pass.
+The best of several passes is reported: bandwidth is a ceiling, and a neighbour can only lower a pass. The speed
+bench takes passes after every round of its runs as well as at the end (``merge_measurements``): on this kind of
+shared host the figure moves by a factor of up to two from one minute to the next.
 """
 
 from __future__ import annotations
@@ -52,7 +54,18 @@ def measure_read_bandwidth(threads: int, passes: int = 5, buffer_bytes: int | No
         rates.append(words.nbytes / (time.perf_counter() - start) / 1e9)
     return {"gbps": round(max(rates), 2), "gbps_median": round(float(np.median(rates)), 2),
             "buffer_mb": round(words.nbytes / 2**20), "last_level_cache_mb": round(llc / 2**20, 1) if llc else None,
-            "threads": threads, "passes": passes, "method": "numpy np.add.reduce over int64, one slice per thread"}
+            "threads": threads, "passes": passes, "method": "numpy np.add.reduce over int64, one slice per thread",
+            "rates": [round(r, 2) for r in rates]}
+
+
+def merge_measurements(measurements: list[dict]) -> dict:
+    """One figure from passes taken at several moments of a run (``measure_read_bandwidth`` results): the best
+    pass over all of them and the median pass, with every pass's rate. On a machine whose bandwidth moves from
+    minute to minute (a shared host), passes spread through the run bound the decode better than passes taken
+    once."""
+    rates = [r for m in measurements for r in m["rates"]]
+    return {**measurements[-1], "gbps": max(rates), "gbps_median": round(float(np.median(rates)), 2),
+            "passes": len(rates), "moments": len(measurements), "rates": rates}
 
 
 def weight_bytes_per_token(gguf: GGUFFile, config: ModelConfig | None = None) -> int:

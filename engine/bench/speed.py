@@ -20,13 +20,14 @@ from pathlib import Path
 
 from ..memory_estimate import KV_TYPE_ELEMENT_BYTES, kv_cache_bytes, kv_layout
 from ..model import load
-from .bandwidth import measure_read_bandwidth, weight_bytes_per_token
+from .bandwidth import measure_read_bandwidth, merge_measurements, weight_bytes_per_token
 from .llama_bench import default_binary, run_llama_bench
 from .runners import HearthRunner, LlamaCppRunner, Run, Runner
 from .workload import bench_prompt, first_divergence, peak_rss_mb, rss_mb, set_threads, spread, threads_in_use
 
 PEERS = ("llama.cpp", "llama-bench", "hearth")  # --compare choices on the CPU; "hearth" times our engine twice
 WARM_UP_TOKENS = 8
+BANDWIDTH_BACKENDS = ("cpu", "numpy")  # the backends whose decode is set against this machine's read bandwidth
 
 
 def _timed(fn: Callable, *args):
@@ -129,6 +130,14 @@ def run_bench(path: Path, backend: str, threads: int | None, prompt_tokens: int,
                                                flash_attn=(1,) if cache_type == "q8_0" else (0, 1)).items():
                 for key, values in rates.items():
                     bench_runs.setdefault(name, {}).setdefault(key, []).extend(values)
+    passes: list[dict] = []  # bandwidth passes after every round: the machine's bandwidth moves during a run
+    peer_round = between
+
+    def between() -> None:
+        if model.backend.name in BANDWIDTH_BACKENDS:
+            passes.append(measure_read_bandwidth(n_threads, passes=3))
+        if peer_round is not None:
+            peer_round()
     try:
         runs = measure(runners, ids, gen_tokens, repeats, between)
     finally:
@@ -141,7 +150,7 @@ def run_bench(path: Path, backend: str, threads: int | None, prompt_tokens: int,
     report["prefill_tps"] = engines["hearth"]["prefill_tps"]["median"]
     report["decode_tps"] = engines["hearth"]["decode_tps"]["median"]
     report.update(_against_peers(engines))
-    report.update(_against_bandwidth(model, n_threads, len(ids), gen_tokens, report["decode_tps"], cache_type))
+    report.update(_against_bandwidth(model, n_threads, len(ids), gen_tokens, report["decode_tps"], cache_type, passes))
     report["machine"]["load_average_after"] = machine()["load_average"]
     return report
 
@@ -167,18 +176,20 @@ def _against_peers(engines: dict[str, dict]) -> dict:
 
 
 def _against_bandwidth(model, threads: int, prompt_tokens: int, gen_tokens: int, decode_tps: float,
-                       kv_type: str = "f16") -> dict:
-    """This machine's read bandwidth, the bytes a decode step reads and our decode as a fraction of the ceiling."""
-    if model.backend.name not in ("cpu", "numpy"):
+                       kv_type: str = "f16", earlier_passes: list[dict] | None = None) -> dict:
+    """This machine's read bandwidth (passes taken now and ``earlier_passes``, taken between the rounds), the
+    bytes a decode step reads, what our decode read per second, and our decode as a fraction of the ceiling."""
+    if model.backend.name not in BANDWIDTH_BACKENDS:
         return {}
     element = KV_TYPE_ELEMENT_BYTES[kv_type] if model.backend.name == "cpu" else kv_layout(model.backend.name).element_bytes
     per_position = kv_cache_bytes(model.config, 1, element, False)
     weights = weight_bytes_per_token(model.gguf, model.config)  # a mixture of experts: the chosen experts only
     kv = int(per_position * (prompt_tokens + gen_tokens / 2))  # the cache at the decoded tokens' mean position
-    bandwidth = measure_read_bandwidth(threads)
+    bandwidth = merge_measurements([*(earlier_passes or []), measure_read_bandwidth(threads)])
     ceiling = bandwidth["gbps"] * 1e9 / (weights + kv)
     return {"bandwidth": bandwidth, "bytes_per_token": weights + kv, "weight_bytes_per_token": weights,
-            "kv_bytes_per_token": kv, "decode_ceiling_tps": round(ceiling, 2),
+            "kv_bytes_per_token": kv, "decode_read_gbps": round(decode_tps * (weights + kv) / 1e9, 2),
+            "decode_ceiling_tps": round(ceiling, 2),
             "decode_bandwidth_fraction": round(decode_tps / ceiling, 3)}
 
 

@@ -58,6 +58,10 @@ def test_decode_is_set_against_the_measured_bandwidth(report, tiny_model_path):
     bandwidth = report["bandwidth"]
     assert bandwidth["gbps"] > 0 and bandwidth["threads"] == 1 and bandwidth["method"].startswith("numpy")
     assert bandwidth["buffer_mb"] >= 256
+    # passes after each of the 2 rounds (3 each) and 5 at the end: the best of all is the ceiling
+    assert bandwidth["moments"] == 3 and bandwidth["passes"] == len(bandwidth["rates"]) == 2 * 3 + 5
+    assert bandwidth["gbps"] == max(bandwidth["rates"]) and min(bandwidth["rates"]) > 0
+    assert min(bandwidth["rates"]) <= bandwidth["gbps_median"] <= bandwidth["gbps"]
     # every weight once: this tiny model's output is its embedding table, so all of that table too
     with read_gguf(tiny_model_path) as g:
         assert "output.weight" not in g.tensors
@@ -67,6 +71,7 @@ def test_decode_is_set_against_the_measured_bandwidth(report, tiny_model_path):
     ceiling = bandwidth["gbps"] * 1e9 / report["bytes_per_token"]
     assert report["decode_ceiling_tps"] == pytest.approx(ceiling, rel=1e-3)
     assert report["decode_bandwidth_fraction"] == pytest.approx(report["decode_tps"] / ceiling, abs=1e-3)
+    assert report["decode_read_gbps"] == pytest.approx(report["decode_tps"] * report["bytes_per_token"] / 1e9, abs=0.01)
     assert report["machine"]["logical_cpus"] >= 1 and len(report["machine"]["load_average"]) == 3
 
 

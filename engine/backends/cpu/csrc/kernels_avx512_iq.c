@@ -16,9 +16,9 @@
 
 #ifdef HK_X86
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,bmi2,avx512f,avx512bw,avx512vl,avx512vnni"))), apply_to = function)
 #else
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+#pragma GCC target("avx2,fma,f16c,bmi2,avx512f,avx512bw,avx512vl,avx512vnni")
 #endif
 
 #define HK_SUFFIX _avx512iq
@@ -73,16 +73,12 @@ INLINE void dot512_iq4_xs_nt(int nb, const uint8_t *w, const hk_act *a, const in
 NT_DISPATCH(dot512_iq4_xs)
 
 /* IQ2_S with two 32-element sub-blocks per 512-bit vector, and no gathers (which lost on the whole model when
-   both cores stream). A block's 32 grid indices (a qs byte, two bits of a qh byte above it) are built in one
-   vector and stored; each grid entry is then loaded 64 bits at a time straight into its place. The block's
-   sign bits are a mask register that negates the activations, its 16 scales spread over int16 lanes by vpermw.
-   Each super-block is summed exactly, as iq_accumulate adds it. Block: d, qs[32], signs[32], qh[8], scales[8]. */
+   both cores stream). Each grid index (a qs byte, two bits of a qh byte above it) is built in a general register,
+   four at a time by pdep, and its entry loaded 64 bits at a time straight into its place; the block's sign bits
+   are a mask register that negates the activations, its 16 scales spread over int16 lanes by vpermw. Each
+   super-block is summed exactly, as iq_accumulate adds it. Block: d, qs[32], signs[32], qh[8], scales[8].
+   (Built in a vector and stored, the indices cost more: 32 reloads, or 8 and the same extraction.) */
 
-/* Lane k of the 32 indices takes qh byte k / 4 (moved to its high byte) shifted right by 2 (k % 4). */
-static const uint16_t IQ2S_QH_LANE[32] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3,
-                                          4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7};
-static const uint16_t IQ2S_QH_SHIFT[32] = {0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6,
-                                           0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6};
 /* Vector c of a block (values 64c .. 64c + 63) has groups of 16 values 4c .. 4c + 3: the int16 lanes of its
    maddubs sums take the scale of group 4c + lane / 8. */
 static const uint16_t IQ2S_SCALE_LANE[4][32] = {
@@ -91,13 +87,10 @@ static const uint16_t IQ2S_SCALE_LANE[4][32] = {
     {8, 8, 8, 8, 8, 8, 8, 8, 9, 9, 9, 9, 9, 9, 9, 9, 10, 10, 10, 10, 10, 10, 10, 10, 11, 11, 11, 11, 11, 11, 11, 11},
     {12, 12, 12, 12, 12, 12, 12, 12, 13, 13, 13, 13, 13, 13, 13, 13, 14, 14, 14, 14, 14, 14, 14, 14, 15, 15, 15, 15, 15, 15, 15, 15}};
 
-/* The 32 grid indices of a block into idx (64-byte aligned). */
-INLINE void iq2_s_indices(const uint8_t *blk, __m512i qh_lane, __m512i qh_shift, uint16_t *idx) {
-    const __m512i lo = _mm512_cvtepu8_epi16(loadu256(blk + 2));
-    const __m128i qh = _mm_slli_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)(blk + 66))), 8);
-    __m512i hi = _mm512_srlv_epi16(_mm512_permutexvar_epi16(qh_lane, _mm512_castsi128_si512(qh)), qh_shift);
-    hi = _mm512_and_si512(hi, _mm512_set1_epi16(0x300));
-    _mm512_store_si512(idx, _mm512_or_si512(lo, hi));
+/* The four 10-bit grid indices of sub-block ib in the 16-bit fields of a word: qs byte k, and above it bits
+   2k, 2k + 1 of the sub-block's qh byte. */
+INLINE uint64_t iq2_s_index4(const uint8_t *blk, int ib) {
+    return _pdep_u64(hk_u32(blk + 2 + 4 * ib), 0x00FF00FF00FF00FFull) | _pdep_u64(blk[66 + ib], 0x0300030003000300ull);
 }
 
 /* Grid entries i0 and i1 (16 values) in one 128-bit vector, each a single 64-bit load. */
@@ -105,11 +98,11 @@ INLINE __m128i iq2_s_pair(unsigned i0, unsigned i1) {
     return _mm_insert_epi64(_mm_loadl_epi64((const __m128i *)(const void *)(hk_iq2s_grid + i0)), (long long)hk_iq2s_grid[i1], 1);
 }
 
-/* Values 64c .. 64c + 63 of a block from its indices 8c .. 8c + 7. */
-INLINE __m512i iq2_s_values(const uint16_t *ix) {
-    const __m256i lo = _mm256_inserti128_si256(_mm256_castsi128_si256(iq2_s_pair(ix[0], ix[1])), iq2_s_pair(ix[2], ix[3]), 1);
-    const __m256i hi = _mm256_inserti128_si256(_mm256_castsi128_si256(iq2_s_pair(ix[4], ix[5])), iq2_s_pair(ix[6], ix[7]), 1);
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+/* The 32 grid values of sub-block ib. */
+INLINE __m256i iq2_s_sub_values(const uint8_t *blk, int ib) {
+    const uint64_t u = iq2_s_index4(blk, ib);
+    const __m128i lo = iq2_s_pair(u & 0xFFFF, (uint32_t)u >> 16), hi = iq2_s_pair((u >> 32) & 0xFFFF, u >> 48);
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
 }
 
 /* The 16 scales 2 * nibble + 1 of a block as int16, group order (low nibble first). */
@@ -120,18 +113,15 @@ INLINE __m512i iq2_s_scales(const uint8_t *blk) {
 }
 
 INLINE void dot512_iq2_s_nt(int nb, const uint8_t *w, const hk_act *a, const int nt, float *out, ptrdiff_t os) {
-    const __m512i qh_lane = _mm512_loadu_si512(IQ2S_QH_LANE), qh_shift = _mm512_loadu_si512(IQ2S_QH_SHIFT);
-    _Alignas(64) uint16_t idx[32];
     float acc[HK_MAX_NT];
     HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = 0.0f;
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = w + (size_t)b * 82;
-        iq2_s_indices(blk, qh_lane, qh_shift, idx);
         const __m512i sc = iq2_s_scales(blk);
         __m512i isum[HK_MAX_NT];
         HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_setzero_si512();
         HK_UNROLL for (int c = 0; c < 4; c++) {
-            const __m512i q = iq2_s_values(idx + 8 * c);
+            const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(iq2_s_sub_values(blk, 2 * c)), iq2_s_sub_values(blk, 2 * c + 1), 1);
             const __m512i scale = _mm512_permutexvar_epi16(_mm512_loadu_si512(IQ2S_SCALE_LANE[c]), sc);
             uint64_t bits;
             memcpy(&bits, blk + 34 + 8 * c, 8);

@@ -34,8 +34,10 @@
 #define HK_IQ_GEMM_512 1
 #define HK_IQ4_XS_ROW_KERNEL FN(dot512_iq4_xs)
 #define HK_IQ2_S_ROW_KERNEL FN(dot512_iq2_s)
+#define HK_IQ2_XS_ROW_KERNEL FN(dot512_iq2_xs)
 static void FN(dot512_iq4_xs)(int nb, const uint8_t *w, const hk_act *a, int nt, float *out, ptrdiff_t os);
 static void FN(dot512_iq2_s)(int nb, const uint8_t *w, const hk_act *a, int nt, float *out, ptrdiff_t os);
+static void FN(dot512_iq2_xs)(int nb, const uint8_t *w, const hk_act *a, int nt, float *out, ptrdiff_t os);
 #include "kernels_x86_iq_gemm.inc"
 
 /* IQ4_XS with two 32-element sub-blocks per 512-bit vector (the values' magnitudes against the activations
@@ -94,20 +96,22 @@ INLINE uint64_t iq2_s_index4(const uint8_t *blk, int ib) {
 }
 
 /* Grid entries i0 and i1 (16 values) in one 128-bit vector, each a single 64-bit load. */
-INLINE __m128i iq2_s_pair(unsigned i0, unsigned i1) {
-    return _mm_insert_epi64(_mm_loadl_epi64((const __m128i *)(const void *)(hk_iq2s_grid + i0)), (long long)hk_iq2s_grid[i1], 1);
+INLINE __m128i grid_pair(const uint64_t *grid, unsigned i0, unsigned i1) {
+    return _mm_insert_epi64(_mm_loadl_epi64((const __m128i *)(const void *)(grid + i0)), (long long)grid[i1], 1);
 }
 
-/* The 32 grid values of sub-block ib. */
-INLINE __m256i iq2_s_sub_values(const uint8_t *blk, int ib) {
-    const uint64_t u = iq2_s_index4(blk, ib);
-    const __m128i lo = iq2_s_pair(u & 0xFFFF, (uint32_t)u >> 16), hi = iq2_s_pair((u >> 32) & 0xFFFF, u >> 48);
+/* The 32 grid values of four indices in the 16-bit fields of u. */
+INLINE __m256i grid_values4(const uint64_t *grid, uint64_t u) {
+    const __m128i lo = grid_pair(grid, u & 0xFFFF, (uint32_t)u >> 16), hi = grid_pair(grid, (u >> 32) & 0xFFFF, u >> 48);
     return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
 }
 
-/* The 16 scales 2 * nibble + 1 of a block as int16, group order (low nibble first). */
-INLINE __m512i iq2_s_scales(const uint8_t *blk) {
-    const __m128i b = _mm_loadl_epi64((const __m128i *)(const void *)(blk + 74)), m4 = _mm_set1_epi8(0x0F);
+/* The 32 grid values of IQ2_S sub-block ib. */
+INLINE __m256i iq2_s_sub_values(const uint8_t *blk, int ib) { return grid_values4(hk_iq2s_grid, iq2_s_index4(blk, ib)); }
+
+/* The 16 scales 2 * nibble + 1 of 8 bytes at p as int16, group order (low nibble first). */
+INLINE __m512i iq2_scales16(const uint8_t *p) {
+    const __m128i b = _mm_loadl_epi64((const __m128i *)(const void *)p), m4 = _mm_set1_epi8(0x0F);
     const __m256i s = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_and_si128(b, m4), _mm_and_si128(_mm_srli_epi16(b, 4), m4)));
     return _mm512_castsi256_si512(_mm256_add_epi16(_mm256_add_epi16(s, s), _mm256_set1_epi16(1)));
 }
@@ -117,7 +121,7 @@ INLINE void dot512_iq2_s_nt(int nb, const uint8_t *w, const hk_act *a, const int
     HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = 0.0f;
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = w + (size_t)b * 82;
-        const __m512i sc = iq2_s_scales(blk);
+        const __m512i sc = iq2_scales16(blk + 74);
         __m512i isum[HK_MAX_NT];
         HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_setzero_si512();
         HK_UNROLL for (int c = 0; c < 4; c++) {
@@ -141,6 +145,55 @@ INLINE void dot512_iq2_s_nt(int nb, const uint8_t *w, const hk_act *a, const int
     iq_store(acc, nt, out, os);
 }
 NT_DISPATCH(dot512_iq2_s)
+
+/* IQ2_XS the same way: per 32 values, four 16-bit words of a 9-bit grid index and a 7-bit sign index (the 8th
+   sign makes the count of negatives even), so the block's 256 sign bits come from one vector of its 32 words.
+   Block: d, qs[32] words, scales[8]. */
+INLINE void iq2_xs_signs(const uint8_t *blk, uint64_t *bits) {
+    const __m512i s = _mm512_srli_epi16(_mm512_loadu_si512(blk + 2), 9);
+    __m512i p = _mm512_xor_si512(s, _mm512_srli_epi16(s, 4));
+    p = _mm512_xor_si512(p, _mm512_srli_epi16(p, 2));
+    p = _mm512_xor_si512(p, _mm512_srli_epi16(p, 1));
+    p = _mm512_slli_epi16(_mm512_and_si512(p, _mm512_set1_epi16(1)), 7);
+    _mm256_store_si256((__m256i *)(void *)bits, _mm512_cvtepi16_epi8(_mm512_or_si512(s, p)));
+    __asm__("" : "+m"(*(struct { uint64_t v[4]; } *)(void *)bits)); /* read back as masks, not extracted */
+}
+
+INLINE __m256i iq2_xs_sub_values(const uint8_t *blk, int ib) {
+    uint64_t u;
+    memcpy(&u, blk + 2 + 8 * ib, 8);
+    return grid_values4(hk_iq2xs_grid, u & 0x01FF01FF01FF01FFull);
+}
+
+INLINE void dot512_iq2_xs_nt(int nb, const uint8_t *w, const hk_act *a, const int nt, float *out, ptrdiff_t os) {
+    float acc[HK_MAX_NT];
+    _Alignas(32) uint64_t signs[4];
+    HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = 0.0f;
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = w + (size_t)b * 74;
+        const __m512i sc = iq2_scales16(blk + 66);
+        iq2_xs_signs(blk, signs);
+        __m512i isum[HK_MAX_NT];
+        HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_setzero_si512();
+        HK_UNROLL for (int c = 0; c < 4; c++) {
+            const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(iq2_xs_sub_values(blk, 2 * c)), iq2_xs_sub_values(blk, 2 * c + 1), 1);
+            const __m512i scale = _mm512_permutexvar_epi16(_mm512_loadu_si512(IQ2S_SCALE_LANE[c]), sc);
+            const __mmask64 neg = _cvtu64_mask64(signs[c]);
+            HK_UNROLL for (int t = 0; t < nt; t++) {
+                __m512i av = _mm512_loadu_si512(a[t].qs + 256 * b + 64 * c);
+                av = _mm512_mask_sub_epi8(av, neg, _mm512_setzero_si512(), av);
+                isum[t] = _mm512_dpwssd_epi32(isum[t], _mm512_maddubs_epi16(q, av), scale);
+            }
+        }
+        const float dw = 0.125f * f16x(blk);
+        HK_UNROLL for (int t = 0; t < nt; t++) {
+            __m128 p = _mm_cvtsi32_ss(_mm_setzero_ps(), _mm512_reduce_add_epi32(isum[t]));
+            acc[t] = _mm_cvtss_f32(_mm_fmadd_ss(p, _mm_set_ss(dw * a[t].d[b]), _mm_set_ss(acc[t])));
+        }
+    }
+    iq_store(acc, nt, out, os);
+}
+NT_DISPATCH(dot512_iq2_xs)
 
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -35,9 +35,11 @@
 #define HK_IQ4_XS_ROW_KERNEL FN(dot512_iq4_xs)
 #define HK_IQ2_S_ROW_KERNEL FN(dot512_iq2_s)
 #define HK_IQ2_XS_ROW_KERNEL FN(dot512_iq2_xs)
+#define HK_IQ3_S_ROW_KERNEL FN(dot512_iq3_s)
 static void FN(dot512_iq4_xs)(int nb, const uint8_t *w, const hk_act *a, int nt, float *out, ptrdiff_t os);
 static void FN(dot512_iq2_s)(int nb, const uint8_t *w, const hk_act *a, int nt, float *out, ptrdiff_t os);
 static void FN(dot512_iq2_xs)(int nb, const uint8_t *w, const hk_act *a, int nt, float *out, ptrdiff_t os);
+static void FN(dot512_iq3_s)(int nb, const uint8_t *w, const hk_act *a, int nt, float *out, ptrdiff_t os);
 #include "kernels_x86_iq_gemm.inc"
 
 /* IQ4_XS with two 32-element sub-blocks per 512-bit vector (the values' magnitudes against the activations
@@ -194,6 +196,68 @@ INLINE void dot512_iq2_xs_nt(int nb, const uint8_t *w, const hk_act *a, const in
     iq_store(acc, nt, out, os);
 }
 NT_DISPATCH(dot512_iq2_xs)
+
+/* IQ3_S the same way, with grid entries of 4 values (32 bits): per 32 values, eight qs bytes with a ninth index
+   bit each in a qh byte, whole sign bytes, a 4-bit scale. Block: d, qs[64], qh[8], signs[32], scales[4]. */
+static const uint16_t IQ3S_SCALE_LANE[4][32] = {
+    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+    {2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3},
+    {4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5},
+    {6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7}};
+
+/* Grid entries of four indices in the 16-bit fields of u, 16 values. */
+INLINE __m128i iq3_s_grid4(uint64_t u) {
+    const uint32_t *g = hk_iq3s_grid;
+    __m128i v = _mm_cvtsi32_si128((int)g[u & 0xFFFF]);
+    v = _mm_insert_epi32(v, (int)g[(uint32_t)u >> 16], 1);
+    v = _mm_insert_epi32(v, (int)g[(u >> 32) & 0xFFFF], 2);
+    return _mm_insert_epi32(v, (int)g[u >> 48], 3);
+}
+
+/* The 32 grid values of sub-block ib. */
+INLINE __m256i iq3_s_sub_values(const uint8_t *blk, int ib) {
+    const unsigned h = blk[66 + ib];
+    const uint64_t u0 = _pdep_u64(hk_u32(blk + 2 + 8 * ib), 0x00FF00FF00FF00FFull) | _pdep_u64(h & 0xF, 0x0100010001000100ull);
+    const uint64_t u1 = _pdep_u64(hk_u32(blk + 6 + 8 * ib), 0x00FF00FF00FF00FFull) | _pdep_u64(h >> 4, 0x0100010001000100ull);
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(iq3_s_grid4(u0)), iq3_s_grid4(u1), 1);
+}
+
+/* The 8 scales 2 * nibble + 1 of a block as int16, low nibble first. */
+INLINE __m512i iq3_s_scales(const uint8_t *blk) {
+    const __m128i b = _mm_cvtsi32_si128((int)hk_u32(blk + 106)), m4 = _mm_set1_epi8(0x0F);
+    const __m128i s = _mm_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_and_si128(b, m4), _mm_and_si128(_mm_srli_epi16(b, 4), m4)));
+    return _mm512_castsi128_si512(_mm_add_epi16(_mm_add_epi16(s, s), _mm_set1_epi16(1)));
+}
+
+INLINE void dot512_iq3_s_nt(int nb, const uint8_t *w, const hk_act *a, const int nt, float *out, ptrdiff_t os) {
+    float acc[HK_MAX_NT];
+    HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = 0.0f;
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = w + (size_t)b * 110;
+        const __m512i sc = iq3_s_scales(blk);
+        __m512i isum[HK_MAX_NT];
+        HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_setzero_si512();
+        HK_UNROLL for (int c = 0; c < 4; c++) {
+            const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(iq3_s_sub_values(blk, 2 * c)), iq3_s_sub_values(blk, 2 * c + 1), 1);
+            const __m512i scale = _mm512_permutexvar_epi16(_mm512_loadu_si512(IQ3S_SCALE_LANE[c]), sc);
+            uint64_t bits;
+            memcpy(&bits, blk + 74 + 8 * c, 8);
+            const __mmask64 neg = _cvtu64_mask64(bits);
+            HK_UNROLL for (int t = 0; t < nt; t++) {
+                __m512i av = _mm512_loadu_si512(a[t].qs + 256 * b + 64 * c);
+                av = _mm512_mask_sub_epi8(av, neg, _mm512_setzero_si512(), av);
+                isum[t] = _mm512_dpwssd_epi32(isum[t], _mm512_maddubs_epi16(q, av), scale);
+            }
+        }
+        const float dw = 1.0f * f16x(blk);
+        HK_UNROLL for (int t = 0; t < nt; t++) {
+            __m128 p = _mm_cvtsi32_ss(_mm_setzero_ps(), _mm512_reduce_add_epi32(isum[t]));
+            acc[t] = _mm_cvtss_f32(_mm_fmadd_ss(p, _mm_set_ss(dw * a[t].d[b]), _mm_set_ss(acc[t])));
+        }
+    }
+    iq_store(acc, nt, out, os);
+}
+NT_DISPATCH(dot512_iq3_s)
 
 #if defined(__clang__)
 #pragma clang attribute pop

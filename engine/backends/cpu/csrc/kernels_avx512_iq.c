@@ -8,8 +8,9 @@
    weights' sums take the offset back out: sum(w * a) = sum(w * (a + 128)) - 128 * sum(w), exact integers.
 
    A super-block's integer sum then meets the float scales as acc += isum * (dw * da), one fused step per
-   block per token, which is what the row kernels (kernels_x86_iq.inc, compiled here for this ISA) do
-   too: a token gets the same bits in a prompt chunk, in a batch of a few, or alone. */
+   block per token, which is what the row kernels do too (the 512-bit ones below for IQ2_XS, IQ2_S, IQ3_S and
+   IQ4_XS, kernels_x86_iq.inc's compiled here for IQ2_XXS and IQ3_XXS): a token gets the same bits in a prompt
+   chunk, in a batch of a few, or alone. */
 #include "kernels_iq_gemm.h"
 
 #include <stdlib.h>
@@ -76,8 +77,8 @@ INLINE void dot512_iq4_xs_nt(int nb, const uint8_t *w, const hk_act *a, const in
 }
 NT_DISPATCH(dot512_iq4_xs)
 
-/* IQ2_S with two 32-element sub-blocks per 512-bit vector, and no gathers (which lost on the whole model when
-   both cores stream). Each grid index (a qs byte, two bits of a qh byte above it) is built in a general register,
+/* IQ2_S with two 32-element sub-blocks per 512-bit vector, and no gathers (the reverted 16-row kernels gathered
+   their grid entries and lost on the whole model, cause not established). Each grid index (a qs byte, two bits of a qh byte above it) is built in a general register,
    four at a time by pdep, and its entry loaded 64 bits at a time straight into its place; the block's sign bits
    are a mask register that negates the activations, its 16 scales spread over int16 lanes by vpermw. Each
    super-block is summed exactly, as iq_accumulate adds it. Block: d, qs[32], signs[32], qh[8], scales[8].

@@ -22,6 +22,7 @@ void hk_cpu_features(hk_features *f) {
     f->avx2 = __builtin_cpu_supports("avx2") != 0;
     f->fma = __builtin_cpu_supports("fma") != 0;
     f->f16c = __builtin_cpu_supports("f16c") != 0;
+    f->bmi2 = __builtin_cpu_supports("bmi2") != 0;
     f->avx512f = __builtin_cpu_supports("avx512f") != 0;
     f->avx512bw = __builtin_cpu_supports("avx512bw") != 0;
     f->avx512vl = __builtin_cpu_supports("avx512vl") != 0;
@@ -57,7 +58,7 @@ static int usable_isas(isa_choice *out) {
     int avx2 = f.avx2 && f.fma && f.f16c;
     if (avx2) out[n++] = (isa_choice){"avx2", &hk_isa_avx2};
     if (avx2 && f.avxvnni) out[n++] = (isa_choice){"avxvnni", &hk_isa_avxvnni};
-    if (avx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni)
+    if (avx2 && f.bmi2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni) /* bmi2: the IQ2_S row kernel */
         out[n++] = (isa_choice){"avx512", &hk_isa_avx512};
 #elif defined(__aarch64__)
     hk_features f;

@@ -5,7 +5,7 @@
 #include "hk.h"
 
 typedef struct {
-    int avx2, fma, f16c, avx512f, avx512bw, avx512vl, avx512vnni, avx512bf16, avxvnni, neon, dotprod;
+    int avx2, fma, f16c, bmi2, avx512f, avx512bw, avx512vl, avx512vnni, avx512bf16, avxvnni, neon, dotprod;
 } hk_features;
 
 void hk_cpu_features(hk_features *f);

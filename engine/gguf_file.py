@@ -183,6 +183,7 @@ class GGUFFile:
             self.close()
             raise
         self._release_header_pages()
+        self._advise_huge_pages()
         self._array = np.frombuffer(self._map, dtype=np.uint8)
 
     def _map_file(self) -> mmap.mmap:
@@ -199,6 +200,28 @@ class GGUFFile:
         """
         if hasattr(mmap, "MADV_DONTNEED"):
             self._map.madvise(mmap.MADV_DONTNEED, 0, self.data_offset)
+
+    def _advise_huge_pages(self) -> None:
+        """Ask for the weights in 2 MiB pages where the kernel can (Linux transparent huge pages for files).
+
+        Decode reads gigabytes per token from pages it last touched a token or more ago. Mapped in 4 KiB pages,
+        every 4 KiB costs a TLB miss whose page-table walk (under a hypervisor, two nested walks) itself misses the
+        cache once the file is several GB: gpt-oss-20b's 12 GB file decoded at 25.6 GB/s in 4 KiB pages against
+        35.4 GB/s in 2 MiB pages, paired in one process. Pages read after this advice enter the page cache as
+        2 MiB folios, each mapped by one entry; the bytes cached and resident are the same. The token embedding
+        is left in 4 KiB pages: a token reads one row of it, and a 2 MiB page per row would make it all resident.
+        A no-op where the advice is unknown or refused.
+        """
+        if not hasattr(mmap, "MADV_HUGEPAGE"):
+            return
+        try:
+            self._map.madvise(mmap.MADV_HUGEPAGE)
+            embd = self.tensors.get("token_embd.weight")
+            if embd is not None:
+                start = embd.offset // mmap.PAGESIZE * mmap.PAGESIZE
+                self._map.madvise(mmap.MADV_NOHUGEPAGE, start, embd.offset + embd.nbytes - start)
+        except OSError:
+            pass
 
     # -- parsing ---------------------------------------------------------------------------------------
     def _parse(self) -> None:

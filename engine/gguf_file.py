@@ -183,6 +183,7 @@ class GGUFFile:
             self.close()
             raise
         self._release_header_pages()
+        self._advise_huge_pages()
         self._array = np.frombuffer(self._map, dtype=np.uint8)
 
     def _map_file(self) -> mmap.mmap:
@@ -199,6 +200,30 @@ class GGUFFile:
         """
         if hasattr(mmap, "MADV_DONTNEED"):
             self._map.madvise(mmap.MADV_DONTNEED, 0, self.data_offset)
+
+    def _advise_huge_pages(self) -> None:
+        """Ask for the weights in 2 MiB pages where the kernel can (Linux: transparent huge pages for files).
+
+        Decode reads gigabytes per token from pages it last touched a token or more ago. Mapped in 4 KiB pages,
+        every 4 KiB costs a TLB miss whose page-table walk (under a hypervisor, two nested walks) itself misses
+        the cache once the file is several GB. On gpt-oss-20b's 12 GB file (2 threads, a loaded 2-core VM,
+        paired in one process) 2 MiB pages decoded 8 % faster than the same pages mapped 4 KiB, and as fast per
+        byte as a 4-layer copy (35.4 against 35.9 GB/s), where 4 KiB pages left it 7-14 % below the copy.
+        Pages read after this advice enter the page cache as 2 MiB folios (file systems with large folios, e.g.
+        ext4 and XFS on Linux 6.x), each mapped by one entry; the bytes cached and resident are the same. The
+        token embedding stays in 4 KiB pages: a token reads one row of it, and a 2 MiB page per row would make
+        it all resident. A no-op where the advice is unknown or refused.
+        """
+        if not hasattr(mmap, "MADV_HUGEPAGE"):
+            return
+        try:
+            self._map.madvise(mmap.MADV_HUGEPAGE)
+            embd = self.tensors.get("token_embd.weight")
+            if embd is not None:
+                start = embd.offset // mmap.PAGESIZE * mmap.PAGESIZE
+                self._map.madvise(mmap.MADV_NOHUGEPAGE, start, embd.offset + embd.nbytes - start)
+        except OSError:
+            pass
 
     # -- parsing ---------------------------------------------------------------------------------------
     def _parse(self) -> None:

@@ -1,5 +1,10 @@
 /* The persistent thread pool. Workers spin briefly after a job (decode issues hundreds of small products
    per token, a sleep/wake per product would cost more than the product), then sleep on a condition.
+   While jobs come in a steady stream (the last wait was shorter than STREAM_NS: a reply's decode steps, with
+   the host's sampling between them) a worker spins longer, LINGER_NS, so the host's work between two steps
+   does not put it to sleep and the next step does not pay for waking it (slow in a VM); an idle pool still
+   sleeps after LINGER_NS. The spin is counted in the worker's own CPU time: on a loaded machine the time
+   slices its sched_yield calls hand to other processes do not use it up.
    Every spin loop yields to the scheduler now and then: on a busy machine the thread being waited for may
    share this core, and a pure spin would keep it off the core for a whole time slice. */
 #define _GNU_SOURCE
@@ -20,7 +25,9 @@
 #define CPU_RELAX() ((void)0)
 #endif
 
-#define SPIN_NS 100000  /* how long an idle worker polls before it sleeps */
+#define SPIN_NS 100000     /* how long an idle worker polls before it sleeps */
+#define LINGER_NS 2000000  /* how long it polls while jobs are streaming */
+#define STREAM_NS 20000000 /* jobs are streaming while a worker's last wait (wall time) was shorter than this */
 #define YIELD_EVERY 64  /* polls between two sched_yield calls (a yield costs well under a microsecond) */
 
 static struct {
@@ -44,6 +51,12 @@ static long long now_ns(void) {
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+static long long thread_cpu_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
 static void run_tasks(void) {
     for (;;) {
         int i = atomic_fetch_add_explicit(&P.next_task, 1, memory_order_relaxed);
@@ -52,16 +65,17 @@ static void run_tasks(void) {
     }
 }
 
-/* Wait until the generation moves past seen; returns the new generation. */
-static int wait_for_job(int seen) {
-    long long deadline = now_ns() + SPIN_NS;
+/* Wait until the generation moves past seen, polling for spin_ns of this thread's CPU time first; returns
+   the new generation. */
+static int wait_for_job(int seen, long long spin_ns) {
+    long long deadline = thread_cpu_ns() + spin_ns;
     for (int spins = 0;; spins++) {
         int g = atomic_load_explicit(&P.generation, memory_order_acquire);
         if (g != seen) return g;
         CPU_RELAX();
         if (spins % YIELD_EVERY == YIELD_EVERY - 1) {
             sched_yield();
-            if (now_ns() > deadline) break;
+            if (thread_cpu_ns() > deadline) break;
         }
     }
     pthread_mutex_lock(&P.mu);
@@ -73,8 +87,11 @@ static int wait_for_job(int seen) {
 
 static void *worker(void *arg) {
     int seen = (int)(intptr_t)arg;
+    long long spin_ns = SPIN_NS;
     for (;;) {
-        seen = wait_for_job(seen);
+        long long idle_since = now_ns();
+        seen = wait_for_job(seen, spin_ns);
+        spin_ns = now_ns() - idle_since < STREAM_NS ? LINGER_NS : SPIN_NS;
         if (atomic_load_explicit(&P.stop, memory_order_acquire)) return NULL;
         run_tasks();
         atomic_fetch_sub_explicit(&P.busy, 1, memory_order_release);

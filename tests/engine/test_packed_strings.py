@@ -6,7 +6,20 @@ import random
 
 import pytest
 
+from engine import packed_strings
 from engine.packed_strings import PackedStrings, StringIndex
+
+
+
+@pytest.fixture(autouse=True, params=["c", "python"])
+def string_path(request, monkeypatch):
+    """Every test runs on the C extension's index and on the Python fallback."""
+    if request.param == "c":
+        assert packed_strings.string_extension() is not None, "the CPU extension is not built"
+    else:
+        monkeypatch.setattr(packed_strings, "_C", False)
+    return request.param
+
 
 WORDS = ["", "a", "ab", "é", "Ġthe", "\u2581hello", "<|im_end|>", "日本語", "\U0001f600", "a b", "ab"]
 
@@ -48,3 +61,22 @@ def test_an_empty_array_has_an_empty_index():
     assert len(packed) == 0 and list(packed) == [] and packed == []
     index = StringIndex(packed)
     assert len(index) == 0 and index.get("a") is None
+
+
+def test_lone_surrogates_and_non_strings_are_looked_up_like_a_dict():
+    index = StringIndex(PackedStrings.from_strings(["a", "\udc80x", "b"]))
+    assert index["\udc80x"] == 1 and index.get("\udc80") is None
+    assert index.get(b"a") is None and index.get(None, 7) == 7 and 1 not in index
+
+
+def test_a_long_vocabulary_with_duplicates_keeps_every_first_position(string_path):
+    rng = random.Random(1)
+    words = ["".join(rng.choices("abcdefgĠé日 ", k=rng.randint(0, 12))) for _ in range(60_000)]
+    index = StringIndex(PackedStrings.from_strings(words))
+    first = {}
+    for i, w in enumerate(words):
+        first.setdefault(w, i)
+    assert len(index) == len(first) and index.duplicates == len(words) - len(first)
+    assert all(index[w] == i for w, i in first.items())
+    slots = 1 << (2 * len(words) - 1).bit_length()
+    assert index.nbytes == 4 * slots + 4 * len(words)

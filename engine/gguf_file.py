@@ -112,17 +112,20 @@ class _Cursor:
         released; without it a Python loop reads the lengths)."""
         if (ext := string_extension()) is not None:
             data, ends, pos = ext.pack_strings(memoryview(self.buf)[:self.end], self.pos, count)
+            if ext.first_invalid_utf8(data, ends) >= 0:
+                lengths = array.array("Q")
+                lengths.frombytes(np.diff(np.frombuffer(ends, np.uint64), prepend=np.uint64(0)).tobytes())
+                _check_utf8(data, lengths, what)  # names the element
             ends = np.frombuffer(ends, np.uint64)
-            lengths = array.array("Q")
-            lengths.frombytes(np.diff(ends, prepend=np.uint64(0)).tobytes())
+            n_read = len(ends)
         else:
             lengths, pos = self._string_lengths(count)
             data = _without_length_prefixes(self.buf, self.pos, pos, lengths)
-            ends = np.cumsum(lengths, dtype=np.uint64)
-        _check_utf8(data, lengths, what)
+            _check_utf8(data, lengths, what)
+            ends, n_read = np.cumsum(lengths, dtype=np.uint64), len(lengths)
         self.pos = pos
-        if len(lengths) < count:  # the split stopped at an element that runs past the end: re-read it for the message
-            self.string(f"element {len(lengths)} of {what}")
+        if n_read < count:  # the split stopped at an element that runs past the end: re-read it for the message
+            self.string(f"element {n_read} of {what}")
         return PackedStrings(data, ends)
 
     def _string_lengths(self, count: int) -> tuple[array.array, int]:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from engine import packed_strings
+from engine.backends.cpu import kernels
 from engine.packed_strings import PackedStrings, StringIndex
 
 
@@ -80,3 +82,29 @@ def test_a_long_vocabulary_with_duplicates_keeps_every_first_position(string_pat
     assert all(index[w] == i for w, i in first.items())
     slots = 1 << (2 * len(words) - 1).bit_length()
     assert index.nbytes == 4 * slots + 4 * len(words)
+
+
+def test_the_c_utf8_check_agrees_with_pythons_decoder(string_path):
+    ext = kernels._ext  # the extension itself, on both parametrizations
+    assert ext is not None, "the CPU extension is not built"
+    rng = random.Random(2)
+    pieces = [b"a", b"\xc3\xa9", b"\xe6\x97\xa5", b"\xf0\x9f\x98\x80", b"\x80", b"\xc0\xaf", b"\xed\xa0\x80",
+              b"\xf4\x90\x80\x80", b"\xe0\x80\xaf", b"\xf0\x8f\xbf\xbf", b"\xc3", b"\xff", b"\xef\xbf\xbf"]
+    for _ in range(3000):
+        element = b"".join(rng.choices(pieces, k=rng.randint(0, 4)))
+        cut = rng.randint(0, len(element))  # a character split between two elements is invalid in both
+        data, ends = element, np.array([cut, len(element)], np.uint64)
+        try:
+            data[:cut].decode("utf-8"), data[cut:].decode("utf-8")
+            expected = -1
+        except UnicodeDecodeError:
+            expected = 0 if not _decodes(data[:cut]) else 1
+        assert ext.first_invalid_utf8(data, ends.tobytes()) == expected, (data, cut)
+
+
+def _decodes(b: bytes) -> bool:
+    try:
+        b.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False

@@ -65,6 +65,54 @@ static PyObject *py_pack_strings(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* Whether s[0:n] is strict UTF-8 as Python's decoder reads it (no overlong forms, surrogates or values above
+ * U+10FFFF). */
+static int valid_utf8(const unsigned char *s, uint64_t n) {
+    uint64_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        if (c < 0x80) { i++; continue; }
+        int len;
+        unsigned lo = 0x80, hi = 0xBF;
+        if (c >= 0xC2 && c <= 0xDF) len = 2;
+        else if (c >= 0xE0 && c <= 0xEF) { len = 3; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
+        else if (c >= 0xF0 && c <= 0xF4) { len = 4; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
+        else return 0;
+        if (n - i < (uint64_t)len) return 0;
+        if (s[i + 1] < lo || s[i + 1] > hi) return 0;
+        for (int k = 2; k < len; k++)
+            if ((s[i + k] & 0xC0) != 0x80) return 0;
+        i += len;
+    }
+    return 1;
+}
+
+/* first_invalid_utf8(data, ends) -> the first element that is not UTF-8 on its own, or -1. */
+static PyObject *py_first_invalid_utf8(PyObject *self, PyObject *args) {
+    Py_buffer data, ends;
+    if (!PyArg_ParseTuple(args, "y*y*", &data, &ends)) return NULL;
+    Py_ssize_t n = ends.len / (Py_ssize_t)sizeof(uint64_t), bad = -1;
+    const uint64_t *end_of = ends.buf;
+    int fits = n == 0 || end_of[n - 1] <= (uint64_t)data.len;
+    for (Py_ssize_t i = 1; fits && i < n; i++) fits = end_of[i - 1] <= end_of[i];
+    if (fits) {
+        Py_BEGIN_ALLOW_THREADS
+        uint64_t prev = 0;
+        for (Py_ssize_t i = 0; i < n && bad < 0; i++) {
+            if (!valid_utf8((const unsigned char *)data.buf + prev, end_of[i] - prev)) bad = i;
+            prev = end_of[i];
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&ends);
+    if (!fits) {
+        PyErr_SetString(PyExc_ValueError, "first_invalid_utf8: ends must rise and fit the data");
+        return NULL;
+    }
+    return PyLong_FromSsize_t(bad);
+}
+
 /* The index: slots hold string positions (-1 free), tags the hash bits above the slot bits. */
 typedef struct {
     PyObject_HEAD
@@ -209,6 +257,8 @@ static PyTypeObject STRING_TABLE = {
 static PyMethodDef STRING_FUNCTIONS[] = {
     {"pack_strings", py_pack_strings, METH_VARARGS,
      "pack_strings(buf, start, count) -> (data, ends as u64 bytes, end position)"},
+    {"first_invalid_utf8", py_first_invalid_utf8, METH_VARARGS,
+     "first_invalid_utf8(data, ends) -> first element (cut at the u64 ends) that is not UTF-8, or -1"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -13,7 +13,7 @@ from typing import Iterable
 import numpy as np
 
 from engine.gguf_file import GGUFFile, ModelFormatError
-from engine.packed_strings import StringIndex
+from engine.packed_strings import StringIndex, string_extension
 from engine.pretokenizer import PreTokenizer
 from engine.vocab import BYTE, CONTROL, LSTRIP, NORMAL, RSTRIP, UNKNOWN, USER_DEFINED, Vocab, load_vocab
 
@@ -61,6 +61,8 @@ class Tokenizer:
         self._pieces: dict[int, bytes] = {}
         self._preserved = vocab.preserved  # control tokens written out even with skip_special (reasoning markers)
         self._bpe_word = functools.lru_cache(maxsize=_WORD_CACHE_SIZE)(self._bpe_word_uncached)
+        if not self._is_spm and string_extension() is not None:
+            self._merge_ranks  # built now, with the model (in C, GIL released), not at the first prompt's prefill
 
     @classmethod
     def from_gguf(cls, gguf: GGUFFile) -> "Tokenizer":

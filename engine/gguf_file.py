@@ -145,6 +145,19 @@ class _Cursor:
         return lengths, pos
 
 
+def touch_pages(raw: np.ndarray, page: int = 4096) -> int:
+    """Read one byte per ``page`` of ``raw`` (a tensor's bytes in the memory map) so the file is paged in; with the
+    CPU extension the page faults happen with the GIL released, so other threads (the GUI) keep running.
+
+    Returns:
+        The sum of the bytes read (so the reads are not optimized away).
+    """
+    flat = raw.reshape(-1).view(np.uint8)
+    if (ext := string_extension()) is not None and flat.flags.c_contiguous:
+        return ext.touch_pages(flat, page)
+    return int(flat[::page].sum(dtype=np.uint64))
+
+
 def _without_length_prefixes(buf, start: int, end: int, lengths: array.array) -> bytes:
     """The bytes of ``buf[start:end]``, a run of (u64 length, bytes) elements, without the lengths."""
     if not lengths:

@@ -33,7 +33,10 @@ from .worker import load_engine_model
 
 # How often a thread running Python hands the GIL to one waiting for it. The GUI thread takes and releases the GIL
 # many times per event-loop turn (every slot, paint and event filter written in Python); with the default 5 ms each of
-# those waits while the engine thread parses a model in Python, and one turn took 100-200 ms.
+# those waits while the engine thread runs Python. Kept after the vocabulary's loops moved into C (strings.c), by
+# measurement (tests/app/test_responsiveness.py, 2 cores): on a quiet machine 5 ms and 1 ms both kept every gap at
+# 14-46 ms, but with both cores busy (two CPU-bound processes beside the test) 5 ms let a prefill pause the GUI
+# 156 ms (other runs 33-74 ms), 1 ms at most 69 ms.
 GIL_SWITCH_INTERVAL_S = 0.001
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .ggml_types import GGML_QUANT_SIZES, GGMLQuantizationType
-from .packed_strings import PackedStrings
+from .packed_strings import PackedStrings, string_extension
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -108,11 +108,32 @@ class _Cursor:
             raise ModelFormatError(f"{what} is not valid UTF-8 ({e.reason} at byte {e.start})") from None
 
     def strings(self, count: int, what: str) -> PackedStrings:
-        """``count`` strings, packed; the loop only reads lengths (vocabularies are ~10^5 long)."""
-        buf, size, start = self.buf, self.end, self.pos
+        """``count`` strings, packed (vocabularies are ~10^5 long: the C extension splits them with the GIL
+        released; without it a Python loop reads the lengths)."""
+        if (ext := string_extension()) is not None:
+            data, ends, pos = ext.pack_strings(memoryview(self.buf)[:self.end], self.pos, count)
+            if ext.first_invalid_utf8(data, ends) >= 0:
+                lengths = array.array("Q")
+                lengths.frombytes(np.diff(np.frombuffer(ends, np.uint64), prepend=np.uint64(0)).tobytes())
+                _check_utf8(data, lengths, what)  # names the element
+            ends = np.frombuffer(ends, np.uint64)
+            n_read = len(ends)
+        else:
+            lengths, pos = self._string_lengths(count)
+            data = _without_length_prefixes(self.buf, self.pos, pos, lengths)
+            _check_utf8(data, lengths, what)
+            ends, n_read = np.cumsum(lengths, dtype=np.uint64), len(lengths)
+        self.pos = pos
+        if n_read < count:  # the split stopped at an element that runs past the end: re-read it for the message
+            self.string(f"element {n_read} of {what}")
+        return PackedStrings(data, ends)
+
+    def _string_lengths(self, count: int) -> tuple[array.array, int]:
+        """The lengths of up to ``count`` (u64 length, bytes) elements from here, and where the last read ends."""
+        buf, size, pos = self.buf, self.end, self.pos
         unpack = _U64.unpack_from
         lengths = array.array("Q")
-        append, pos = lengths.append, start
+        append = lengths.append
         for _ in range(count):
             if pos + 8 > size:
                 break
@@ -121,12 +142,20 @@ class _Cursor:
                 break
             append(n)
             pos += 8 + n
-        data = _without_length_prefixes(buf, start, pos, lengths)
-        _check_utf8(data, lengths, what)
-        self.pos = pos
-        if len(lengths) < count:  # the loop stopped at an element that runs past the end: re-read it for the message
-            self.string(f"element {len(lengths)} of {what}")
-        return PackedStrings(data, np.cumsum(lengths, dtype=np.uint64))
+        return lengths, pos
+
+
+def touch_pages(raw: np.ndarray, page: int = 4096) -> int:
+    """Read one byte per ``page`` of ``raw`` (a tensor's bytes in the memory map) so the file is paged in; with the
+    CPU extension the page faults happen with the GIL released, so other threads (the GUI) keep running.
+
+    Returns:
+        The sum of the bytes read (so the reads are not optimized away).
+    """
+    flat = raw.reshape(-1).view(np.uint8)
+    if (ext := string_extension()) is not None and flat.flags.c_contiguous:
+        return ext.touch_pages(flat, page)
+    return int(flat[::page].sum(dtype=np.uint64))
 
 
 def _without_length_prefixes(buf, start: int, end: int, lengths: array.array) -> bytes:

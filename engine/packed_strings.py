@@ -3,7 +3,8 @@
 A GGUF vocabulary holds 10^5 token texts and as many BPE merges. As Python ``str`` objects in lists and
 dicts they cost about 70 bytes each and a dict entry more (about 40 MB for Qwen 2.5's); packed, a string
 costs its UTF-8 bytes plus a 4-byte offset, and the index 4 bytes per slot plus a 4-byte hash tag per string.
-Elements are decoded when read.
+Elements are decoded when read. The CPU extension (``strings.c``) builds and probes the index in C with the
+GIL released, so loading a vocabulary does not pause other threads; without it the same index is built in Python.
 """
 
 from __future__ import annotations
@@ -13,6 +14,19 @@ import itertools
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
+
+_C = None  # the CPU extension once loaded, False when it is unavailable; tests set False to force the fallback
+
+
+def string_extension():
+    """The C extension's string functions (``pack_strings``, ``StringTable``), or None without it."""
+    global _C
+    if _C is None:
+        from .backends.cpu import kernels  # noqa: PLC0415 - loaded on first use: it selects the CPU ISA
+
+        _C = kernels._ext if kernels._ext is not None and hasattr(kernels._ext, "StringTable") else False
+    return _C or None
+
 
 _SLOTS_PER_STRING = 2  # hash-table slots per string: probes stay short (load factor at most 1/2)
 
@@ -90,15 +104,25 @@ def _tag(h: int) -> int:
 
 
 class StringIndex:
-    """The position of each distinct string of a PackedStrings, by open addressing on ``hash(str)``.
+    """The position of each distinct string of a PackedStrings, by open addressing on a hash of the string.
 
     Reads like a read-only ``dict[str, int]`` (``get``, ``in``, ``[]``); of equal strings the first
-    position is kept, and ``duplicates`` counts the others.
+    position is kept, and ``duplicates`` counts the others. With the CPU extension the table lives in C
+    (a byte hash of the UTF-8, built with the GIL released, ``get`` one C call); without it, in Python
+    arrays keyed on ``hash(str)``.
     """
 
-    __slots__ = ("_data", "_offsets", "_tags", "_slots", "_mask", "_size", "duplicates")
+    __slots__ = ("_data", "_offsets", "_tags", "_slots", "_mask", "_size", "_table", "duplicates", "get")
 
     def __init__(self, strings: PackedStrings):
+        ext = string_extension()
+        if ext is not None:
+            self._table = ext.StringTable(strings._data, strings._offsets)
+            self._size, self.duplicates = self._table.size, self._table.duplicates
+            self.get = self._table.get  # get(text, default=None): the tokenizers call it once per candidate merge
+            return
+        self._table = None
+        self.get = self._get
         n = len(strings)
         n_slots = 1 << max(3, (_SLOTS_PER_STRING * n - 1).bit_length())  # a power of two: probes wrap by masking
         self._data, self._offsets, self._mask = strings._data, strings._offsets, n_slots - 1
@@ -124,8 +148,10 @@ class StringIndex:
             pos = (pos + 1) & mask
         return -1, pos
 
-    def get(self, text: str, default=None):
-        # _probe inlined: the tokenizers call this once per candidate merge
+    def _get(self, text: str, default=None):
+        """The fallback's ``get``; _probe inlined: the tokenizers call this once per candidate merge."""
+        if not isinstance(text, str):
+            return default
         h = hash(text)
         mask, slots = self._mask, self._slots
         pos = h & mask
@@ -155,4 +181,6 @@ class StringIndex:
     @property
     def nbytes(self) -> int:
         """The bytes of the table and the tags (the strings belong to the PackedStrings)."""
+        if self._table is not None:
+            return self._table.nbytes
         return self._slots.itemsize * len(self._slots) + self._tags.itemsize * len(self._tags)

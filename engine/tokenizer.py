@@ -10,8 +10,10 @@ import operator
 import re
 from typing import Iterable
 
+import numpy as np
+
 from engine.gguf_file import GGUFFile, ModelFormatError
-from engine.packed_strings import StringIndex
+from engine.packed_strings import StringIndex, string_extension
 from engine.pretokenizer import PreTokenizer
 from engine.vocab import BYTE, CONTROL, LSTRIP, NORMAL, RSTRIP, UNKNOWN, USER_DEFINED, Vocab, load_vocab
 
@@ -59,6 +61,8 @@ class Tokenizer:
         self._pieces: dict[int, bytes] = {}
         self._preserved = vocab.preserved  # control tokens written out even with skip_special (reasoning markers)
         self._bpe_word = functools.lru_cache(maxsize=_WORD_CACHE_SIZE)(self._bpe_word_uncached)
+        if not self._is_spm and string_extension() is not None:
+            self._merge_ranks  # built now, with the model (in C, GIL released), not at the first prompt's prefill
 
     @classmethod
     def from_gguf(cls, gguf: GGUFFile) -> "Tokenizer":
@@ -156,7 +160,8 @@ class Tokenizer:
     @functools.cached_property
     def _special_order(self) -> dict[bool, list[tuple[int, str]]]:
         """Special tokens (id, text), longest first: all of them, and those matched without parse_special."""
-        special = [(i, self._texts[i]) for i, a in enumerate(self._attrs) if a & (CONTROL | USER_DEFINED | UNKNOWN)]
+        attrs = np.frombuffer(self._attrs, np.int32)  # a NumPy scan: a Python loop over 10^5 tokens holds the GIL
+        special = [(i, self._texts[i]) for i in np.flatnonzero(attrs & (CONTROL | USER_DEFINED | UNKNOWN)).tolist()]
         special.sort(key=lambda token: -len(token[1].encode("utf-8")))
         plain = [token for token in special if not self._attrs[token[0]] & (CONTROL | UNKNOWN)]
         return {True: special, False: plain}

@@ -229,6 +229,8 @@ static PyObject *py_supported_types(PyObject *self, PyObject *unused) {
     return ids;
 }
 
+int hk_strings_add_functions(PyObject *module); /* strings.c */
+
 static PyMethodDef METHODS[] = {
     {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_VARARGS | METH_KEYWORDS, "matmul(w, qtype, x, out=None)"},
     {"get_rows", py_get_rows, METH_VARARGS, "get_rows(w, qtype, ids)"},
@@ -262,5 +264,6 @@ PyMODINIT_FUNC PyInit__kernels(void) {
     PyObject *module = PyModule_Create(&MODULE);
     if (module && hk_decoder_add_functions(module) != 0) Py_CLEAR(module);
     if (module && hk_sampling_add_functions(module) != 0) Py_CLEAR(module);
+    if (module && hk_strings_add_functions(module) != 0) Py_CLEAR(module);
     return module;
 }

@@ -119,6 +119,25 @@ INLINE __m512i iq2_scales16(const uint8_t *p) {
     return _mm512_castsi256_si512(_mm256_add_epi16(_mm256_add_epi16(s, s), _mm256_set1_epi16(1)));
 }
 
+/* Shared by the IQ2_S, IQ2_XS and IQ3_S row kernels: 64 values (two sub-blocks) of every token's activations,
+   negated where the weights' sign bits say, times the unsigned grid values, summed with their scales into isum. */
+INLINE void iq_signed_dot64(__m512i q, __m512i scale, __mmask64 neg, const hk_act *a, int nt, int b, int c, __m512i *isum) {
+    HK_UNROLL for (int t = 0; t < nt; t++) {
+        __m512i av = _mm512_loadu_si512(a[t].qs + 256 * b + 64 * c);
+        av = _mm512_mask_sub_epi8(av, neg, _mm512_setzero_si512(), av);
+        isum[t] = _mm512_dpwssd_epi32(isum[t], _mm512_maddubs_epi16(q, av), scale);
+    }
+}
+
+/* An IQ2 block's exact integer sums into the float accumulators: acc += sum * (d / 8 * activation scale). */
+INLINE void iq2_block_done(const uint8_t *blk, const hk_act *a, int nt, int b, const __m512i *isum, float *acc) {
+    const float dw = 0.125f * f16x(blk);
+    HK_UNROLL for (int t = 0; t < nt; t++) {
+        __m128 p = _mm_cvtsi32_ss(_mm_setzero_ps(), _mm512_reduce_add_epi32(isum[t]));
+        acc[t] = _mm_cvtss_f32(_mm_fmadd_ss(p, _mm_set_ss(dw * a[t].d[b]), _mm_set_ss(acc[t])));
+    }
+}
+
 INLINE void dot512_iq2_s_nt(int nb, const uint8_t *w, const hk_act *a, const int nt, float *out, ptrdiff_t os) {
     float acc[HK_MAX_NT];
     HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = 0.0f;
@@ -133,17 +152,9 @@ INLINE void dot512_iq2_s_nt(int nb, const uint8_t *w, const hk_act *a, const int
             uint64_t bits;
             memcpy(&bits, blk + 34 + 8 * c, 8);
             const __mmask64 neg = _cvtu64_mask64(bits); /* bit j: value 64c + j negative */
-            HK_UNROLL for (int t = 0; t < nt; t++) {
-                __m512i av = _mm512_loadu_si512(a[t].qs + 256 * b + 64 * c);
-                av = _mm512_mask_sub_epi8(av, neg, _mm512_setzero_si512(), av);
-                isum[t] = _mm512_dpwssd_epi32(isum[t], _mm512_maddubs_epi16(q, av), scale);
-            }
+            iq_signed_dot64(q, scale, neg, a, nt, b, c, isum);
         }
-        const float dw = 0.125f * f16x(blk);
-        HK_UNROLL for (int t = 0; t < nt; t++) {
-            __m128 p = _mm_cvtsi32_ss(_mm_setzero_ps(), _mm512_reduce_add_epi32(isum[t]));
-            acc[t] = _mm_cvtss_f32(_mm_fmadd_ss(p, _mm_set_ss(dw * a[t].d[b]), _mm_set_ss(acc[t])));
-        }
+        iq2_block_done(blk, a, nt, b, isum, acc);
     }
     iq_store(acc, nt, out, os);
 }
@@ -182,17 +193,9 @@ INLINE void dot512_iq2_xs_nt(int nb, const uint8_t *w, const hk_act *a, const in
             const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(iq2_xs_sub_values(blk, 2 * c)), iq2_xs_sub_values(blk, 2 * c + 1), 1);
             const __m512i scale = _mm512_permutexvar_epi16(_mm512_loadu_si512(IQ2S_SCALE_LANE[c]), sc);
             const __mmask64 neg = _cvtu64_mask64(signs[c]);
-            HK_UNROLL for (int t = 0; t < nt; t++) {
-                __m512i av = _mm512_loadu_si512(a[t].qs + 256 * b + 64 * c);
-                av = _mm512_mask_sub_epi8(av, neg, _mm512_setzero_si512(), av);
-                isum[t] = _mm512_dpwssd_epi32(isum[t], _mm512_maddubs_epi16(q, av), scale);
-            }
+            iq_signed_dot64(q, scale, neg, a, nt, b, c, isum);
         }
-        const float dw = 0.125f * f16x(blk);
-        HK_UNROLL for (int t = 0; t < nt; t++) {
-            __m128 p = _mm_cvtsi32_ss(_mm_setzero_ps(), _mm512_reduce_add_epi32(isum[t]));
-            acc[t] = _mm_cvtss_f32(_mm_fmadd_ss(p, _mm_set_ss(dw * a[t].d[b]), _mm_set_ss(acc[t])));
-        }
+        iq2_block_done(blk, a, nt, b, isum, acc);
     }
     iq_store(acc, nt, out, os);
 }
@@ -244,11 +247,7 @@ INLINE void dot512_iq3_s_nt(int nb, const uint8_t *w, const hk_act *a, const int
             uint64_t bits;
             memcpy(&bits, blk + 74 + 8 * c, 8);
             const __mmask64 neg = _cvtu64_mask64(bits);
-            HK_UNROLL for (int t = 0; t < nt; t++) {
-                __m512i av = _mm512_loadu_si512(a[t].qs + 256 * b + 64 * c);
-                av = _mm512_mask_sub_epi8(av, neg, _mm512_setzero_si512(), av);
-                isum[t] = _mm512_dpwssd_epi32(isum[t], _mm512_maddubs_epi16(q, av), scale);
-            }
+            iq_signed_dot64(q, scale, neg, a, nt, b, c, isum);
         }
         const float dw = 1.0f * f16x(blk);
         HK_UNROLL for (int t = 0; t < nt; t++) {

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import math
 import numbers
@@ -12,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from .backends.vector_math import NonFiniteLogitsError  # noqa: F401  (raised here too; callers import it from here)
-from .backends.vector_math import (exp_shifted, inverse_cdf, log_sum_exp, nucleus_mask, sample_vocabulary,
-                                   top_k_sorted)
+from .backends.vector_math import (exp_shifted, log_sum_exp, nucleus_mask, penalty_changes,
+                                   sample_top_k, sample_vocabulary, top_k_sorted)
 
 _BIT_GENERATOR = "PCG64"
 _STATE_VERSION = 1
@@ -102,29 +101,6 @@ def apply_penalties(logits: np.ndarray, recent_ids: Sequence[int], repeat_penalt
     return out
 
 
-def penalty_changes(logits: np.ndarray, recent_ids: Sequence[int], repeat_penalty: float = 1.0,
-                    presence_penalty: float = 0.0, frequency_penalty: float = 0.0
-                    ) -> tuple[np.ndarray, np.ndarray] | None:
-    """What ``apply_penalties`` changes, without copying the vocabulary: the distinct penalised ids (int64) and
-    their new logits (as ``logits``' dtype), or None when there is nothing to do. Arguments as there."""
-    if len(recent_ids) == 0 or (repeat_penalty == 1.0 and presence_penalty == 0.0 and frequency_penalty == 0.0):
-        return None
-    # a few dozen ids: counted (or only told apart) in Python faster than np.unique sorts them
-    counted = collections.Counter(recent_ids) if frequency_penalty != 0.0 else dict.fromkeys(recent_ids)
-    low, high = min(counted), max(counted)
-    if low < 0 or high >= logits.shape[-1]:
-        raise ValueError(f"token id {low if low < 0 else high} in the history is outside the vocabulary "
-                         f"of {logits.shape[-1]}")
-    ids = np.fromiter(counted.keys(), np.int64, len(counted))
-    seen = logits[ids]
-    if repeat_penalty != 1.0:
-        seen = np.where(seen > 0, seen / repeat_penalty, seen * repeat_penalty)
-    if frequency_penalty != 0.0 or presence_penalty != 0.0:  # in float64, then stored as float32
-        counts = np.fromiter(counted.values(), np.int64, len(counted)) if frequency_penalty != 0.0 else 0
-        seen = seen - (counts * frequency_penalty + np.float64(presence_penalty))
-    return ids, seen.astype(logits.dtype, copy=False)
-
-
 def apply_top_k(logits: np.ndarray, k: int) -> np.ndarray:
     """Keep exactly the ``k`` highest logits (ties at the boundary keep the lowest ids); ``k <= 0`` keeps all."""
     keep = _top_k_ids(logits, k)
@@ -178,11 +154,14 @@ class Sampler:
     """Picks the next token in llama.cpp's default order: penalties -> top-k -> top-p -> min-p -> temperature -> draw.
 
     It owns its random generator (PCG64), so one sequence's draws never depend on another's; ``get_state`` /
-    ``set_state`` let a snapshot continue the exact same draws. Top-k is one pass over the vocabulary in the CPU
-    extension (``vector_math.top_k_sorted``, NumPy where it is not built: the same candidates, best first) and the
-    later steps run on the ``k`` candidates only, so a step costs O(n_vocab) plus O(k log k). With top-k off the
-    later steps and the draw run over the whole vocabulary in ``vector_math.sample_vocabulary`` (a few passes in
-    the extension, no sort); in both cases the penalised logits go beside the model's, not in a copy made here.
+    ``set_state`` let a snapshot continue the exact same draws. With top-k on, a step is one call
+    (``vector_math.sample_top_k``: in the CPU extension, NumPy where it is not built): the penalties beside the
+    model's logits, top-k in one pass over the vocabulary, then top-p, min-p, temperature and the draw on the
+    ``k`` candidates only, so a step costs O(n_vocab) plus O(k log k). With top-k off the later steps and the draw
+    run over the whole vocabulary in ``vector_math.sample_vocabulary`` (a few passes in the extension, no sort).
+    In both cases the penalised logits go beside the model's, not in a copy made here. The small steps below
+    (``apply_top_p`` ...) are the same arithmetic one at a time, for speculative decoding's acceptance test and
+    for tests.
     """
 
     def __init__(self, params: SamplingParams):
@@ -208,26 +187,21 @@ class Sampler:
         logits = np.asarray(logits, dtype=np.float32)
         if logits.ndim != 1 or logits.size == 0:
             raise ValueError(f"logits must be a non-empty 1-D array, got shape {logits.shape}")
-        if self.params.greedy and not self.params.penalises:  # one pass: argmax finds NaN (first) and the max
+        p = self.params
+        if p.greedy and not p.penalises:  # one pass: argmax finds NaN (first) and the max
             token = int(np.argmax(logits))
             _check_finite(float(logits[token]))
             return token, _log_softmax_at(logits, token, float(logits[token]))
-        if not self.params.greedy and not 0 < self.params.top_k < logits.size:
-            return self._sample_vocabulary(logits, history)
+        if not p.greedy:
+            if not 0 < p.top_k < logits.size:
+                return self._sample_vocabulary(logits, history)
+            return sample_top_k(np.ascontiguousarray(logits), p.top_k, self._rng.random(), p.top_p, p.min_p,
+                                p.temperature, recent_tokens(history, p.repeat_last_n), p.repeat_penalty,
+                                p.presence_penalty, p.frequency_penalty)
         top = float(np.max(logits))
         _check_finite(top)  # NaN propagates through max; +inf or all -inf is as broken
-        if self.params.greedy:
-            token = greedy_token(logits, history, self.params)
-            return token, _log_softmax_at(logits, token, top)
-        candidates, scores = penalised_top_k(logits, history, self.params)
-        index, logprob = self._draw(final_scores(scores, self.params))
-        return (int(candidates[index]) if candidates is not None else index), logprob
-
-    def _draw(self, logits: np.ndarray) -> tuple[int, float]:
-        _check_finite(np.max(logits))
-        weights = exp_shifted(logits)
-        index, total = inverse_cdf(weights, self._rng.random())
-        return index, math.log(float(weights[index])) - math.log(total)
+        token = greedy_token(logits, history, p)
+        return token, _log_softmax_at(logits, token, top)
 
     def _sample_vocabulary(self, logits: np.ndarray, history: Sequence[int]) -> tuple[int, float]:
         """Top-k off: penalties beside the logits, then top-p, min-p, temperature and the draw on every id.
@@ -285,22 +259,6 @@ def filtered_scores(penalised: np.ndarray, params: SamplingParams) -> tuple[np.n
     candidates = _top_k_ids(penalised, params.top_k)
     scores = penalised[candidates] if candidates is not None else penalised
     return candidates, final_scores(scores, params)
-
-
-def penalised_top_k(logits: np.ndarray, history: Sequence[int], params: SamplingParams
-                    ) -> tuple[np.ndarray | None, np.ndarray]:
-    """Penalties then top-k, as ``filtered_scores(penalised_logits(...))`` starts, without a penalised copy of
-    the vocabulary: the C extension reads the few penalised logits beside the model's.
-
-    Returns:
-        The ids top-k kept, best first (None: every id), and their penalised logits.
-    """
-    k = params.top_k
-    if k <= 0 or k >= logits.shape[-1]:
-        return None, penalised_logits(logits, history, params)
-    changed = penalty_changes(logits, recent_tokens(history, params.repeat_last_n), params.repeat_penalty,
-                              params.presence_penalty, params.frequency_penalty)
-    return top_k_sorted(np.ascontiguousarray(logits, dtype=np.float32), k, *(changed or (None, None)))
 
 
 def final_scores(scores: np.ndarray, params: SamplingParams) -> np.ndarray:

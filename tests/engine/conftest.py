@@ -114,3 +114,14 @@ def case_guard() -> Iterator[CaseGuard]:
     """A CaseGuard with the suite's limits (1 s of CPU, 200 MB), with tracemalloc on for the test."""
     with tracing_memory():
         yield CaseGuard()
+
+
+@pytest.fixture(params=["c", "numpy"])
+def implementation(request, monkeypatch):
+    """Runs a sampling test once with the CPU extension and once with its NumPy twin (``vector_math``)."""
+    from engine.backends.cpu import kernels
+
+    assert kernels.AVAILABLE, "the C extension must be built for this comparison"
+    if request.param == "numpy":
+        monkeypatch.setattr(kernels, "_ext", None)
+    return request.param

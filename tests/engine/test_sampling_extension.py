@@ -1,14 +1,18 @@
-"""The sampler's C path (top-k over the vocabulary in the extension, penalties read beside the logits) against
-its NumPy fallback: the same tokens and log-probabilities for the same seed, and the distribution kept."""
+"""The sampler's C path (a top-k step in one call of the extension, penalties read beside the logits) against
+its NumPy fallback and against its small steps composed by hand: the same tokens and log-probabilities for the
+same seed, and the distribution kept."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
 
+from engine.backends import vector_math
 from engine.backends.cpu import kernels
-from engine.sampling import (SamplingParams, apply_top_p, filtered_scores, final_scores, make_sampler,
-                             penalised_logits, penalised_top_k)
+from engine.sampling import (NonFiniteLogitsError, SamplingParams, apply_top_p, filtered_scores, make_sampler,
+                             penalised_logits)
 
 SETTINGS = [
     dict(),  # the defaults: repeat penalty, top-k 40, top-p 0.95, min-p 0.05, temperature 0.8
@@ -58,17 +62,41 @@ def test_the_c_path_and_the_numpy_fallback_draw_the_same_tokens(monkeypatch):
         np.testing.assert_allclose([lp for _, lp in with_c], [lp for _, lp in fallback], rtol=1e-5, atol=1e-5)
 
 
-def test_penalties_beside_top_k_equal_top_k_on_the_penalised_copy():
+def test_a_top_k_step_draws_what_its_steps_composed_by_hand_draw(implementation):
     rng = np.random.default_rng(9)
-    for case in range(40):
-        logits = _logits(rng, case, 5000)
-        history = rng.integers(0, 5000, 100).tolist()
-        params = SamplingParams(presence_penalty=0.5 if case % 2 else 0.0, frequency_penalty=0.3 if case % 3 else 0.0,
-                                top_k=int(rng.integers(1, 300)), seed=case)
-        candidates, scores = penalised_top_k(logits, history, params)
-        want_candidates, want_final = filtered_scores(penalised_logits(logits, history, params), params)
-        np.testing.assert_array_equal(candidates, want_candidates)
-        np.testing.assert_array_equal(final_scores(scores, params), want_final)
+    for case in range(60):
+        n = int(rng.choice([3, 64, 5000, 151_936]))
+        logits = _logits(rng, case, n)
+        history = rng.integers(0, n, int(rng.integers(0, 100))).tolist()
+        top_k = int(rng.integers(1, min(n - 1, 300) + 1)) if case % 10 else int(min(n - 1, 6000))  # > 4096: no fast path
+        params = SamplingParams(top_k=top_k, seed=case, repeat_penalty=float(rng.choice([1.0, 1.1, 1.5])),
+                                presence_penalty=float(rng.choice([0.0, 0.5])),
+                                frequency_penalty=float(rng.choice([0.0, 0.3, -1.5])),
+                                repeat_last_n=int(rng.choice([64, -1, 0])), top_p=float(rng.choice([0.0, 0.5, 0.95, 1.0])),
+                                min_p=float(rng.choice([0.0, 0.05, 0.5])), temperature=float(rng.choice([0.3, 0.8, 1.0, 1.7])))
+        sampler, uniforms = make_sampler(params), np.random.Generator(np.random.PCG64(np.random.SeedSequence(case)))
+        for _ in range(3):
+            token, logprob = sampler(logits, history)
+            candidates, scores = filtered_scores(penalised_logits(logits, history, params), params)
+            weights = vector_math.exp_shifted(scores)
+            index, total = vector_math.inverse_cdf(weights, uniforms.random())
+            assert token == candidates[index], (case, params)
+            assert logprob == pytest.approx(math.log(weights[index]) - math.log(total), abs=1e-6), (case, params)
+            history.append(token)
+
+
+@pytest.mark.parametrize("bad", [[0.0, np.nan, 1.0, 2.0], [0.0, np.inf, 1.0, 2.0], [-np.inf] * 4])
+def test_a_top_k_step_refuses_logits_that_are_not_finite_anywhere(implementation, bad):
+    sampler = make_sampler(SamplingParams(top_k=2, seed=1))  # the NaN or inf is outside the two best in one case
+    with pytest.raises(NonFiniteLogitsError):
+        sampler(np.array(bad, np.float32), [0])
+
+
+def test_a_top_k_step_refuses_a_history_outside_the_vocabulary(implementation):
+    sampler = make_sampler(SamplingParams(top_k=2, seed=1))
+    with pytest.raises(ValueError, match="token id 9 in the history is outside the vocabulary of 4"):
+        sampler(np.zeros(4, np.float32), [1, 9, 2])
+    assert make_sampler(SamplingParams(top_k=2, repeat_penalty=1.0, seed=1))(np.zeros(4, np.float32), [9])[0] in (0, 1)
 
 
 def test_top_k_ties_at_the_boundary_keep_the_lowest_ids_and_sample_them_evenly():

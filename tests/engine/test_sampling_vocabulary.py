@@ -19,15 +19,6 @@ NO_IDS = np.empty(0, np.int64)
 NO_VALUES = np.empty(0, np.float32)
 
 
-@pytest.fixture(params=["c", "numpy"])
-def implementation(request, monkeypatch):
-    """Runs a test once with the extension and once with the NumPy twin."""
-    assert kernels.AVAILABLE, "the C extension must be built for this comparison"
-    if request.param == "numpy":
-        monkeypatch.setattr(kernels, "_ext", None)
-    return request.param
-
-
 def _logits(rng: np.random.Generator, kind: int, n: int) -> np.ndarray:
     if kind == 0:  # flat: the nucleus holds most of the vocabulary
         x = rng.normal(0, 1, n)

@@ -3,7 +3,9 @@
    top_k_sorted: the k best (logit, id) pairs in one pass, best first, where a higher logit is better and among
    equal logits the lower id: the same set and order as the NumPy fallback in vector_math.py.
    sample_vocabulary: with top-k off, top-p, min-p, temperature and the inverse-CDF draw over every id in a few
-   passes: the nucleus by a three-level radix select on the weights' bits instead of a sort. */
+   passes: the nucleus by a three-level radix select on the weights' bits instead of a sort.
+   sample_top_k: a whole sampler step with top-k on (penalties, top-k, then sample_vocabulary's steps on the k
+   candidates) in one call. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
@@ -342,6 +344,20 @@ static int walk_buckets(const double *mass, const int64_t *count, int top, doubl
    together hold less than 1 - p of the total) and are skipped. cand and group hold n ids each. */
 static hk_nucleus nucleus(const float *w, int64_t n, double total, double p, int32_t *cand, int32_t *group) {
     static const int SHIFT[3] = {20, 10, 0};
+    if (n <= 4096) { /* top-k's candidates: weights already heaviest first (ties in id order) need no select */
+        int64_t i = 1;
+        while (i < n && w[i - 1] >= w[i]) i++;
+        if (i >= n) {
+            hk_nucleus found = {0.0f, -1};
+            double run = 0.0;
+            for (int64_t j = 0; j < n && w[j] > 0.0f; j++) {
+                run += w[j];
+                found = (hk_nucleus){w[j], j};
+                if (run / total >= p) break;
+            }
+            return found;
+        }
+    }
     double mass[1024], mass2[1024];
     int64_t count[1024], start[1025];
     float t = (float)(0.5 * (1.0 - p) * total / (double)n);
@@ -551,7 +567,121 @@ static PyObject *py_sample_vocabulary(PyObject *self, PyObject *args) {
     return Py_BuildValue("(Ld)", (long long)id, logprob);
 }
 
+/* -- sample_top_k: penalties, top-k, then top-p, min-p, temperature and the draw on the k candidates ---------- */
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The recent ids of sequence ro, sorted, into ids (room for m); 0, or -1 with an exception. */
+static int read_recent(PyObject *ro, int64_t *ids, int64_t m) {
+    PyObject *fast = PySequence_Fast(ro, "recent ids must be a sequence of integers");
+    if (!fast) return -1;
+    if (PySequence_Fast_GET_SIZE(fast) != m) {
+        Py_DECREF(fast);
+        PyErr_SetString(PyExc_ValueError, "recent ids changed length");
+        return -1;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    for (int64_t j = 0; j < m; j++) {
+        ids[j] = PyLong_AsLongLong(items[j]);
+        if (ids[j] == -1 && PyErr_Occurred()) {
+            Py_DECREF(fast);
+            return -1;
+        }
+    }
+    Py_DECREF(fast);
+    qsort(ids, (size_t)m, sizeof(int64_t), cmp_i64);
+    return 0;
+}
+
+/* The penalised logits of the distinct ids in sorted[0:m] (llama.cpp's rules, as penalty_changes in
+   vector_math.py: a seen token's positive logit divided by the repeat penalty, a negative one multiplied, in
+   float32; then count * frequency + presence subtracted in double), into over, sorted by id; returns how many. */
+static int64_t penalise(const float *x, const int64_t *sorted, int64_t m, double rp, double pp, double fp,
+                        hk_scored *over) {
+    int64_t distinct = 0;
+    for (int64_t j = 0; j < m;) {
+        int64_t end = j;
+        while (end < m && sorted[end] == sorted[j]) end++;
+        float v = x[sorted[j]];
+        if (rp != 1.0) v = v > 0 ? v / (float)rp : v * (float)rp;
+        if (pp != 0.0 || fp != 0.0) v = (float)((double)v - ((double)(end - j) * fp + pp));
+        over[distinct++] = (hk_scored){v, sorted[j]};
+        j = end;
+    }
+    return distinct;
+}
+
+/* sample_top_k(logits, k, recent, repeat_penalty, presence_penalty, frequency_penalty, top_p, min_p,
+   temperature, u) -> (id, logprob): a whole sampler step in one call where it took a dozen NumPy steps (each
+   cold after a decode step): the penalties on the ids of sequence ``recent``, the k best logits (ties: lower
+   ids), then sample_vocabulary's top-p, min-p, temperature and draw on those k, best first. id -1 (logprob
+   NaN): NaN or +inf among the logits, or nothing finite left. */
+static PyObject *py_sample_top_k(PyObject *self, PyObject *args) {
+    PyObject *lo, *ro;
+    Py_ssize_t k;
+    double rp, pp, fp, top_p, min_p, temperature, u;
+    if (!PyArg_ParseTuple(args, "OnOddddddd", &lo, &k, &ro, &rp, &pp, &fp, &top_p, &min_p, &temperature, &u))
+        return NULL;
+    PyArrayObject *la = as_1d(lo, NPY_FLOAT32, "logits");
+    if (!la) return NULL;
+    const int64_t n = PyArray_DIM(la, 0);
+    if (k < 1 || k > n) return PyErr_Format(PyExc_ValueError, "k must be in [1, %lld], got %zd", (long long)n, k);
+    if (!(top_p >= 0.0 && top_p <= 1.0) || !(min_p >= 0.0 && min_p <= 1.0) || !(temperature > 0.0) ||
+        !isfinite(temperature) || !(u >= 0.0 && u < 1.0) || !(rp > 0.0) || !isfinite(rp) || !isfinite(pp) ||
+        !isfinite(fp))
+        return PyErr_Format(PyExc_ValueError, "need 0 <= top_p, min_p <= 1, a finite temperature > 0, 0 <= u < 1, "
+                            "a finite repeat penalty > 0 and finite presence and frequency penalties");
+    const Py_ssize_t m_all = PySequence_Size(ro);
+    if (m_all < 0) return NULL;
+    const int64_t m = (rp != 1.0 || pp != 0.0 || fp != 0.0) ? (int64_t)m_all : 0; /* no penalty: nothing read */
+    const int64_t nb = (k + HK_BLOCK - 1) / HK_BLOCK;
+    char *scratch = thread_scratch(sizeof(hk_scored) * (size_t)(k + m) + sizeof(int64_t) * (size_t)m +
+                                   sizeof(double) * (size_t)nb + sizeof(float) * 2 * (size_t)k +
+                                   sizeof(int32_t) * 2 * (size_t)k);
+    if (!scratch) return PyErr_NoMemory();
+    hk_scored *heap = (hk_scored *)scratch, *over = heap + k;
+    int64_t *recent = (int64_t *)(over + m);
+    hk_draw_work d = {NULL, NULL, (double *)(recent + m), NULL, NULL, k};
+    float *z = (float *)(d.cdf + nb);
+    d.z = z, d.w = z + k;
+    d.cand = (int32_t *)(d.w + k);
+    d.group = d.cand + k;
+    if (m && read_recent(ro, recent, m) < 0) return NULL;
+    if (m && (recent[0] < 0 || recent[m - 1] >= n))
+        return PyErr_Format(PyExc_ValueError, "token id %lld in the history is outside the vocabulary of %lld",
+                            (long long)(recent[0] < 0 ? recent[0] : recent[m - 1]), (long long)n);
+    const float *x = PyArray_DATA(la);
+    int64_t id = -1;
+    double logprob = NAN;
+    Py_BEGIN_ALLOW_THREADS
+    int bad;
+    const float top = max_checked(x, n, &bad);
+    if (!bad && isfinite(top)) {
+        const int64_t distinct = m ? penalise(x, recent, m, rp, pp, fp, over) : 0;
+        hk_top t = {heap, k, 0};
+        int64_t begin = 0;
+        for (int64_t j = 0; j < distinct; j++) { /* as top_k_sorted: the stretches between, then the penalised */
+            scan(&t, x, begin, over[j].id);
+            begin = over[j].id + 1;
+        }
+        scan(&t, x, begin, n);
+        for (int64_t j = 0; j < distinct; j++) offer(&t, over[j]);
+        qsort(heap, (size_t)k, sizeof(hk_scored), cmp_best_first);
+        for (int64_t j = 0; j < k; j++) z[j] = heap[j].v;
+        const int64_t pick = draw(&d, top_p, min_p, temperature, u, &logprob);
+        if (pick >= 0) id = heap[pick].id;
+    }
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("(Ld)", (long long)id, logprob);
+}
+
 static PyMethodDef METHODS[] = {
+    {"sample_top_k", py_sample_top_k, METH_VARARGS,
+     "sample_top_k(logits, k, recent, repeat_penalty, presence_penalty, frequency_penalty, top_p, min_p, "
+     "temperature, u)"},
     {"top_k_sorted", py_top_k_sorted, METH_VARARGS, "top_k_sorted(logits, k, ids, values)"},
     {"sample_vocabulary", py_sample_vocabulary, METH_VARARGS,
      "sample_vocabulary(logits, ids, values, top_p, min_p, temperature, u)"},

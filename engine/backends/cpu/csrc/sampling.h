@@ -4,7 +4,7 @@
 
 #include <Python.h>
 
-/* Add top_k_sorted and sample_vocabulary to module; returns 0 or -1 with an exception. */
+/* Add top_k_sorted, sample_vocabulary and sample_top_k to module; returns 0 or -1 with an exception. */
 int hk_sampling_add_functions(PyObject *module);
 
 #endif

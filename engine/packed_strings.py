@@ -22,9 +22,10 @@ def string_extension():
     """The C extension's string functions (``pack_strings``, ``StringTable``), or None without it."""
     global _C
     if _C is None:
-        from .backends.cpu import kernels  # noqa: PLC0415 - loaded on first use: it selects the CPU ISA
+        from .backends.native import extension  # noqa: PLC0415 - loaded on first use: it selects the CPU ISA
 
-        _C = kernels._ext if kernels._ext is not None and hasattr(kernels._ext, "StringTable") else False
+        ext = extension()
+        _C = ext if ext is not None and hasattr(ext, "StringTable") else False
     return _C or None
 
 

@@ -4,7 +4,7 @@ draw over a vocabulary.
 Each function runs in the CPU backend's C extension when that is built and in NumPy otherwise, with the same
 results: whether the extension is there is decided once, where ``backends.cpu.kernels`` loads it, and every
 function here asks ``_extension()`` and falls back to its ``_numpy`` twin. Callers such as ``engine/sampling.py``
-come through here instead of importing one backend's kernel module themselves.
+come through here instead of importing one backend's kernel module themselves; ``native`` finds the extension.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+
+from . import native
 
 _NO_IDS = np.empty(0, np.int64)  # (0,)
 _NO_VALUES = np.empty(0, np.float32)  # (0,)
@@ -36,9 +38,7 @@ class NonFiniteLogitsError(ValueError):
 
 def _extension():
     """The CPU backend's C extension, or None where it is not built or switched off (loaded on first use)."""
-    from .cpu import kernels
-
-    return kernels._ext
+    return native.extension()
 
 
 def log_sum_exp(x: np.ndarray, shift: float) -> float:

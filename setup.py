@@ -18,7 +18,7 @@ SOURCES = ["module.c", "matmul.c", "pool.c", "kernels_scalar.c", "kernels_iq_tab
            "kernels_avx512_iq.c",
            "kernels_neon.c", "kernels_dotprod.c",
            "decoder.c", "decoder_module.c", "products.c", "attention.c", "moe.c", "vecops_scalar.c", "vecops_avx2.c",
-           "vecops_avx512.c", "sampling.c", "strings.c"]
+           "vecops_avx512.c", "sampling.c", "sampling_draw.c", "strings.c"]
 
 
 class OptionalBuildExt(build_ext):

@@ -152,8 +152,10 @@ def touch_pages(raw: np.ndarray, page: int = 4096) -> int:
     Returns:
         The sum of the bytes read (so the reads are not optimized away).
     """
+    from .backends.native import extension  # noqa: PLC0415 - loaded on first use: it selects the CPU ISA
+
     flat = raw.reshape(-1).view(np.uint8)
-    if (ext := string_extension()) is not None and flat.flags.c_contiguous:
+    if (ext := extension()) is not None and flat.flags.c_contiguous:
         return ext.touch_pages(flat, page)
     return int(flat[::page].sum(dtype=np.uint64))
 

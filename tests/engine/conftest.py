@@ -118,7 +118,8 @@ def case_guard() -> Iterator[CaseGuard]:
 
 @pytest.fixture(params=["c", "numpy"])
 def implementation(request, monkeypatch):
-    """Runs a sampling test once with the CPU extension and once with its NumPy twin (``vector_math``)."""
+    """Runs a test once with the CPU extension and once with the NumPy or Python code that stands in for it where it
+    is not built (``backends.cpu.kernels._ext`` switched off)."""
     from engine.backends.cpu import kernels
 
     assert kernels.AVAILABLE, "the C extension must be built for this comparison"

@@ -50,3 +50,12 @@ def test_weights_are_advised_huge_pages_and_the_embedding_is_not(model_file):
             flags = _vm_flags(address)
             assert "nh" in flags and "hg" not in flags
         assert np.array_equal(np.frombuffer(ffn.tobytes(), np.float32), np.ones(2048 * 1024, np.float32))
+
+
+def test_touch_pages_reads_one_byte_per_page_on_both_paths(implementation):
+    from engine.gguf_file import touch_pages
+
+    raw = np.random.default_rng(0).integers(0, 256, (97, 1031)).astype(np.uint8)
+    raw.flags.writeable = False  # as the memory map's views are
+    assert touch_pages(raw, 7) == int(raw.reshape(-1)[::7].sum()) > 0
+    assert touch_pages(raw) == int(raw.reshape(-1)[::4096].sum())

@@ -108,12 +108,3 @@ def _decodes(b: bytes) -> bool:
         return True
     except UnicodeDecodeError:
         return False
-
-
-def test_touch_pages_reads_one_byte_per_page_on_both_paths(string_path):
-    from engine.gguf_file import touch_pages
-
-    raw = np.random.default_rng(0).integers(0, 256, (97, 1031)).astype(np.uint8)
-    raw.flags.writeable = False  # as the memory map's views are
-    assert touch_pages(raw, 7) == int(raw.reshape(-1)[::7].sum()) > 0
-    assert touch_pages(raw) == int(raw.reshape(-1)[::4096].sum())

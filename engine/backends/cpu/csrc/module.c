@@ -231,9 +231,30 @@ static PyObject *py_supported_types(PyObject *self, PyObject *unused) {
 
 int hk_strings_add_functions(PyObject *module); /* strings.c */
 
+/* touch_pages(buf, stride) -> the sum of every stride-th byte: pages a memory-mapped file in without holding the
+ * GIL through the page faults (a GGUF's tensors are touched before the load measures its RSS). */
+static PyObject *py_touch_pages(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t stride;
+    if (!PyArg_ParseTuple(args, "y*n", &view, &stride)) return NULL;
+    if (stride < 1) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "touch_pages: stride must be at least 1");
+        return NULL;
+    }
+    unsigned long long sum = 0;
+    Py_BEGIN_ALLOW_THREADS
+    const volatile unsigned char *p = view.buf;
+    for (Py_ssize_t i = 0; i < view.len; i += stride) sum += p[i];
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLongLong(sum);
+}
+
 static PyMethodDef METHODS[] = {
     {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_VARARGS | METH_KEYWORDS, "matmul(w, qtype, x, out=None)"},
     {"get_rows", py_get_rows, METH_VARARGS, "get_rows(w, qtype, ids)"},
+    {"touch_pages", py_touch_pages, METH_VARARGS, "touch_pages(buf, stride) -> sum of every stride-th byte"},
     {"set_threads", py_set_threads, METH_O, "set_threads(n)"},
     {"get_threads", py_get_threads, METH_NOARGS, "get_threads()"},
     {"set_isa", py_set_isa, METH_O, "set_isa(name)"},

@@ -254,28 +254,7 @@ static PyTypeObject STRING_TABLE = {
     .tp_new = table_new,
 };
 
-/* touch_pages(buf, stride) -> the sum of every stride-th byte: pages a memory-mapped file in without holding the
- * GIL through the page faults (a GGUF's tensors are touched before the load measures its RSS). */
-static PyObject *py_touch_pages(PyObject *self, PyObject *args) {
-    Py_buffer view;
-    Py_ssize_t stride;
-    if (!PyArg_ParseTuple(args, "y*n", &view, &stride)) return NULL;
-    if (stride < 1) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "touch_pages: stride must be at least 1");
-        return NULL;
-    }
-    unsigned long long sum = 0;
-    Py_BEGIN_ALLOW_THREADS
-    const volatile unsigned char *p = view.buf;
-    for (Py_ssize_t i = 0; i < view.len; i += stride) sum += p[i];
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&view);
-    return PyLong_FromUnsignedLongLong(sum);
-}
-
 static PyMethodDef STRING_FUNCTIONS[] = {
-    {"touch_pages", py_touch_pages, METH_VARARGS, "touch_pages(buf, stride) -> sum of every stride-th byte"},
     {"pack_strings", py_pack_strings, METH_VARARGS,
      "pack_strings(buf, start, count) -> (data, ends as u64 bytes, end position)"},
     {"first_invalid_utf8", py_first_invalid_utf8, METH_VARARGS,

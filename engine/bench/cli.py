@@ -2,7 +2,8 @@
 
 ``bench MODEL [options]`` times one model (speed beside peers, host overhead per token with greedy or chat
 sampling, batched decode, speculative decoding, session restore, or the MLX backend beside mlx-lm); ``bench make-models`` writes the real-size random-weight models;
-``bench kernels`` times the C kernels matrix by matrix; ``bench bandwidth`` measures this machine's read bandwidth.
+``bench kernels`` times the C kernels matrix by matrix; ``bench bandwidth`` measures this machine's read bandwidth;
+``bench expert-pages`` times a mixture of experts' products on the memory map against anonymous copies.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from ..gguf_file import ModelFormatError
 EPILOG = """other forms:
   python -m engine bench make-models [--out DIR] [--models ...] [--types ...] --vocab-from FILE ...
   python -m engine bench kernels --model MODEL.gguf [--reps N] [--llama]
-  python -m engine bench bandwidth [--threads N] [--json]"""
+  python -m engine bench bandwidth [--threads N] [--json]
+  python -m engine bench expert-pages MODEL.gguf [--layers N] [--rounds N] [--threads N] [--json]"""
 
 
 def main(argv: list[str]) -> int:
     """Run ``python -m engine bench ARGV``; the exit status (2 with a message on stderr for bad input)."""
-    tools = {"make-models": _make_models, "kernels": _kernels, "bandwidth": _bandwidth}
+    tools = {"make-models": _make_models, "kernels": _kernels, "bandwidth": _bandwidth, "expert-pages": _expert_pages}
     try:
         if argv and argv[0] in tools:
             return tools[argv[0]](argv[1:])
@@ -154,6 +156,23 @@ def _bandwidth(argv: list[str]) -> int:
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     _emit(args.json, measure_read_bandwidth(args.threads, args.passes))
+    return 0
+
+
+def _expert_pages(argv: list[str]) -> int:
+    from .expert_pages import run
+
+    p = argparse.ArgumentParser(prog="python -m engine bench expert-pages",
+                                description="A mixture of experts' decode products on the model's memory map against "
+                                            "anonymous copies in 2 MiB and 4 KiB pages, paired in one process, with "
+                                            "the pages' state from /proc/self/smaps.")
+    p.add_argument("model", type=Path)
+    p.add_argument("--layers", type=int, default=8, help="layers whose experts are copied (default 8)")
+    p.add_argument("--rounds", type=int, default=10, help="rounds; each times every residency once, shuffled")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    _emit(args.json, run(args.model, args.layers, args.rounds, args.threads))
     return 0
 
 

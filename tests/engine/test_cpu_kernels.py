@@ -355,6 +355,28 @@ def test_a_token_gets_the_same_products_alone_as_in_any_batch(qtype):
             np.testing.assert_allclose(alone, batched[i:i + 1], rtol=1e-4, atol=1e-4 * np.abs(batched).max())
 
 
+@pytest.mark.parametrize("blocks", [1, 2, 3, 8, 97])
+def test_q8_0_decode_product_is_the_batched_products_bits(blocks):
+    """Q8_0's one-token kernel (AVX-512: two blocks of a row per vector, summed across lanes) gives each of 3 x 16
+    rows and a tail the bits the 16-row GEMM gives that token inside a 9-token batch, for odd and even block counts,
+    with the extreme codes -128 and 127 against activations at +-127, and within the reference's rounding."""
+    rng = np.random.default_rng(300 + blocks)
+    w = random_weights(T.Q8_0, 50, 32 * blocks, rng)
+    codes = w.reshape(50, blocks, 34)[..., 2:]
+    codes[:8] = 0x80  # -128
+    codes[8:16] = 0x7F
+    x = rng.standard_normal((9, 32 * blocks)).astype(np.float32)
+    x[1] = np.where(np.arange(32 * blocks) % 2, 1.0, -1.0)  # every activation quantized to +-127
+    batched = kernels.matmul(w, T.Q8_0, x)
+    for i in range(len(x)):
+        alone = kernels.matmul(w, T.Q8_0, x[i:i + 1])
+        if kernels.AVAILABLE:
+            np.testing.assert_array_equal(alone, batched[i:i + 1])
+        else:
+            np.testing.assert_allclose(alone, batched[i:i + 1], rtol=1e-4, atol=1e-4 * np.abs(batched).max())
+        assert_matches(w, T.Q8_0, x[i:i + 1], alone)
+
+
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.IQ4_NL, T.MXFP4],
                          ids=lambda t: t.name)
 def test_prompt_sized_products_equal_one_row_and_one_token_at_a_time(qtype):

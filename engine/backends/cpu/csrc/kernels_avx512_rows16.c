@@ -1,6 +1,7 @@
 /* AVX-512 (F, BW, VL, VNNI) kernels for 16 rows at once, one row per 32-bit lane: dot16 (a tile of up to 8
    tokens) for the legacy 32-blocks and gemm16 (any number of tokens, each block of the rows decoded once)
-   for those and Q4_K / Q6_K. The rows' bytes are transposed in registers (no repacked copy of the weights).
+   for those and Q4_K / Q6_K. The rows' bytes are transposed in registers (no repacked copy of the weights),
+   except in Q8_0's one-token kernel, whose products are summed across lanes instead.
    Every result is the same bits as the kernel hk_dot_rows would otherwise run for that row (see hk.h), so
    which one runs, and how many tokens a product has, is a matter of speed only. */
 #include "hk.h"
@@ -112,29 +113,46 @@ INLINE int block_sum32(const int8_t *aq) {
     return (int)(_mm_cvtsi128_si64(t) + _mm_extract_epi64(t, 1)) - 32 * 128;
 }
 
-/* One decoded block b against a token's activations: acc + its products (the same steps in every kernel).
-   Q5_0's -16 is taken off the exact integer sum, as llama.cpp's kernels do: through the float block sums
-   (cw * ds) two large terms would cancel, and the real models' logits measured further from llama.cpp's. */
-INLINE __m512 block16_token(const int type, const __m512i *q, __m512 dw, __m512 cw, int b, const hk_act *at, __m512 acc) {
-    const int8_t *aq = at->qs + b * HK_QK;
+/* A decoded block b's exact integer sums against a token's activations aq (lane r: row r). Q5_0's -16 is taken
+   off the exact integer sum, as llama.cpp's kernels do: through the float block sums (cw * ds) two large terms
+   would cancel, and the real models' logits measured further from llama.cpp's. */
+INLINE __m512i block16_isum(const int type, const __m512i *q, const int8_t *aq) {
     __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
     for (int k = 0; k < 8; k += 2) {
         even = _mm512_dpbusd_epi32(even, _mm512_load_si512(q + k), bcast32(aq + 4 * k));
         odd = _mm512_dpbusd_epi32(odd, _mm512_load_si512(q + k + 1), bcast32(aq + 4 * k + 4));
     }
     __m512i isum = _mm512_add_epi32(even, odd);
-    if (type == HK_Q5_0) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(16 * block_sum32(aq)));
+    return type == HK_Q5_0 ? _mm512_sub_epi32(isum, _mm512_set1_epi32(16 * block_sum32(aq))) : isum;
+}
+
+/* acc plus block b's products from its exact integer sums isum: the float steps every kernel here takes. */
+INLINE __m512 block16_accumulate(const int type, __m512i isum, __m512 dw, __m512 cw, int b, const hk_act *at, __m512 acc) {
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(at->d[b])), acc);
     return type == HK_Q5_0 ? acc : _mm512_fmadd_ps(cw, _mm512_set1_ps(at->ds[b]), acc);
 }
 
+/* One decoded block b against a token's activations: acc + its products (the same steps in every kernel). */
+INLINE __m512 block16_token(const int type, const __m512i *q, __m512 dw, __m512 cw, int b, const hk_act *at, __m512 acc) {
+    return block16_accumulate(type, block16_isum(type, q, at->qs + b * HK_QK), dw, cw, b, at, acc);
+}
+
 /* 16 interleaved streams are more than the hardware prefetcher follows: the next 16 rows (the next stretch of
-   memory when rows are contiguous) are fetched into L2 while these compute, a few lines a block. Prefetching
-   each row's lines ahead into L1 as well measured slower. */
-INLINE void prefetch_next_rows(const uint8_t *w, ptrdiff_t stride, int b, int nb, size_t *line) {
+   memory when rows are contiguous) are fetched into L2 (l1: into L1) while these compute, a few lines a block.
+   Prefetching each row's lines ahead into L1 as well measured slower. */
+INLINE void prefetch_rows_into(const int l1, const uint8_t *w, ptrdiff_t stride, int b, int nb, size_t *line) {
     const char *next = (const char *)w + 16 * stride;
     const size_t next_lines = ((size_t)16 * stride + 63) / 64;
-    for (const size_t end = (size_t)(b + 1) * next_lines / nb; *line < end; (*line)++) _mm_prefetch(next + 64 * *line, _MM_HINT_T1);
+    for (const size_t end = (size_t)(b + 1) * next_lines / nb; *line < end; (*line)++) {
+        if (l1)
+            _mm_prefetch(next + 64 * *line, _MM_HINT_T0);
+        else
+            _mm_prefetch(next + 64 * *line, _MM_HINT_T1);
+    }
+}
+
+INLINE void prefetch_next_rows(const uint8_t *w, ptrdiff_t stride, int b, int nb, size_t *line) {
+    prefetch_rows_into(0, w, stride, b, nb, line);
 }
 
 /* out[t * os + r] = row r . a[t] for 16 rows stride bytes apart. Codes are unsigned bytes in q[k] (lane r:
@@ -178,9 +196,102 @@ ROWS16(rows16_q4_0, HK_Q4_0)
 ROWS16(rows16_q4_1, HK_Q4_1)
 ROWS16(rows16_q5_0, HK_Q5_0)
 ROWS16(rows16_q5_1, HK_Q5_1)
-ROWS16(rows16_q8_0, HK_Q8_0)
+ROWS16(rows16_q8_0_tile, HK_Q8_0)
 ROWS16(rows16_iq4_nl, HK_IQ4_NL)
 ROWS16(rows16_mxfp4, HK_MXFP4)
+
+/* -- Q8_0 against one token (decode): a row's 32 bytes of a block are already whole codes, so instead of
+   transposing them into lanes (rows16_nt: two 4 x 4 word transposes a block) each row's block takes one
+   256-bit half of a vector in file order and the products' eight lanes per row are summed by a shuffle tree,
+   about half the shuffles. Two blocks a step: one 64-byte load of the activations, 68 contiguous bytes of
+   each row. The integer sums are exact, so the float steps (block16_accumulate) see the same numbers and the
+   results are rows16_nt's bits. */
+
+INLINE __m256i loadu256(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* The sums of eight int32 lanes per half: z[j] (j < 4) holds sums j (lanes 0-7) and j + 4 (lanes 8-15), z[4 + j]
+   sums 8 + j and 12 + j; lane i of the result is sum i. */
+INLINE __m512i sum8_lanes16(const __m512i *z) {
+    __m512i u[2];
+    for (int h = 0; h < 2; h++) { /* u[h]: per 128-bit lane k, part k of z[4h] .. z[4h + 3] */
+        const __m512i *y = z + 4 * h;
+        const __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(y[0], y[1]), _mm512_unpackhi_epi32(y[0], y[1]));
+        const __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(y[2], y[3]), _mm512_unpackhi_epi32(y[2], y[3]));
+        u[h] = _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
+    }
+    return _mm512_add_epi32(_mm512_shuffle_i64x2(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                            _mm512_shuffle_i64x2(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* w + 128 for the 32 signed codes at p (low half) and at q (high half). */
+INLINE __m512i q8_0_codes2(const uint8_t *p, const uint8_t *q) {
+    const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(loadu256(p)), loadu256(q), 1);
+    return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
+}
+
+/* Blocks blk and blk + 34 of 16 rows against their 64 activation bytes aq: each row's exact integer sums
+   (lane r: row r) of the first block in *s0, of the second in *s1. */
+INLINE void q8_0_pair16_isum(const uint8_t *blk, ptrdiff_t stride, const int8_t *aq, __m512i *s0, __m512i *s1) {
+    const __m512i av = _mm512_loadu_si512(aq);
+    __m512i p[16]; /* row r: block 0 in lanes 0-7, block 1 in 8-15 */
+    for (int r = 0; r < 16; r++)
+        p[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q8_0_codes2(blk + r * stride + 2, blk + r * stride + 36), av);
+    /* x: rows 0-3 block 0, rows 0-3 block 1, rows 4-7 block 0, rows 4-7 block 1; y: the same for rows 8-15 */
+    const __m512i x = sum8_lanes16(p), y = sum8_lanes16(p + 8);
+    *s0 = _mm512_shuffle_i64x2(x, y, _MM_SHUFFLE(2, 0, 2, 0));
+    *s1 = _mm512_shuffle_i64x2(x, y, _MM_SHUFFLE(3, 1, 3, 1));
+}
+
+/* One block of 16 rows: rows j and j + 4 in the halves of a vector, the activations' 32 bytes in both. */
+INLINE __m512i q8_0_one16_isum(const uint8_t *blk, ptrdiff_t stride, const int8_t *aq) {
+    const __m512i av = _mm512_broadcast_i64x4(loadu256(aq));
+    __m512i z[8];
+    for (int j = 0; j < 8; j++) {
+        const uint8_t *row = blk + ((j & 3) + 8 * (j >> 2)) * stride + 2;
+        z[j] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q8_0_codes2(row, row + 4 * stride), av);
+    }
+    return sum8_lanes16(z);
+}
+
+/* The rows' float16 scales of the block at blk as floats, and the -128 offset's factor. */
+INLINE __m512 q8_0_scales16(const uint8_t *blk, __m512i offsets, __m512 *cw) {
+    const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(offsets, blk, 1)));
+    *cw = _mm512_mul_ps(dw, _mm512_set1_ps(-128.0f));
+    return dw;
+}
+
+static void q8_0_rows16_one(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, float *out) {
+    const __m512i offsets = row_offsets(stride);
+    __m512 acc = _mm512_setzero_ps(), dw, cw;
+    __m512i s0, s1;
+    size_t line = 0;
+    int b = 0;
+    for (; b + 1 < nb; b += 2) {
+        const uint8_t *blk = w + (size_t)b * 34;
+        /* the lines of both blocks' share; into L1 here: at 2 threads 3-10 % faster than into L2 (the Llama-3.2-3B
+           Q8_0 matrices, paired in one process), the same at 1 */
+        prefetch_rows_into(1, w, stride, b + 1, nb, &line);
+        q8_0_pair16_isum(blk, stride, a->qs + b * HK_QK, &s0, &s1);
+        dw = q8_0_scales16(blk, offsets, &cw);
+        acc = block16_accumulate(HK_Q8_0, s0, dw, cw, b, a, acc);
+        dw = q8_0_scales16(blk + 34, offsets, &cw);
+        acc = block16_accumulate(HK_Q8_0, s1, dw, cw, b + 1, a, acc);
+    }
+    if (b < nb) {
+        const uint8_t *blk = w + (size_t)b * 34;
+        prefetch_rows_into(1, w, stride, b, nb, &line);
+        dw = q8_0_scales16(blk, offsets, &cw);
+        acc = block16_accumulate(HK_Q8_0, q8_0_one16_isum(blk, stride, a->qs + b * HK_QK), dw, cw, b, a, acc);
+    }
+    _mm512_storeu_ps(out, acc);
+}
+
+void hk_rows16_q8_0(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int nt, float *out, ptrdiff_t os) {
+    if (nt == 1)
+        q8_0_rows16_one(nb, w, stride, a, out);
+    else
+        hk_rows16_q8_0_tile(nb, w, stride, a, nt, out, os);
+}
 
 /* The token loop of a GEMM kernel: groups of 8 from t0, the last group's size dispatched to an unrolled body. */
 #define TOKEN_GROUPS(n, body, ...)                                                                           \

@@ -108,6 +108,20 @@ static int cmp_id(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* heap[0:k]: the k best of x[0:n] with the m pairs over (sorted by id, distinct) in place of those ids, best
+   first: the stretches between replaced ids are scanned, then the replaced ones offered. */
+static void select_top_k(hk_scored *heap, int64_t k, const float *x, int64_t n, const hk_scored *over, int64_t m) {
+    hk_top t = {heap, k, 0};
+    int64_t begin = 0;
+    for (int64_t j = 0; j < m; j++) {
+        scan(&t, x, begin, over[j].id);
+        begin = over[j].id + 1;
+    }
+    scan(&t, x, begin, n);
+    for (int64_t j = 0; j < m; j++) offer(&t, over[j]);
+    qsort(heap, (size_t)k, sizeof(hk_scored), cmp_best_first);
+}
+
 static PyArrayObject *as_1d(PyObject *obj, int type, const char *what) {
     if (!PyArray_Check(obj) || PyArray_TYPE((PyArrayObject *)obj) != type || PyArray_NDIM((PyArrayObject *)obj) != 1 ||
         !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)obj)) {
@@ -161,16 +175,8 @@ static PyObject *py_top_k_sorted(PyObject *self, PyObject *args) {
         PyMem_Free(over);
         return PyErr_NoMemory();
     }
-    hk_top t = {heap, k, 0};
     Py_BEGIN_ALLOW_THREADS
-    int64_t begin = 0;
-    for (int64_t j = 0; j < m; j++) { /* the stretches between replaced ids, then the replaced ones */
-        scan(&t, x, begin, over[j].id);
-        begin = over[j].id + 1;
-    }
-    scan(&t, x, begin, n);
-    for (int64_t j = 0; j < m; j++) offer(&t, over[j]);
-    qsort(heap, (size_t)k, sizeof(hk_scored), cmp_best_first);
+    select_top_k(heap, k, x, n, over, m);
     Py_END_ALLOW_THREADS
     PyMem_Free(over);
     npy_intp dims[1] = {(npy_intp)k};
@@ -248,9 +254,9 @@ static int cmp_i64(const void *a, const void *b) {
 static int read_recent(PyObject *ro, int64_t *ids, int64_t m) {
     PyObject *fast = PySequence_Fast(ro, "recent ids must be a sequence of integers");
     if (!fast) return -1;
-    if (PySequence_Fast_GET_SIZE(fast) != m) {
+    if (PySequence_Fast_GET_SIZE(fast) < m) { /* a sequence whose length changed under us (not a list or tuple) */
         Py_DECREF(fast);
-        PyErr_SetString(PyExc_ValueError, "recent ids changed length");
+        PyErr_SetString(PyExc_ValueError, "recent ids must be a sequence of integers");
         return -1;
     }
     PyObject **items = PySequence_Fast_ITEMS(fast);
@@ -331,15 +337,7 @@ static PyObject *py_sample_top_k(PyObject *self, PyObject *args) {
     const float top = hk_max_checked(x, n, &bad);
     if (!bad && isfinite(top)) {
         const int64_t distinct = m ? penalise(x, recent, m, rp, pp, fp, over) : 0;
-        hk_top t = {heap, k, 0};
-        int64_t begin = 0;
-        for (int64_t j = 0; j < distinct; j++) { /* as top_k_sorted: the stretches between, then the penalised */
-            scan(&t, x, begin, over[j].id);
-            begin = over[j].id + 1;
-        }
-        scan(&t, x, begin, n);
-        for (int64_t j = 0; j < distinct; j++) offer(&t, over[j]);
-        qsort(heap, (size_t)k, sizeof(hk_scored), cmp_best_first);
+        select_top_k(heap, k, x, n, over, distinct);
         for (int64_t j = 0; j < k; j++) z[j] = heap[j].v;
         const int64_t pick = hk_draw(&d, top_p, min_p, temperature, u, &logprob);
         if (pick >= 0) id = heap[pick].id;

@@ -4,8 +4,20 @@ It lives in ``builtin/`` of the test model cache (``tests/model_store.builtin_di
 is already set, so no test writes 490 MB into the user's own data folder or into a temporary one.
 """
 
+import logging
 import os
+
+import pytest
 
 from tests.model_store import builtin_dir
 
 os.environ.setdefault("HEARTH_BUILTIN_DIR", str(builtin_dir()))
+
+
+@pytest.fixture(autouse=True)
+def _no_app_log_file_left_behind():
+    """A test that points the root logger at the app's log file (``app.logging_setup``) must take it off again:
+    otherwise every later test logs into that test's temporary directory, which pytest may already have deleted."""
+    yield
+    left = [h for h in logging.getLogger().handlers if getattr(h, "hearth_log", False)]
+    assert not left, f"the app's log handler was left on the root logger: {left}"

@@ -7,6 +7,7 @@ file Hearth writes holding the API key."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 
 import openai
@@ -186,9 +187,22 @@ def test_429_then_success(qtbot, make_session, tmp_path, fake):
     assert stats["finish_reason"] == "stop" and fake.stats()["busy_calls"] == 2
 
 
-def test_no_file_hearth_writes_holds_the_key(qtbot, make_session, tmp_path, fake):
+@pytest.fixture
+def debug_log_file(tmp_path):
+    """The app's log file on the root logger at debug level (the most a log can say), for this test only: later
+    tests must not log into a directory pytest may have deleted."""
+    root = logging.getLogger()
+    level = root.level
+    setup_logging(tmp_path / "data" / "logs", debug=True)
+    yield
+    for handler in [h for h in root.handlers if getattr(h, "hearth_log", False)]:
+        root.removeHandler(handler)
+        handler.close()
+    root.setLevel(level)
+
+
+def test_no_file_hearth_writes_holds_the_key(qtbot, make_session, tmp_path, fake, debug_log_file):
     data = tmp_path / "data"
-    setup_logging(data / "logs", debug=True)  # the most a log can say
     header = "hdr-secret-7f3a9c"  # an Authorization-like custom header: kept beside the key, like it
     session, ref = remote_session(make_session, tmp_path, fake.url("auth"), key=KEY, probe=False,
                                   headers=(("X-Api-Token", header),))

@@ -4,7 +4,9 @@ Every engine runs in turn on the same prompt ids with greedy decoding, after an 
 repeat by repeat (ours, peer, ours, peer, ...); the report gives each engine's median with its min/max spread,
 says whether each peer produced our greedy tokens (and where they first differ), and sets our figures against
 the best peer setting (llama.cpp with flash attention on or off, whichever is faster) and against this
-machine's read bandwidth. Nothing here asserts a time.
+machine's read bandwidth, twice: against the best pass of the whole run (strict: on a shared host the pass moves
+by up to a factor of two from minute to minute) and round by round against short passes taken just before and
+just after that round's decode (paired: the bandwidth the decode actually had). Nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from .workload import bench_prompt, first_divergence, peak_rss_mb, rss_mb, set_t
 
 PEERS = ("llama.cpp", "llama-bench", "hearth")  # --compare choices on the CPU; "hearth" times our engine twice
 WARM_UP_TOKENS = 8
+PAIRED_PASSES = 3  # bandwidth passes just before and just after each of our timed runs
 BANDWIDTH_BACKENDS = ("cpu", "numpy")  # the backends whose decode is set against this machine's read bandwidth
 
 
@@ -80,6 +83,25 @@ def summarise(runs: list[Run], prompt_tokens: int, reference: list[int] | None) 
     return out
 
 
+class PassesBeside:
+    """A runner with a short bandwidth pass (best of ``PAIRED_PASSES``) just before and just after each run, so
+    each run's decode can be set against the bandwidth of its own minute. ``pairs`` holds (before, after) for
+    every run, the untimed warm-up's first."""
+
+    def __init__(self, runner: Runner, threads: int):
+        self.runner, self.name, self.threads = runner, runner.name, threads
+        self.pairs: list[tuple[dict, dict]] = []
+
+    def run(self, ids: list[int], gen_tokens: int) -> Run:
+        before = measure_read_bandwidth(self.threads, passes=PAIRED_PASSES)
+        run = self.runner.run(ids, gen_tokens)
+        self.pairs.append((before, measure_read_bandwidth(self.threads, passes=PAIRED_PASSES)))
+        return run
+
+    def close(self) -> None:
+        self.runner.close()
+
+
 def run_bench(path: Path, backend: str, threads: int | None, prompt_tokens: int, gen_tokens: int,
               compare: list[str], repeats: int, llama_bench: Path | None = None, kv_type: str | None = None) -> dict:
     """The ``python -m engine bench MODEL`` report as a dict (see the module docstring).
@@ -111,8 +133,10 @@ def run_bench(path: Path, backend: str, threads: int | None, prompt_tokens: int,
     })
     ids = bench_prompt(model, prompt_tokens)
     report["prompt_tokens"] = len(ids)
-    runners: list[Runner] = [HearthRunner(model)]
-    runners[0].run(ids, 4)  # touch every weight page before measuring memory
+    hearth = HearthRunner(model)
+    hearth.run(ids, 4)  # touch every weight page before measuring memory
+    paired = PassesBeside(hearth, n_threads) if model.backend.name in BANDWIDTH_BACKENDS else None
+    runners: list[Runner] = [paired or hearth]
     report["peak_rss_mb"] = round(peak_rss_mb(), 1)
     report["rss_after_run_mb"] = round(rss_mb(), 1)
     if "hearth" in compare:
@@ -150,7 +174,9 @@ def run_bench(path: Path, backend: str, threads: int | None, prompt_tokens: int,
     report["prefill_tps"] = engines["hearth"]["prefill_tps"]["median"]
     report["decode_tps"] = engines["hearth"]["decode_tps"]["median"]
     report.update(_against_peers(engines))
-    report.update(_against_bandwidth(model, n_threads, len(ids), gen_tokens, report["decode_tps"], cache_type, passes))
+    if paired is not None:
+        report.update(_against_bandwidth(model, n_threads, len(ids), gen_tokens, runs["hearth"], cache_type, passes,
+                                         paired.pairs[-repeats:]))
     report["machine"]["load_average_after"] = machine()["load_average"]
     return report
 
@@ -175,22 +201,32 @@ def _against_peers(engines: dict[str, dict]) -> dict:
     return out
 
 
-def _against_bandwidth(model, threads: int, prompt_tokens: int, gen_tokens: int, decode_tps: float,
-                       kv_type: str = "f16", earlier_passes: list[dict] | None = None) -> dict:
-    """This machine's read bandwidth (passes taken now and ``earlier_passes``, taken between the rounds), the
-    bytes a decode step reads, what our decode read per second, and our decode as a fraction of the ceiling."""
-    if model.backend.name not in BANDWIDTH_BACKENDS:
-        return {}
+def _against_bandwidth(model, threads: int, prompt_tokens: int, gen_tokens: int, runs: list[Run],
+                       kv_type: str, between: list[dict], pairs: list[tuple[dict, dict]]) -> dict:
+    """Our decode against this machine's read bandwidth: the bytes a decode step reads, what our decode read per
+    second, and the decode as a fraction of the ceiling (bandwidth / bytes per token) twice.
+
+    Strict (``decode_bandwidth_fraction``): the median decode against the best pass of the whole run (``between``
+    the rounds, ``pairs`` beside our runs, and passes now). Paired (``decode_bandwidth_fraction_paired``): each
+    run's decode against the better of the two passes just before and just after it (``pairs``), median and
+    spread over the runs.
+    """
     element = KV_TYPE_ELEMENT_BYTES[kv_type] if model.backend.name == "cpu" else kv_layout(model.backend.name).element_bytes
     per_position = kv_cache_bytes(model.config, 1, element, False)
     weights = weight_bytes_per_token(model.gguf, model.config)  # a mixture of experts: the chosen experts only
     kv = int(per_position * (prompt_tokens + gen_tokens / 2))  # the cache at the decoded tokens' mean position
-    bandwidth = merge_measurements([*(earlier_passes or []), measure_read_bandwidth(threads)])
+    beside = [m for pair in pairs for m in pair]
+    bandwidth = merge_measurements([*between, *beside, measure_read_bandwidth(threads)])
+    decode_tps = statistics.median(r.decode_tps for r in runs)
     ceiling = bandwidth["gbps"] * 1e9 / (weights + kv)
+    own = [max(before["gbps"], after["gbps"]) for before, after in pairs]
+    fractions = [r.decode_tps * (weights + kv) / 1e9 / gbps for r, gbps in zip(runs, own, strict=True)]
     return {"bandwidth": bandwidth, "bytes_per_token": weights + kv, "weight_bytes_per_token": weights,
             "kv_bytes_per_token": kv, "decode_read_gbps": round(decode_tps * (weights + kv) / 1e9, 2),
             "decode_ceiling_tps": round(ceiling, 2),
-            "decode_bandwidth_fraction": round(decode_tps / ceiling, 3)}
+            "decode_bandwidth_fraction": round(decode_tps / ceiling, 3),
+            "paired_bandwidth_gbps": [round(g, 2) for g in own],
+            "decode_bandwidth_fraction_paired": spread(fractions, 3)}
 
 
 def run_session_bench(path: Path, backend: str, n_tokens: int, repeats: int) -> dict:

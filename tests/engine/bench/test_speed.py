@@ -58,8 +58,9 @@ def test_decode_is_set_against_the_measured_bandwidth(report, tiny_model_path):
     bandwidth = report["bandwidth"]
     assert bandwidth["gbps"] > 0 and bandwidth["threads"] == 1 and bandwidth["method"].startswith("numpy")
     assert bandwidth["buffer_mb"] >= 256
-    # passes after each of the 2 rounds (3 each) and 5 at the end: the best of all is the ceiling
-    assert bandwidth["moments"] == 3 and bandwidth["passes"] == len(bandwidth["rates"]) == 2 * 3 + 5
+    # passes after each of the 2 rounds (3 each), just before and after each of our 2 timed runs (3 each) and 5
+    # at the end: the best of all is the strict ceiling
+    assert bandwidth["moments"] == 2 + 2 * 2 + 1 and bandwidth["passes"] == len(bandwidth["rates"]) == 2 * 3 + 4 * 3 + 5
     assert bandwidth["gbps"] == max(bandwidth["rates"]) and min(bandwidth["rates"]) > 0
     assert min(bandwidth["rates"]) <= bandwidth["gbps_median"] <= bandwidth["gbps"]
     # every weight once: this tiny model's output is its embedding table, so all of that table too
@@ -73,6 +74,18 @@ def test_decode_is_set_against_the_measured_bandwidth(report, tiny_model_path):
     assert report["decode_bandwidth_fraction"] == pytest.approx(report["decode_tps"] / ceiling, abs=1e-3)
     assert report["decode_read_gbps"] == pytest.approx(report["decode_tps"] * report["bytes_per_token"] / 1e9, abs=0.01)
     assert report["machine"]["logical_cpus"] >= 1 and len(report["machine"]["load_average"]) == 3
+
+
+def test_each_run_is_also_set_against_the_bandwidth_of_its_own_minute(report):
+    own = report["paired_bandwidth_gbps"]
+    assert len(own) == 2 and all(0 < g <= report["bandwidth"]["gbps"] for g in own)
+    assert all(g in report["bandwidth"]["rates"] for g in own)  # the better pass beside each run is one of the run's
+    runs = report["engines"]["hearth"]["decode_tps"]["runs"]
+    expected = [tps * report["bytes_per_token"] / 1e9 / g for tps, g in zip(runs, own)]
+    paired = report["decode_bandwidth_fraction_paired"]
+    assert paired["runs"] == pytest.approx(expected, rel=0.01)
+    assert paired["min"] <= paired["median"] <= paired["max"]
+    assert paired["median"] >= report["decode_bandwidth_fraction"] * 0.99  # never below the strict figure
 
 
 def test_llama_bench_is_a_second_peer_with_both_flash_attention_settings(tiny_model_path):

@@ -97,6 +97,7 @@ def test_llama_bench_is_a_second_peer_with_both_flash_attention_settings(tiny_mo
         _check_spread(report["engines"][name]["prefill_tps"], 2)
         _check_spread(report["engines"][name]["decode_tps"], 2)
     assert report["peer.best_decode"]["engine"].startswith("llama-bench")
+    assert len(report["rewarm_s"]) == 2 and all(t >= 0 for t in report["rewarm_s"])  # ours warmed after each round
 
 
 def test_a_missing_llama_bench_binary_is_a_clear_error(tiny_model_path, tmp_path):

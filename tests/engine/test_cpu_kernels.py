@@ -355,26 +355,35 @@ def test_a_token_gets_the_same_products_alone_as_in_any_batch(qtype):
             np.testing.assert_allclose(alone, batched[i:i + 1], rtol=1e-4, atol=1e-4 * np.abs(batched).max())
 
 
+ONE_TOKEN_EXTREMES = {  # (block bytes, first code byte, two code bytes at the type's extremes)
+    T.Q8_0: (34, 2, (0x80, 0x7F)),  # -128, 127
+    T.MXFP4: (17, 1, (0xFF, 0x77)),  # -12 and 12 in both nibbles
+}
+
+
+@pytest.mark.parametrize("qtype", list(ONE_TOKEN_EXTREMES), ids=lambda t: t.name)
 @pytest.mark.parametrize("blocks", [1, 2, 3, 8, 97])
-def test_q8_0_decode_product_is_the_batched_products_bits(blocks):
-    """Q8_0's one-token kernel (AVX-512: two blocks of a row per vector, summed across lanes) gives each of 3 x 16
-    rows and a tail the bits the 16-row GEMM gives that token inside a 9-token batch, for odd and even block counts,
-    with the extreme codes -128 and 127 against activations at +-127, and within the reference's rounding."""
-    rng = np.random.default_rng(300 + blocks)
-    w = random_weights(T.Q8_0, 50, 32 * blocks, rng)
-    codes = w.reshape(50, blocks, 34)[..., 2:]
-    codes[:8] = 0x80  # -128
-    codes[8:16] = 0x7F
+def test_one_token_decode_product_is_the_batched_products_bits(qtype, blocks):
+    """A one-token product of Q8_0 (AVX-512: its own kernel, two blocks of a row per vector, summed across lanes)
+    and MXFP4 (the 16-row kernel of small batches) gives each of 3 x 16 rows and a tail the bits the 16-row GEMM
+    gives that token inside a 9-token batch, for odd and even block counts, with the extreme codes against
+    activations at +-127, and within the reference's rounding."""
+    size, first, (low, high) = ONE_TOKEN_EXTREMES[qtype]
+    rng = np.random.default_rng(300 + blocks + int(qtype))
+    w = random_weights(qtype, 50, 32 * blocks, rng)
+    codes = w.reshape(50, blocks, size)[..., first:]
+    codes[:8] = low
+    codes[8:16] = high
     x = rng.standard_normal((9, 32 * blocks)).astype(np.float32)
     x[1] = np.where(np.arange(32 * blocks) % 2, 1.0, -1.0)  # every activation quantized to +-127
-    batched = kernels.matmul(w, T.Q8_0, x)
+    batched = kernels.matmul(w, qtype, x)
     for i in range(len(x)):
-        alone = kernels.matmul(w, T.Q8_0, x[i:i + 1])
+        alone = kernels.matmul(w, qtype, x[i:i + 1])
         if kernels.AVAILABLE:
             np.testing.assert_array_equal(alone, batched[i:i + 1])
         else:
             np.testing.assert_allclose(alone, batched[i:i + 1], rtol=1e-4, atol=1e-4 * np.abs(batched).max())
-        assert_matches(w, T.Q8_0, x[i:i + 1], alone)
+        assert_matches(w, qtype, x[i:i + 1], alone)
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.IQ4_NL, T.MXFP4],

@@ -1,7 +1,8 @@
 """Every test, and every app process a test starts, shares one assembled copy of the built-in model.
 
 It lives in ``builtin/`` of the test model cache (``tests/model_store.builtin_dir``) unless ``HEARTH_BUILTIN_DIR``
-is already set, so no test writes 490 MB into the user's own data folder or into a temporary one.
+is already set, so no test writes 490 MB into the user's own data folder or into a temporary one. And no test
+may leave the app's log file handler on the root logger.
 """
 
 import logging

@@ -337,6 +337,21 @@ def test_whole_real_matrix_on_every_thread_count():
     assert_matches(np.ascontiguousarray(w[sample]), T.Q8_0, x, results[0][:, sample])
 
 
+def _each_token_alone_is_the_batch(w, qtype, x) -> list[np.ndarray]:
+    """Each token's product alone against its row of the batched product: the same bits in the C kernels, the same
+    values to rounding in the NumPy fallback. Returns the products alone."""
+    batched = kernels.matmul(w, qtype, x)
+    alones = []
+    for i in range(len(x)):
+        alone = kernels.matmul(w, qtype, x[i:i + 1])
+        if kernels.AVAILABLE:
+            np.testing.assert_array_equal(alone, batched[i:i + 1])
+        else:
+            np.testing.assert_allclose(alone, batched[i:i + 1], rtol=1e-4, atol=1e-4 * np.abs(batched).max())
+        alones.append(alone)
+    return alones
+
+
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
 def test_a_token_gets_the_same_products_alone_as_in_any_batch(qtype):
     """Bit for bit in the C kernels, whatever the tile a token lands in: a batched decode step gives each sequence
@@ -346,13 +361,7 @@ def test_a_token_gets_the_same_products_alone_as_in_any_batch(qtype):
     unit = 256 if GGML_QUANT_SIZES[qtype][0] == 256 else 32
     w = random_weights(qtype, 130, 3 * unit, rng)
     x = rng.standard_normal((9, 3 * unit)).astype(np.float32)
-    batched = kernels.matmul(w, qtype, x)
-    for i in range(len(x)):
-        alone = kernels.matmul(w, qtype, x[i:i + 1])
-        if kernels.AVAILABLE:
-            np.testing.assert_array_equal(alone, batched[i:i + 1])
-        else:
-            np.testing.assert_allclose(alone, batched[i:i + 1], rtol=1e-4, atol=1e-4 * np.abs(batched).max())
+    _each_token_alone_is_the_batch(w, qtype, x)
 
 
 ONE_TOKEN_EXTREMES = {  # (block bytes, first code byte, two code bytes at the type's extremes)
@@ -376,13 +385,7 @@ def test_one_token_decode_product_is_the_batched_products_bits(qtype, blocks):
     codes[8:16] = high
     x = rng.standard_normal((9, 32 * blocks)).astype(np.float32)
     x[1] = np.where(np.arange(32 * blocks) % 2, 1.0, -1.0)  # every activation quantized to +-127
-    batched = kernels.matmul(w, qtype, x)
-    for i in range(len(x)):
-        alone = kernels.matmul(w, qtype, x[i:i + 1])
-        if kernels.AVAILABLE:
-            np.testing.assert_array_equal(alone, batched[i:i + 1])
-        else:
-            np.testing.assert_allclose(alone, batched[i:i + 1], rtol=1e-4, atol=1e-4 * np.abs(batched).max())
+    for i, alone in enumerate(_each_token_alone_is_the_batch(w, qtype, x)):
         assert_matches(w, qtype, x[i:i + 1], alone)
 
 

@@ -22,7 +22,7 @@ from PySide6.QtCore import QObject, Signal, Slot
 from engine.backends import BackendUnavailableError
 from engine.chat_template import TemplateError
 from engine.context import ContextOverflowError
-from engine.gguf_file import ModelFormatError, touch_pages
+from engine.gguf_file import ModelFormatError, touch_tensors
 from engine.model import CHAT_PREFILL_CHUNK
 from engine.remote import RemoteModel
 from engine.sampling import NonFiniteLogitsError
@@ -428,8 +428,7 @@ def measure_load(model, rss_before: int) -> dict:
     weights, every weight page is touched first so the measurement holds the weights (the first answer would
     page them in anyway)."""
     if getattr(model.backend, "name", "") == "cpu":
-        for name in model.gguf.tensors:
-            touch_pages(model.gguf.raw(name))  # with the GIL released: the GUI thread keeps running
+        touch_tensors(model.gguf)  # with the GIL released: the GUI thread keeps running
     try:
         from engine.memory_estimate import estimate_memory
         e = estimate_memory(model.gguf, model.n_ctx, backend=model.backend.name)

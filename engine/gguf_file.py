@@ -160,6 +160,13 @@ def touch_pages(raw: np.ndarray, page: int = 4096) -> int:
     return int(flat[::page].sum(dtype=np.uint64))
 
 
+
+def touch_tensors(gguf: GGUFFile) -> int:
+    """``touch_pages`` over every tensor of ``gguf``: the whole file's weights paged in (a load's measurement, a
+    bench's untimed warm-up). Returns the sum of the bytes read."""
+    return sum(touch_pages(gguf.raw(name)) for name in gguf.tensors)
+
+
 def _without_length_prefixes(buf, start: int, end: int, lengths: array.array) -> bytes:
     """The bytes of ``buf[start:end]``, a run of (u64 length, bytes) elements, without the lengths."""
     if not lengths:

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..gguf_file import touch_pages
+from ..gguf_file import touch_tensors
 from ..memory_estimate import KV_TYPE_ELEMENT_BYTES, kv_cache_bytes, kv_layout
 from ..model import load
 from .bandwidth import measure_read_bandwidth, merge_measurements, weight_bytes_per_token
@@ -40,12 +40,6 @@ def _timed(fn: Callable, *args):
     start = time.perf_counter()
     result = fn(*args)
     return result, time.perf_counter() - start
-
-
-def _touch_weights(model) -> None:
-    """Read every page of the model's weights back into memory (an untimed warm-up)."""
-    for name in model.gguf.tensors:
-        touch_pages(model.gguf.raw(name))
 
 
 def machine() -> dict:
@@ -165,7 +159,7 @@ def run_bench(path: Path, backend: str, threads: int | None, prompt_tokens: int,
                     bench_runs.setdefault(name, {}).setdefault(key, []).extend(values)
             # llama-bench times its rounds after loading, and its repacked copy of the weights (10 GB for a 30B
             # mixture of experts) can push our mapped file out of the page cache; ours is warmed again, untimed
-            report["rewarm_s"].append(round(_timed(_touch_weights, model)[1], 2))
+            report["rewarm_s"].append(round(_timed(touch_tensors, model.gguf)[1], 2))
         report["rewarm_s"] = []
     passes: list[dict] = []  # bandwidth passes after every round: the machine's bandwidth moves during a run
     peer_round = between

@@ -59,3 +59,10 @@ def test_touch_pages_reads_one_byte_per_page_on_both_paths(implementation):
     raw.flags.writeable = False  # as the memory map's views are
     assert touch_pages(raw, 7) == int(raw.reshape(-1)[::7].sum()) > 0
     assert touch_pages(raw) == int(raw.reshape(-1)[::4096].sum())
+
+
+def test_touch_tensors_reads_every_tensor_of_a_file(tiny_model_path):
+    from engine.gguf_file import read_gguf, touch_pages, touch_tensors
+
+    with read_gguf(tiny_model_path) as g:
+        assert touch_tensors(g) == sum(touch_pages(g.raw(name)) for name in g.tensors) > 0

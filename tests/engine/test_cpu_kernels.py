@@ -367,16 +367,19 @@ def test_a_token_gets_the_same_products_alone_as_in_any_batch(qtype):
 ONE_TOKEN_EXTREMES = {  # (block bytes, first code byte, two code bytes at the type's extremes)
     T.Q8_0: (34, 2, (0x80, 0x7F)),  # -128, 127
     T.MXFP4: (17, 1, (0xFF, 0x77)),  # -12 and 12 in both nibbles
+    T.Q4_0: (18, 2, (0x00, 0xFF)),  # -8 and 7 in both nibbles
+    T.IQ4_NL: (18, 2, (0x00, 0xFF)),  # the table's -127 and 113
 }
 
 
 @pytest.mark.parametrize("qtype", list(ONE_TOKEN_EXTREMES), ids=lambda t: t.name)
-@pytest.mark.parametrize("blocks", [1, 2, 3, 8, 97])
+@pytest.mark.parametrize("blocks", [1, 2, 3, 8, 17, 97])
 def test_one_token_decode_product_is_the_batched_products_bits(qtype, blocks):
-    """A one-token product of Q8_0 (AVX-512: its own kernel, two blocks of a row per vector, summed across lanes)
-    and MXFP4 (the 16-row kernel of small batches) gives each of 3 x 16 rows and a tail the bits the 16-row GEMM
-    gives that token inside a 9-token batch, for odd and even block counts, with the extreme codes against
-    activations at +-127, and within the reference's rounding."""
+    """A one-token product gives each of 3 x 16 rows and a tail the bits the 16-row GEMM gives that token inside a
+    9-token batch, for odd and even block counts, with the extreme codes against activations at +-127, and within
+    the reference's rounding. On AVX-512 the token runs its own kernels: Q8_0 two blocks of a row per vector,
+    summed across lanes; Q4_0 and IQ4_NL eight blocks of 16 rows transposed with their scales (8, 17 and 97
+    blocks: whole eights and the blocks after them); MXFP4 the 16-row kernel of small batches."""
     size, first, (low, high) = ONE_TOKEN_EXTREMES[qtype]
     rng = np.random.default_rng(300 + blocks + int(qtype))
     w = random_weights(qtype, 50, 32 * blocks, rng)

@@ -162,7 +162,7 @@ INLINE void dot512_q45_k_nt(const int five, int nb, const uint8_t *w, const hk_a
     HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = _mm_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = w + (size_t)b * ts, *qs = blk + (five ? 48 : 16);
-        __m256i sc = k4_scales(blk + 4), mins16 = k4_mins_pairs(sc), qh = five ? loadu256(blk + 16) : _mm256_setzero_si256();
+        __m256i sc = k4_scales(blk), mins16 = k4_mins_pairs(sc), qh = five ? loadu256(blk + 16) : _mm256_setzero_si256();
         __m512i sc512 = _mm512_broadcast_i64x4(sc);
         __m512i isum[HK_MAX_NT];
         __m256i isum256[HK_MAX_NT], msum256[HK_MAX_NT];
@@ -183,7 +183,7 @@ INLINE void dot512_q45_k_nt(const int five, int nb, const uint8_t *w, const hk_a
             isum256[t] = _mm256_add_epi32(_mm512_castsi512_si256(isum[t]), _mm512_extracti64x4_epi64(isum[t], 1));
             msum256[t] = _mm256_madd_epi16(bsums_of(&a[t], b), mins16);
         }
-        k1_accumulate(a, b, nt, isum256, msum256, _mm_cvtph_ps(_mm_cvtsi32_si128((int)hk_u32(blk))), acc);
+        k1_accumulate(a, b, nt, isum256, msum256, _mm_cvtph_ps(loadu128(blk)), acc); /* d, dmin in lanes 0, 1 */
     }
     HK_UNROLL for (int t = 0; t < nt; t++) out[t * os] = _mm_cvtss_f32(_mm_sub_ss(acc[t], _mm_movehdup_ps(acc[t])));
 }

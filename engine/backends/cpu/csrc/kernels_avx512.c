@@ -162,6 +162,7 @@ INLINE void dot512_q45_k_nt(const int five, int nb, const uint8_t *w, const hk_a
     HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = _mm_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = w + (size_t)b * ts, *qs = blk + (five ? 48 : 16);
+        prefetch_ahead(blk, ts);
         __m256i sc = k4_scales(blk), mins16 = k4_mins_pairs(sc), qh = five ? loadu256(blk + 16) : _mm256_setzero_si256();
         __m512i sc512 = _mm512_broadcast_i64x4(sc);
         __m512i isum[HK_MAX_NT];
@@ -239,6 +240,7 @@ INLINE void dot512_q6_k_nt(int nb, const uint8_t *w, const hk_act *a, const int 
     HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = _mm_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = w + (size_t)b * 210;
+        prefetch_ahead(blk, 210);
         const float dw = f16x(blk + 208);
         __m256i isum[HK_MAX_NT];
         q6_k_isum512(blk, a, b, nt, isum);

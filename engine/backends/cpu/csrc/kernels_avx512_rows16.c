@@ -116,7 +116,8 @@ INLINE void block16_decode(const int type, const uint8_t *blk, ptrdiff_t stride,
 /* -- Q4_0 and IQ4_NL eight blocks at a time, without a gather: two 18-byte blocks are nine 32-bit words, so
    eight are 144 bytes of a row, nine 4-word transposes of 16 rows that bring the scales along with the codes.
    The gather of 16 rows' scales a block took about 40 % of rows16_nt's time (one thread, matrix in cache:
-   Q4_0 29-30 GB/s with it, 50 without). Decoded blocks are the same vectors, so the results are the same bits. */
+   Q4_0 29-30 GB/s with it, 48-49 without; this kernel 48-51). Decoded blocks are the same vectors, so the
+   results are the same bits. */
 
 #define OCT_BLOCKS 8 /* 144 bytes of each row: nine transposes */
 

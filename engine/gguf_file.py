@@ -160,7 +160,6 @@ def touch_pages(raw: np.ndarray, page: int = 4096) -> int:
     return int(flat[::page].sum(dtype=np.uint64))
 
 
-
 def touch_tensors(gguf: GGUFFile) -> int:
     """``touch_pages`` over every tensor of ``gguf``: the whole file's weights paged in (a load's measurement, a
     bench's untimed warm-up). Returns the sum of the bytes read."""

@@ -173,21 +173,16 @@ INLINE __m512 block16_token(const int type, const __m512i *q, __m512 dw, __m512 
 }
 
 /* 16 interleaved streams are more than the hardware prefetcher follows: the next 16 rows (the next stretch of
-   memory when rows are contiguous) are fetched into L2 (l1: into L1) while these compute, a few lines a block.
-   Prefetching each row's lines ahead into L1 as well measured slower. */
-INLINE void prefetch_rows_into(const int l1, const uint8_t *w, ptrdiff_t stride, int b, int nb, size_t *line) {
+   memory when rows are contiguous) are fetched into L2 while these compute, a few lines a block. Into L1
+   instead was 3-15 % faster while this host's cores ran fast, and 25-50 % slower while they ran at about
+   0.4x (the same in-cache kernel: Q4_0 20 against 48-51 GB/s a thread), where an L1 fill waits on memory
+   for long; into L2 is the choice that holds in both (docs/benchmarks.md). Prefetching each row's lines
+   ahead into L1 as well measured slower. */
+INLINE void prefetch_next_rows(const uint8_t *w, ptrdiff_t stride, int b, int nb, size_t *line) {
     const char *next = (const char *)w + 16 * stride;
     const size_t next_lines = ((size_t)16 * stride + 63) / 64;
-    for (const size_t end = (size_t)(b + 1) * next_lines / nb; *line < end; (*line)++) {
-        if (l1)
-            _mm_prefetch(next + 64 * *line, _MM_HINT_T0);
-        else
-            _mm_prefetch(next + 64 * *line, _MM_HINT_T1);
-    }
-}
-
-INLINE void prefetch_next_rows(const uint8_t *w, ptrdiff_t stride, int b, int nb, size_t *line) {
-    prefetch_rows_into(0, w, stride, b, nb, line);
+    for (const size_t end = (size_t)(b + 1) * next_lines / nb; *line < end; (*line)++)
+        _mm_prefetch(next + 64 * *line, _MM_HINT_T1);
 }
 
 /* out[t * os + r] = row r . a[t] for 16 rows stride bytes apart. Codes are unsigned bytes in q[k] (lane r:
@@ -210,10 +205,7 @@ INLINE void rows16_nt(const int type, int nb, const uint8_t *w, ptrdiff_t stride
             HK_UNROLL for (int j = 0; j < OCT_BLOCKS; j++) { /* block j needs words up to 4j + 7 */
                 __m512i q[8] __attribute__((aligned(64)));
                 __m512 dw, cw;
-                /* one token: the next rows into L1, as Q8_0's one-token kernel (paired in one process, the Q4_0
-                   products of the Llama-3.2-1B and Qwen2.5-1.5B files at 2 threads: 1.09-1.15x the old kernel's
-                   GB/s against 1.04-1.07x with L2) */
-                prefetch_rows_into(nt == 1, w, stride, b + j, nb, &line);
+                prefetch_next_rows(w, stride, b + j, nb, &line);
                 rows16_words(blk + 16 * (j + 1), stride, t + 4 * (j + 1));
                 oct16_block(type, t, j, q, &dw, &cw);
                 HK_UNROLL for (int k = 0; k < nt; k++) acc[k] = block16_token(type, q, dw, cw, b + j, &a[k], acc[k]);
@@ -321,9 +313,7 @@ static void q8_0_rows16_one(int nb, const uint8_t *w, ptrdiff_t stride, const hk
     int b = 0;
     for (; b + 1 < nb; b += 2) {
         const uint8_t *blk = w + (size_t)b * 34;
-        /* the lines of both blocks' share; into L1 here: at 2 threads 3-10 % faster than into L2 (the Llama-3.2-3B
-           Q8_0 matrices, paired in one process), the same at 1 */
-        prefetch_rows_into(1, w, stride, b + 1, nb, &line);
+        prefetch_next_rows(w, stride, b + 1, nb, &line); /* the lines of both blocks' share */
         q8_0_pair16_isum(blk, stride, a->qs + b * HK_QK, &s0, &s1);
         dw = q8_0_scales16(blk, offsets, &cw);
         acc = block16_accumulate(HK_Q8_0, s0, dw, cw, b, a, acc);
@@ -332,7 +322,7 @@ static void q8_0_rows16_one(int nb, const uint8_t *w, ptrdiff_t stride, const hk
     }
     if (b < nb) {
         const uint8_t *blk = w + (size_t)b * 34;
-        prefetch_rows_into(1, w, stride, b, nb, &line);
+        prefetch_next_rows(w, stride, b, nb, &line);
         dw = q8_0_scales16(blk, offsets, &cw);
         acc = block16_accumulate(HK_Q8_0, q8_0_one16_isum(blk, stride, a->qs + b * HK_QK), dw, cw, b, a, acc);
     }

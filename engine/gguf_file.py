@@ -161,9 +161,10 @@ def touch_pages(raw: np.ndarray, page: int = 4096) -> int:
 
 
 def touch_tensors(gguf: GGUFFile) -> int:
-    """``touch_pages`` over every tensor of ``gguf``: the whole file's weights paged in (a load's measurement, a
-    bench's untimed warm-up). Returns the sum of the bytes read."""
-    return sum(touch_pages(gguf.raw(name)) for name in gguf.tensors)
+    """``touch_pages`` over every tensor byte of ``gguf`` that the backend reads from the map: the weights paged
+    in (a load's measurement, a bench's untimed warm-up), without the ranges it ``release``d for copies of its
+    own. Returns the sum of the bytes read."""
+    return sum(touch_pages(gguf.mapped_bytes()[start:end]) for start, end in gguf.mapped_ranges())
 
 
 def _without_length_prefixes(buf, start: int, end: int, lengths: array.array) -> bytes:
@@ -222,6 +223,7 @@ class GGUFFile:
         self._release_header_pages()
         self._advise_huge_pages()
         self._array = np.frombuffer(self._map, dtype=np.uint8)
+        self._released: list[tuple[int, int]] = []  # byte ranges the backend copied (release)
 
     def _map_file(self) -> mmap.mmap:
         try:
@@ -397,6 +399,41 @@ class GGUFFile:
         row_bytes = info.shape[0] // block_size * type_size
         flat = self._array[info.offset:info.offset + info.nbytes]
         return flat.reshape(info.nbytes // row_bytes, row_bytes)
+
+    def release(self, view: np.ndarray) -> None:
+        """The backend keeps a copy of ``view`` (tensor bytes from ``raw``) of its own: drop its whole pages from
+        this process's mapping (the page cache keeps them; a later read maps them again) and leave it out of
+        ``mapped_ranges``, so resident memory holds the weights once."""
+        start = view.__array_interface__["data"][0] - self._array.__array_interface__["data"][0]
+        end = start + view.nbytes
+        if not (view.flags.c_contiguous and 0 <= start <= end <= self._array.size):
+            raise ValueError("release takes a contiguous view of this file's tensor bytes")
+        self._released.append((start, end))
+        page = mmap.PAGESIZE
+        first, last = -(-start // page) * page, end // page * page
+        if last > first and hasattr(mmap, "MADV_DONTNEED"):
+            self._map.madvise(mmap.MADV_DONTNEED, first, last - first)
+
+    def mapped_bytes(self) -> np.ndarray:
+        """The whole file as a read-only uint8 view of the map (offsets as in ``TensorInfo.offset``)."""
+        return self._array
+
+    def mapped_ranges(self) -> list[tuple[int, int]]:
+        """The (start, end) byte ranges of the tensors, in file order, that the backend still reads from the map:
+        every tensor's bytes less those ``release``d."""
+        cuts = sorted(self._released)
+        ranges = []
+        for info in sorted(self.tensors.values(), key=lambda t: t.offset):
+            pos, end = info.offset, info.offset + info.nbytes
+            for a, b in cuts:
+                if b <= pos or a >= end:
+                    continue
+                if a > pos:
+                    ranges.append((pos, a))
+                pos = max(pos, b)
+            if pos < end:
+                ranges.append((pos, end))
+        return ranges
 
     def tensor(self, name: str) -> TensorInfo:
         try:

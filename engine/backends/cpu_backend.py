@@ -1,7 +1,9 @@
 """The CPU backend: the fused C decoder (engine/backends/cpu/decoder.py) on the packed GGUF blocks.
 
-Weights are never dequantized or copied: each matrix is a view into the memory-mapped file, so load time is
-near zero and resident memory is about the file size. Every forward call runs all layers in C with the GIL
+Weights are never dequantized: each matrix is a view into the memory-mapped file, so resident memory is about
+the file size. The one copy is a layout change: under AVX-512 the C decoder's dense Q4_0 / IQ4_NL matrices are
+repacked at load into groups of 16 rows (``kernels.repack16``, about 0.35 s a GB on one core) and their pages in
+the map are released, so they are still held once. Every forward call runs all layers in C with the GIL
 released; the NumPy reference decoder this class inherits stays available as ``reference_forward`` (the
 same math with the same C matrix products, in NumPy), which the tests hold the C decoder to.
 
@@ -86,7 +88,8 @@ class CpuBackend(NumpyBackend):
             _check_q8_0_cache(config)
         if runs_in_c_decoder(config):
             self.decoder = CpuDecoder(config, self.layers, (self.token_embd, int(self.token_embd_type)), self.output,
-                                      self.output_norm, self.rope_inv_freq, self.rope_layer_set)
+                                      self.output_norm, self.rope_inv_freq, self.rope_layer_set,
+                                      release=self.gguf.release)
         self._caches: weakref.WeakSet[CpuKVCache | NumpyKVCache] = weakref.WeakSet()
 
     # -- weights: packed views, and the products the reference path uses ------------------------------

@@ -78,8 +78,10 @@ ARCHS = {
     "olmo2": dict(n_layers=2, n_embd=64, n_heads=4, n_kv_heads=2, head_dim=16, n_ff=96, rope_dim=16, pre_norms=False,
                   whole_norms=True, post_norms=True, tied=False),
 }
-K_SCALE_FIELDS = {Q.Q4_K: (0, 2), Q.Q6_K: (208,)}  # byte offsets of the float16 scales in a super-block
-QUANT_TYPES = {"attn_q": Q.Q5_0, "attn_k": Q.Q4_K, "attn_v": Q.Q8_0, "attn_qkv": Q.Q8_0, "attn_output": Q.Q4_1,
+K_SCALE_FIELDS = {Q.Q4_K: (0, 2), Q.Q6_K: (208,), Q.IQ4_NL: (0,)}  # byte offsets of the float16 scales in a block
+# Q4_0 and IQ4_NL are repacked into 16-row groups under AVX-512 (a fused tensor's row ranges too); Q8_0 and
+# the output (300 rows) stay in the file layout
+QUANT_TYPES = {"attn_q": Q.Q5_0, "attn_k": Q.Q4_K, "attn_v": Q.IQ4_NL, "attn_qkv": Q.Q4_0, "attn_output": Q.Q4_0,
                "ffn_gate": Q.Q4_K, "ffn_up": Q.Q5_1, "ffn_down": Q.Q6_K, "output": Q.Q8_0, "token_embd": Q.Q8_0}
 
 
@@ -304,6 +306,29 @@ def test_quantized_model_matches_the_reference_with_the_same_products(model_file
     assert np.abs(got - want).max() < 0.05 * scale
     assert np.median(np.abs(got - want)) < 0.005 * scale
     assert (got.argmax(-1) == want.argmax(-1)).mean() > 0.9
+
+
+@pytest.mark.parametrize("arch", ["llama", "phi3"])
+def test_repacked_matrices_give_the_file_layouts_bits(model_file, arch, monkeypatch):
+    """Under AVX-512 the dense Q4_0 / IQ4_NL matrices (phi3's fused q/k/v rows too) are decoded from 16-row
+    copies whose mapped pages are released; prompt and decode logits are the file layout's bits."""
+    path = model_file(arch, True)
+    cpu, _ = backends(path)
+    with monkeypatch.context() as m:
+        m.setattr(kernels, "repack16_type", lambda qtype, rows: None)
+        plain, _ = backends(path)
+    repacks = kernels.active_isa() == "avx512"
+    assert bool(cpu.decoder._copies) == repacks and not plain.decoder._copies
+    gguf, names = cpu.gguf, [n for n, t in cpu.gguf.tensors.items() if t.qtype in (Q.Q4_0, Q.IQ4_NL)]
+    mapped = sum(end - start for start, end in gguf.mapped_ranges())
+    assert mapped == sum(t.nbytes for t in gguf.tensors.values()) - repacks * sum(gguf.tensor(n).nbytes for n in names)
+    ids = prompt(70)
+    for backend in (cpu, plain):
+        cache = backend.new_cache(N_CTX)
+        backend.logits = [backend.forward(ids, cache, all_logits=True)]
+        backend.logits += [backend.forward([t], cache) for t in prompt(3, seed=2)]
+    for got, want in zip(cpu.logits, plain.logits, strict=True):
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 @pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])

@@ -7,7 +7,7 @@ arrays alive; its scratch arena is allocated once for ``MAX_ROWS`` rows and reus
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -151,10 +151,14 @@ class CpuDecoder:
         output_norm: (n_embd,) float32.
         inv_freq: (n_sets, rope_dim // 2) float64, the effective RoPE inverse frequencies of ``engine/rope.py``.
         layer_set: per layer, the row of ``inv_freq`` it rotates with, or -1 for a layer without RoPE.
+        release: called with a matrix's mapped rows once the decoder holds a repacked copy of them
+            (``kernels.repack16``: the dense Q4_0 / IQ4_NL matrices under AVX-512), so the file's pages can
+            leave resident memory. None: keep no copies, every matrix is read from the map.
     """
 
     def __init__(self, config: ModelConfig, layers: Sequence[Any], token_embd: tuple[np.ndarray, int], output: Any,
-                 output_norm: np.ndarray, inv_freq: np.ndarray, layer_set: Sequence[int]):
+                 output_norm: np.ndarray, inv_freq: np.ndarray, layer_set: Sequence[int],
+                 release: Callable[[np.ndarray], None] | None = None):
         if config.activation not in _ACTIVATIONS:
             raise ModelFormatError(f"the CPU decoder has no activation {config.activation!r}")
         c = config
@@ -169,22 +173,58 @@ class CpuDecoder:
                 c.n_expert, c.n_expert_used, c.n_ff_exp, _GATINGS.get(c.expert_gating, 0), int(c.expert_norm_weights))
         floats = (c.rms_eps, c.embed_scale, c.attn_scale, c.attn_softcap, c.final_softcap, c.residual_scale,
                   c.logit_scale, c.rope_mscale, c.attn_temp_scale, c.expert_weights_scale)
+        self._copies = self._repack([m for layer in layers for m in self._dense_of(layer)]
+                                    + ([] if np.shares_memory(output.blocks, token_embd[0]) else [output]), release)
         specs = [self._layer_spec(c, i, layer, int(layer_set[i])) for i, layer in enumerate(layers)]
         self.config = config
         self._ext = _extension()
-        self._handle = self._ext.decoder_new(ints, floats, (token_embd[0], int(token_embd[1])),
-                                           (output.blocks, int(output.qtype)), _f32(output_norm), freqs, specs)
+        self._handle = self._ext.decoder_new(ints, floats, (token_embd[0], int(token_embd[1])), self._matrix(output),
+                                           _f32(output_norm), freqs, specs)
 
     @staticmethod
-    def _layer_spec(c: ModelConfig, i: int, layer: Any, rope_set: int) -> tuple:
+    def _dense_of(layer: Any) -> tuple:
+        """A layer's dense matrices, as the C decoder takes them: with experts, gate/up/down are the shared
+        expert's."""
+        ffn = (layer.w_gate, layer.w_up, layer.w_down) if layer.w_router is None else \
+            (layer.w_gate_shexp, layer.w_up_shexp, layer.w_down_shexp)
+        return (layer.wq, layer.wk, layer.wv, layer.wo, *ffn)
+
+    @staticmethod
+    def _repack(matrices: list, release: Callable[[np.ndarray], None] | None) -> dict[int, tuple[np.ndarray, int]]:
+        """Copies of the dense matrices the 16-row layout pays for (``kernels.repack16``: under AVX-512 the
+        decode's Q4_0 products ran 1.0-1.1x faster memory-bound, 1.8x in cache; docs/benchmarks.md), by id of the
+        matrix, and their mapped pages released. One allocation aligned to 2 MiB, so the kernel can back it with
+        huge pages as the file's map is. Only with ``release``: nothing is held twice. The token embedding (a
+        tied output too) stays in the file layout, which ``get_rows`` reads."""
+        picks = [] if release is None else \
+            [m for m in {id(m): m for m in matrices if m is not None}.values()
+             if kernels.repack16_type(m.qtype, m.blocks.shape[0]) is not None]
+        if not picks:
+            return {}
+        huge = 2 << 20
+        arena = np.empty(sum(m.nbytes for m in picks) + huge, np.uint8)
+        at = -arena.__array_interface__["data"][0] % huge
+        copies = {}
+        for m in picks:
+            out = arena[at:at + m.nbytes].reshape(m.blocks.shape)
+            copies[id(m)] = kernels.repack16(m.blocks, m.qtype, out)
+            at += m.nbytes
+            release(m.blocks)
+        return copies
+
+    def _matrix(self, matrix: Any) -> tuple[np.ndarray, int] | None:
+        """A matrix as the C decoder takes it: its repacked copy, else its mapped rows (None stays None)."""
+        if matrix is None:
+            return None
+        return self._copies.get(id(matrix)) or (matrix.blocks, int(matrix.qtype))
+
+    def _layer_spec(self, c: ModelConfig, i: int, layer: Any, rope_set: int) -> tuple:
         """decoder_module.c's layer tuple: 7 matrices (with experts, gate/up/down are the shared expert's, or
         None), 9 vectors, RoPE set, window, attention output bias, sinks, then the router, the 3 expert matrices,
         5 expert vectors and the shared expert's gate (None without experts)."""
-        ffn = (layer.w_gate, layer.w_up, layer.w_down) if layer.w_router is None else \
-            (layer.w_gate_shexp, layer.w_up_shexp, layer.w_down_shexp)
-        matrices = tuple(_packed(m) for m in (layer.wq, layer.wk, layer.wv, layer.wo, *ffn))
-        vectors = tuple(_f32(getattr(layer, name)) for name in _LAYER_VECTORS)
+        matrices = tuple(self._matrix(m) for m in self._dense_of(layer))
         experts = tuple(_packed(m) for m in (layer.w_router, layer.w_gate_exps, layer.w_up_exps, layer.w_down_exps))
+        vectors = tuple(_f32(getattr(layer, name)) for name in _LAYER_VECTORS)
         expert_vectors = tuple(_f32(getattr(layer, name)) for name in _EXPERT_VECTORS)
         return (*matrices, *vectors, rope_set, c.sliding_window if c.is_sliding(i) else 0, _f32(layer.bo),
                 _f32(layer.attn_sinks), *experts, *expert_vectors, _f32(layer.w_gate_inp_shexp))

@@ -109,6 +109,34 @@ def matmul(w: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray | None = No
     return _numpy_matmul(w, qtype, x, out)
 
 
+def repack16_type(qtype: int, rows: int) -> int | None:
+    """The internal type id ``repack16`` gives a matrix of ``rows`` rows of ``qtype``, or None where it would not
+    pay: a type or instruction set without 16-row kernels for it, rows not a multiple of 16, no extension."""
+    if _ext is None or rows <= 0 or rows % 16:
+        return None
+    r16 = _ext.repack_type(int(qtype))
+    return None if r16 < 0 else r16
+
+
+def repack16(w: np.ndarray, qtype: int, out: np.ndarray | None = None) -> tuple[np.ndarray, int] | None:
+    """W copied into the 16-row layout of the active instruction set, for the products alone.
+
+    Q4_0 and IQ4_NL under AVX-512: each group of 16 rows is stored block by block with the rows' scales and
+    codes already in vector lanes (csrc/hk.h), which the 16-row kernels load as they are instead of
+    transposing 16 rows' bytes for every block. Same size and shape as ``w``; its products are the same bits
+    as ``w``'s. ``get_rows`` does not read it.
+
+    Args:
+        out: where to write it (a writeable C-contiguous uint8 array of w's shape); None: a new array.
+
+    Returns:
+        (the copy, its internal type id for ``matmul``), or None where ``repack16_type`` is None.
+    """
+    if repack16_type(qtype, w.shape[0]) is None:
+        return None
+    return _ext.repack16(w, int(qtype), out)
+
+
 def get_rows(w: np.ndarray, qtype: int, ids) -> np.ndarray:
     """Dequantized rows ``ids`` of W (an embedding look-up).
 

@@ -21,6 +21,7 @@ INLINE __m128i loadu128(const void *p) { return _mm_loadu_si128((const __m128i *
 
 /* Bytes per block of a legacy 32-element type (as kernels_x86.inc). */
 INLINE int size32(int type) {
+    if (hk_is_r16(type)) return HK_R16_BLOCK; /* a block of all 16 rows: see hk.h */
     return type == HK_Q4_0 || type == HK_IQ4_NL ? 18 : type == HK_Q4_1 ? 20 : type == HK_Q5_0 ? 22 : type == HK_Q5_1 ? 24
          : type == HK_MXFP4 ? 17 : 34;
 }
@@ -84,6 +85,13 @@ INLINE void nibbles16(const int type, const __m512i *words, __m512i *q) {
    in each row's lane, dw the rows' scales and cw their offsets (see rows16_nt). */
 INLINE void block16_decode(const int type, const uint8_t *blk, ptrdiff_t stride, __m512i offsets, __m512i *q, __m512 *dw, __m512 *cw) {
     __m512i words[4], lead[4];
+    if (hk_is_r16(type)) { /* already in lanes: the scales, then the four code vectors (see hk.h) */
+        for (int k = 0; k < 4; k++) words[k] = _mm512_loadu_si512(blk + 32 + 64 * k);
+        *dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        *cw = _mm512_mul_ps(*dw, _mm512_set1_ps(type == HK_IQ4_NL_R16 ? -128.0f : -8.0f));
+        nibbles16(hk_r16_base(type), words, q);
+        return;
+    }
     const int five = type == HK_Q5_0 || type == HK_Q5_1;
     /* the Q5 types' scales and fifth bits transposed, not gathered (measured faster): Q5_0's are d | qh << 16
        and qh >> 16 in lead[0] and lead[1], Q5_1's d | m << 16 and qh */
@@ -244,6 +252,8 @@ ROWS16(rows16_q5_1, HK_Q5_1)
 ROWS16(rows16_q8_0_tile, HK_Q8_0)
 ROWS16(rows16_iq4_nl, HK_IQ4_NL)
 ROWS16(rows16_mxfp4, HK_MXFP4)
+ROWS16(rows16_q4_0_r16, HK_Q4_0_R16)
+ROWS16(rows16_iq4_nl_r16, HK_IQ4_NL_R16)
 
 /* -- Q8_0 against one token (decode): a row's 32 bytes of a block are already whole codes, so instead of
    transposing them into lanes (rows16_nt: two 4 x 4 word transposes a block) each row's block takes one
@@ -394,6 +404,8 @@ GEMM16_32(gemm16_q5_1, HK_Q5_1)
 GEMM16_32(gemm16_q8_0, HK_Q8_0)
 GEMM16_32(gemm16_iq4_nl, HK_IQ4_NL)
 GEMM16_32(gemm16_mxfp4, HK_MXFP4)
+GEMM16_32(gemm16_q4_0_r16, HK_Q4_0_R16)
+GEMM16_32(gemm16_iq4_nl_r16, HK_IQ4_NL_R16)
 
 /* -- Q4_K and Q6_K: 16 rows of a super-block transposed and decoded once for K1_TOKENS tokens. vpdpbusd sums
    a sub-block's codes times a token's activations (at most 32 * 15 * 127 or 16 * 63 * 127), times the

@@ -16,6 +16,7 @@ static const hk_type TYPES[] = {
     {HK_IQ2_XXS, "IQ2_XXS", 256, 66, HK_ACT_Q8_K}, {HK_IQ2_XS, "IQ2_XS", 256, 74, HK_ACT_Q8_K},
     {HK_IQ2_S, "IQ2_S", 256, 82, HK_ACT_Q8_K}, {HK_IQ3_XXS, "IQ3_XXS", 256, 98, HK_ACT_Q8_K},
     {HK_IQ3_S, "IQ3_S", 256, 110, HK_ACT_Q8_K},
+    {HK_Q4_0_R16, "Q4_0_R16", 32, 18, HK_ACT_Q8_32}, {HK_IQ4_NL_R16, "IQ4_NL_R16", 32, 18, HK_ACT_Q8_32},
 };
 
 const hk_type *hk_type_info(int id) {
@@ -416,7 +417,7 @@ static void dequant32_block(int type, const uint8_t *blk, float *out) {
 
 int hk_dequantize_row(int type, const uint8_t *w, int cols, float *out) {
     const hk_type *ti = hk_type_info(type);
-    if (!ti) return -1;
+    if (!ti || hk_is_r16(type)) return -1; /* a repacked row is spread over its group */
     if (ti->act == HK_ACT_F32) {
         for (int j = 0; j < cols; j++) out[j] = float_elem(type, w, j);
     } else if (ti->act == HK_ACT_Q8_32) {

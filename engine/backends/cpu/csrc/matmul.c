@@ -151,7 +151,20 @@ static hk_dot_fn dot_of(const hk_isa *isa, int type) {
     return iq ? iq : isa->dot[type] ? isa->dot[type] : hk_isa_scalar.dot[type];
 }
 
-static int tile_of(const hk_isa *isa, int type) { return isa->dot[type] && isa->tile[type] ? isa->tile[type] : HK_TILE; }
+int hk_repack_type(int type) {
+    const int r16 = hk_r16_of(type);
+    return r16 >= 0 && ACTIVE->dot16[r16] ? r16 : -1;
+}
+
+/* The 16-row kernel of a type under isa, if it has one; a repacked type always has one (the scalar fallback). */
+static hk_dot16_fn dot16_of(const hk_isa *isa, int type) {
+    if (isa->dot16[type]) return isa->dot16[type];
+    return type == HK_Q4_0_R16 ? hk_scalar_rows16_q4_0_r16 : type == HK_IQ4_NL_R16 ? hk_scalar_rows16_iq4_nl_r16 : NULL;
+}
+
+static int tile_of(const hk_isa *isa, int type) {
+    return (isa->dot[type] || isa->dot16[type]) && isa->tile[type] ? isa->tile[type] : HK_TILE;
+}
 
 #define GEMM_TILE 64 /* tokens per call of a 16-row GEMM kernel: their activations stay in L2 across the rows */
 #define GEMM_MIN 4   /* fewer tokens run dot16 or dot: transposing a K-quant super-block pays across several tokens */
@@ -169,7 +182,7 @@ static void dot_each_row(const hk_isa *isa, int type, int nb, const uint8_t *w, 
 void hk_dot_rows(const hk_isa *isa, int type, const uint8_t *w, ptrdiff_t stride, int r0, int r1, int cols,
                  const hk_act *acts, int n, float *out, int rows) {
     const hk_type *ti = hk_type_info(type);
-    const hk_dot16_fn dot16 = isa->dot16[type];
+    const hk_dot16_fn dot16 = dot16_of(isa, type);
     const hk_rows_fn iq_rows = hk_iq_rows(isa, type, n);
     if (iq_rows && iq_rows(type, w, stride, r0, r1, cols, acts, n, out, rows) == 0) return;
     /* the same bits as dot, or as dot16 where there is one (see hk.h): which runs is a matter of speed only;
@@ -204,7 +217,7 @@ int hk_chunk_rows(const hk_isa *isa, int type, int rows, int n, int cols) {
         size_t l1 = TILE_CHUNK_BYTES / rb;
         c = (int)(l1 < 4 ? 4 : l1 > 64 ? 64 : l1);
     }
-    return isa->dot16[type] || isa->gemm16[type] ? (c + 15) / 16 * 16 : c;
+    return dot16_of(isa, type) || isa->gemm16[type] ? (c + 15) / 16 * 16 : c;
 }
 
 /* -- the product */

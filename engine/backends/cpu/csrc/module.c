@@ -37,6 +37,10 @@ static const hk_type *check_weights(PyObject *obj, int qtype, int *rows, int *co
         return NULL;
     }
     npy_intp ncols = row_bytes / ti->type_size * ti->block;
+    if (hk_is_r16(qtype) && nrows % 16 != 0) {
+        PyErr_Format(PyExc_ValueError, "a %s matrix is whole groups of 16 rows, got %zd rows", ti->name, (Py_ssize_t)nrows);
+        return NULL;
+    }
     if (nrows > INT_MAX || ncols > INT_MAX / 2) {
         PyErr_SetString(PyExc_ValueError, "w is too large for the CPU kernels");
         return NULL;
@@ -110,6 +114,10 @@ static PyObject *py_get_rows(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OiO:get_rows", &wobj, &qtype, &idobj)) return NULL;
     const hk_type *ti = check_weights(wobj, qtype, &rows, &cols);
     if (!ti) return NULL;
+    if (hk_is_r16(qtype)) {
+        PyErr_Format(PyExc_ValueError, "get_rows reads rows in the file layout, not %s", ti->name);
+        return NULL;
+    }
     PyArrayObject *ids = (PyArrayObject *)PyArray_FROMANY(idobj, NPY_INTP, 0, 1, NPY_ARRAY_IN_ARRAY);
     if (!ids) return NULL;
     npy_intp n = PyArray_SIZE(ids), dims[2] = {n, cols};
@@ -133,6 +141,46 @@ static PyObject *py_get_rows(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     Py_DECREF(ids);
     return (PyObject *)out;
+}
+
+/* repack16(w, qtype, out=None): w in the 16-row layout of the active ISA (into out, a C-contiguous uint8 array
+   of w's shape, or a new one) and its type, or None where that ISA has no 16-row kernels for qtype or w's rows
+   are not whole groups of 16. */
+static PyObject *py_repack16(PyObject *self, PyObject *args) {
+    PyObject *wobj, *outobj = Py_None;
+    int qtype, rows, cols;
+    if (!PyArg_ParseTuple(args, "Oi|O:repack16", &wobj, &qtype, &outobj)) return NULL;
+    if (!check_weights(wobj, qtype, &rows, &cols)) return NULL;
+    const int r16 = hk_repack_type(qtype);
+    if (r16 < 0 || rows == 0 || rows % 16 != 0) Py_RETURN_NONE;
+    PyArrayObject *w = (PyArrayObject *)wobj, *out;
+    if (outobj == Py_None) {
+        out = (PyArrayObject *)PyArray_SimpleNew(2, PyArray_DIMS(w), NPY_UINT8);
+        if (!out) return NULL;
+    } else {
+        out = (PyArrayObject *)outobj;
+        if (!PyArray_Check(outobj) || PyArray_TYPE(out) != NPY_UINT8 || !PyArray_IS_C_CONTIGUOUS(out) ||
+            !PyArray_ISWRITEABLE(out) || PyArray_NDIM(out) != 2 || PyArray_DIM(out, 0) != rows ||
+            PyArray_DIM(out, 1) != PyArray_DIM(w, 1)) {
+            PyErr_SetString(PyExc_ValueError, "out must be a writeable C-contiguous uint8 array of w's shape");
+            return NULL;
+        }
+        Py_INCREF(out);
+    }
+    const uint8_t *src = (const uint8_t *)PyArray_BYTES(w);
+    const ptrdiff_t stride = PyArray_STRIDE(w, 0);
+    uint8_t *dst = (uint8_t *)PyArray_DATA(out);
+    Py_BEGIN_ALLOW_THREADS
+    hk_repack16(src, stride, rows, cols / HK_QK, dst);
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("Ni", (PyObject *)out, r16);
+}
+
+/* repack_type(qtype): the 16-row type repack16 gives qtype under the active ISA, or -1. */
+static PyObject *py_repack_type(PyObject *self, PyObject *arg) {
+    long qtype = PyLong_AsLong(arg);
+    if (qtype == -1 && PyErr_Occurred()) return NULL;
+    return PyLong_FromLong(qtype < 0 || qtype >= HK_NTYPES ? -1 : hk_repack_type((int)qtype));
 }
 
 static PyObject *py_set_threads(PyObject *self, PyObject *arg) {
@@ -217,7 +265,7 @@ static PyObject *py_supported_types(PyObject *self, PyObject *unused) {
     PyObject *ids = PyList_New(0);
     if (!ids) return NULL;
     for (int id = 0; id < HK_NTYPES; id++) {
-        if (!hk_type_info(id)) continue;
+        if (!hk_type_info(id) || hk_is_r16(id)) continue; /* the file types: not the 16-row layouts of repack16 */
         PyObject *v = PyLong_FromLong(id);
         if (!v || PyList_Append(ids, v) != 0) {
             Py_XDECREF(v);
@@ -254,6 +302,8 @@ static PyObject *py_touch_pages(PyObject *self, PyObject *args) {
 static PyMethodDef METHODS[] = {
     {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_VARARGS | METH_KEYWORDS, "matmul(w, qtype, x, out=None)"},
     {"get_rows", py_get_rows, METH_VARARGS, "get_rows(w, qtype, ids)"},
+    {"repack16", py_repack16, METH_VARARGS, "repack16(w, qtype, out=None) -> (w16, qtype16) or None"},
+    {"repack_type", py_repack_type, METH_O, "repack_type(qtype) -> the 16-row type, or -1"},
     {"touch_pages", py_touch_pages, METH_VARARGS, "touch_pages(buf, stride) -> sum of every stride-th byte"},
     {"set_threads", py_set_threads, METH_O, "set_threads(n)"},
     {"get_threads", py_get_threads, METH_NOARGS, "get_threads()"},

@@ -1,0 +1,54 @@
+/* The 16-row layout of Q4_0 and IQ4_NL (see hk.h): the repacking done once at load, and a portable kernel for
+   a repacked matrix under an ISA without 16-row kernels for it. */
+#include "hk.h"
+
+void hk_repack16(const uint8_t *src, ptrdiff_t stride, int rows, int nb, uint8_t *dst) {
+    const ptrdiff_t out_stride = (ptrdiff_t)nb * 18;
+    for (int g = 0; g + 16 <= rows; g += 16) {
+        const uint8_t *in = src + (ptrdiff_t)g * stride;
+        uint8_t *out = dst + (ptrdiff_t)g * out_stride;
+        for (int b = 0; b < nb; b++, out += HK_R16_BLOCK)
+            for (int r = 0; r < 16; r++) {
+                const uint8_t *blk = in + (ptrdiff_t)r * stride + (ptrdiff_t)b * 18;
+                memcpy(out + 2 * r, blk, 2);
+                for (int k = 0; k < 4; k++) memcpy(out + 32 + 64 * k + 4 * r, blk + 2 + 4 * k, 4);
+            }
+    }
+}
+
+#define CHUNK_BLOCKS 128 /* a row is put back together this many blocks at a time, on the stack */
+
+/* Row r of a repacked group back in the file layout, a chunk at a time, through the type's scalar dot. A
+   fallback only (a matrix repacked for AVX-512, then the ISA switched): its sums are not the 16-row kernel's
+   bits. */
+static void scalar_rows16_r16(const int type, int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int nt, float *out, ptrdiff_t os) {
+    const hk_dot_fn dot = hk_isa_scalar.dot[hk_r16_base(type)];
+    uint8_t row[CHUNK_BLOCKS * 18];
+    (void)stride;
+    for (int r = 0; r < 16; r++) {
+        float sum[HK_MAX_NT] = {0};
+        for (int b0 = 0; b0 < nb; b0 += CHUNK_BLOCKS) {
+            const int n = nb - b0 < CHUNK_BLOCKS ? nb - b0 : CHUNK_BLOCKS;
+            for (int b = 0; b < n; b++) {
+                const uint8_t *blk = w + (size_t)(b0 + b) * HK_R16_BLOCK;
+                memcpy(row + 18 * b, blk + 2 * r, 2);
+                for (int k = 0; k < 4; k++) memcpy(row + 18 * b + 2 + 4 * k, blk + 32 + 64 * k + 4 * r, 4);
+            }
+            hk_act part[HK_MAX_NT];
+            for (int t = 0; t < nt; t++) /* the activations of these blocks */
+                part[t] = (hk_act){.qs = a[t].qs + b0 * HK_QK, .d = a[t].d + b0, .ds = a[t].ds + b0};
+            float got[HK_MAX_NT];
+            dot(n, row, part, nt, got, 1);
+            for (int t = 0; t < nt; t++) sum[t] += got[t];
+        }
+        for (int t = 0; t < nt; t++) out[t * os + r] = sum[t];
+    }
+}
+
+void hk_scalar_rows16_q4_0_r16(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int nt, float *out, ptrdiff_t os) {
+    scalar_rows16_r16(HK_Q4_0_R16, nb, w, stride, a, nt, out, os);
+}
+
+void hk_scalar_rows16_iq4_nl_r16(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int nt, float *out, ptrdiff_t os) {
+    scalar_rows16_r16(HK_IQ4_NL_R16, nb, w, stride, a, nt, out, os);
+}

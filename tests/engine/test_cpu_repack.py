@@ -1,0 +1,74 @@
+"""The 16-row layout of Q4_0 and IQ4_NL (kernels.repack16): the same products, bit for bit, as the file layout;
+refused where it does not apply; still right (by the portable kernel) if the ISA changes after repacking."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from engine.backends.cpu import kernels
+
+AVX512 = kernels.active_isa() == "avx512"
+
+
+def packed(qtype: int, rows: int, nb: int, seed: int = 0) -> np.ndarray:
+    """Random 18-byte blocks whose float16 scales are ordinary numbers (0.4-1.0)."""
+    rng = np.random.default_rng(seed)
+    w = rng.integers(0, 256, (rows, nb, 18), dtype=np.uint8)
+    w[:, :, 1] = rng.integers(0x36, 0x3c, (rows, nb))
+    return w.reshape(rows, nb * 18)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.IQ4_NL])
+@pytest.mark.parametrize("rows, nb", [(16, 1), (16, 3), (48, 8), (32, 17), (16, 97)])
+def test_repacked_products_are_the_file_layouts_bits(qtype, rows, nb):
+    w = packed(qtype, rows, nb)
+    repacked = kernels.repack16(w, qtype)
+    if not AVX512:  # only the AVX-512 kernels read the layout: elsewhere nothing is copied
+        assert repacked is None
+        return
+    w16, q16 = repacked
+    assert w16.shape == w.shape and q16 == kernels.repack16_type(qtype, rows) and q16 not in kernels.SUPPORTED_TYPES
+    rng = np.random.default_rng(nb)
+    for n in (1, 2, 3, 5, 8, 17, 70):  # one token, the 16-row kernel's tiles, the GEMM
+        x = rng.standard_normal((n, nb * 32), dtype=np.float32)
+        want, got = kernels.matmul(w, qtype, x), kernels.matmul(w16, q16, x)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), n
+
+
+def test_repack_is_refused_where_it_does_not_apply():
+    assert kernels.repack16(packed(Q.Q4_0, 17, 2), Q.Q4_0) is None  # not whole groups of 16 rows
+    assert kernels.repack16(np.zeros((16, 34), np.uint8), Q.Q8_0) is None  # no 16-row layout for the type
+    assert kernels.repack16_type(Q.Q4_0, 0) is None
+    if not AVX512:
+        assert kernels.repack16_type(Q.Q4_0, 16) is None
+        return
+    with pytest.raises(ValueError, match="out must be"):
+        kernels.repack16(packed(Q.Q4_0, 16, 2), Q.Q4_0, np.zeros((16, 35), np.uint8))
+    w16, q16 = kernels.repack16(packed(Q.Q4_0, 32, 4), Q.Q4_0)
+    with pytest.raises(ValueError, match="file layout"):  # the embedding's rows are read one by one
+        kernels.get_rows(w16, q16, [0])
+    with pytest.raises(ValueError, match="groups of 16 rows"):
+        kernels.matmul(w16[:24], q16, np.ones((1, 128), np.float32))
+
+
+@pytest.mark.parametrize("isa", ["scalar", "avx2"])
+def test_another_isa_still_reads_a_repacked_matrix(isa):
+    """A matrix repacked under AVX-512, then the ISA switched: the portable 16-row kernel reads it (its own
+    float order, so close, not the same bits). Elsewhere nothing is repacked to begin with."""
+    w = packed(Q.IQ4_NL, 32, 9)
+    repacked = kernels.repack16(w, Q.IQ4_NL)
+    if not AVX512:
+        assert repacked is None
+        return
+    w16, q16 = repacked
+    x = np.random.default_rng(3).standard_normal((3, 9 * 32), dtype=np.float32)
+    before = kernels.active_isa()
+    kernels._ext.set_isa(isa)
+    try:
+        want, got = kernels.matmul(w, Q.IQ4_NL, x), kernels.matmul(w16, q16, x)
+        assert kernels.repack16(w, Q.IQ4_NL) is None
+    finally:
+        kernels._ext.set_isa(before)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

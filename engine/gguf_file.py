@@ -2,8 +2,9 @@
 
 Every count, length, dimension, type and offset in the file is checked against the file's size before it
 is used, so a malformed or hostile file raises ``ModelFormatError`` with a one-line message instead of
-crashing, hanging or allocating without bound. Tensor data is never copied: tensors are views into a
-read-only memory map. Type tables (block sizes) come from the ``gguf`` package.
+crashing, hanging or allocating without bound. The reader never copies tensor data: tensors are views into
+a read-only memory map (a backend that keeps a copy of its own ``release``s the mapped pages). Type tables
+(block sizes) come from the ``gguf`` package.
 """
 
 from __future__ import annotations

@@ -85,8 +85,11 @@ QUANT_TYPES = {"attn_q": Q.Q5_0, "attn_k": Q.Q4_K, "attn_v": Q.IQ4_NL, "attn_qkv
                "ffn_gate": Q.Q4_K, "ffn_up": Q.Q5_1, "ffn_down": Q.Q6_K, "output": Q.Q8_0, "token_embd": Q.Q8_0}
 
 
-def write_model(path: Path, name: str, quantized: bool, seed: int = 0) -> Path:
-    """A tiny random model ``name`` of ARCHS: float32 matrices, or (``quantized``, with n_embd 256) mixed GGML types."""
+def write_model(path: Path, name: str, quantized: bool, seed: int = 0, n_vocab: int = N_VOCAB,
+                types: dict[str, GGMLQuantizationType] | None = None) -> Path:
+    """A tiny random model ``name`` of ARCHS: float32 matrices, or (``quantized``, with n_embd 256) mixed GGML types
+    (``types`` over QUANT_TYPES, by tensor kind)."""
+    quant_types = {**QUANT_TYPES, **(types or {})}
     spec = dict(ARCHS[name])
     arch = spec.get("arch", name)
     if quantized:  # K-quant rows need 256 elements
@@ -107,7 +110,7 @@ def write_model(path: Path, name: str, quantized: bool, seed: int = 0) -> Path:
 
     def add(name: str, shape: tuple[int, ...], scale: float = 0.1, offset: float = 0.0):
         values = (offset + scale * rng.standard_normal(shape)).astype(np.float32)
-        qtype = QUANT_TYPES.get(name.split(".")[-2]) if quantized and len(shape) == 2 else None
+        qtype = quant_types.get(name.split(".")[-2]) if quantized and len(shape) == 2 else None
         if qtype is None:
             writer.add_tensor(name, values)
         elif qtype in K_SCALE_FIELDS:  # gguf cannot quantize K types: random codes under small scales
@@ -115,7 +118,7 @@ def write_model(path: Path, name: str, quantized: bool, seed: int = 0) -> Path:
         else:
             writer.add_tensor(name, quantize(values, qtype), raw_dtype=qtype)
 
-    add("token_embd.weight", (N_VOCAB, n_embd), 0.5)
+    add("token_embd.weight", (n_vocab, n_embd), 0.5)
     if spec.get("rope_freqs"):
         writer.add_tensor("rope_freqs.weight", rng.uniform(1.0, 4.0, spec["rope_dim"] // 2).astype(np.float32))
     if spec.get("rope_factors"):
@@ -152,7 +155,7 @@ def write_model(path: Path, name: str, quantized: bool, seed: int = 0) -> Path:
         add(blk + "ffn_down.weight", (n_embd, n_ff))
     add("output_norm.weight", (n_embd,), 0.1, 1.0)
     if not spec.get("tied", True):
-        add("output.weight", (N_VOCAB, n_embd))
+        add("output.weight", (n_vocab, n_embd))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -190,8 +193,8 @@ def backends(path: Path, kv_dtype=np.float32) -> tuple[CpuBackend, NumpyBackend]
     return CpuBackend(gguf, config, kv_dtype=kv_dtype), NumpyBackend(gguf, config)
 
 
-def prompt(n: int, seed: int = 1) -> list[int]:
-    return np.random.default_rng(seed).integers(0, N_VOCAB, n).tolist()
+def prompt(n: int, seed: int = 1, n_vocab: int = N_VOCAB) -> list[int]:
+    return np.random.default_rng(seed).integers(0, n_vocab, n).tolist()
 
 
 @pytest.fixture
@@ -308,11 +311,13 @@ def test_quantized_model_matches_the_reference_with_the_same_products(model_file
     assert (got.argmax(-1) == want.argmax(-1)).mean() > 0.9
 
 
-@pytest.mark.parametrize("arch", ["llama", "phi3"])
-def test_repacked_matrices_give_the_file_layouts_bits(model_file, arch, monkeypatch):
-    """Under AVX-512 the dense Q4_0 / IQ4_NL matrices (phi3's fused q/k/v rows too) are decoded from 16-row
-    copies whose mapped pages are released; prompt and decode logits are the file layout's bits."""
-    path = model_file(arch, True)
+@pytest.mark.parametrize("arch, tied_q4_0", [("llama", False), ("phi3", False), ("llama", True)])
+def test_repacked_matrices_give_the_file_layouts_bits(model_file, tmp_path, arch, tied_q4_0, monkeypatch):
+    """Under AVX-512 the dense Q4_0 / IQ4_NL matrices (phi3's fused q/k/v rows; a tied Q4_0 embedding, which
+    serves the output and the token rows) are decoded from 16-row copies whose mapped pages are released;
+    prompt and decode logits are the file layout's bits."""
+    path = write_model(tmp_path / "tied.gguf", arch, True, n_vocab=320, types={"token_embd": Q.Q4_0}) \
+        if tied_q4_0 else model_file(arch, True)
     cpu, _ = backends(path)
     with monkeypatch.context() as m:
         m.setattr(kernels, "repack16_type", lambda qtype, rows: None)
@@ -320,13 +325,14 @@ def test_repacked_matrices_give_the_file_layouts_bits(model_file, arch, monkeypa
     repacks = kernels.active_isa() == "avx512"
     assert bool(cpu.decoder._copies) == repacks and not plain.decoder._copies
     gguf, names = cpu.gguf, [n for n, t in cpu.gguf.tensors.items() if t.qtype in (Q.Q4_0, Q.IQ4_NL)]
+    assert tied_q4_0 == ("token_embd.weight" in names)
     mapped = sum(end - start for start, end in gguf.mapped_ranges())
     assert mapped == sum(t.nbytes for t in gguf.tensors.values()) - repacks * sum(gguf.tensor(n).nbytes for n in names)
-    ids = prompt(70)
+    n_vocab = cpu.config.n_vocab
     for backend in (cpu, plain):
         cache = backend.new_cache(N_CTX)
-        backend.logits = [backend.forward(ids, cache, all_logits=True)]
-        backend.logits += [backend.forward([t], cache) for t in prompt(3, seed=2)]
+        backend.logits = [backend.forward(prompt(70, n_vocab=n_vocab), cache, all_logits=True)]
+        backend.logits += [backend.forward([t], cache) for t in prompt(3, seed=2, n_vocab=n_vocab)]
     for got, want in zip(cpu.logits, plain.logits, strict=True):
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 

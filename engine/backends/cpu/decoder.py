@@ -173,12 +173,13 @@ class CpuDecoder:
                 c.n_expert, c.n_expert_used, c.n_ff_exp, _GATINGS.get(c.expert_gating, 0), int(c.expert_norm_weights))
         floats = (c.rms_eps, c.embed_scale, c.attn_scale, c.attn_softcap, c.final_softcap, c.residual_scale,
                   c.logit_scale, c.rope_mscale, c.attn_temp_scale, c.expert_weights_scale)
-        self._copies = self._repack([m for layer in layers for m in self._dense_of(layer)]
-                                    + ([] if np.shares_memory(output.blocks, token_embd[0]) else [output]), release)
+        self._copies = self._repack([m for layer in layers for m in self._dense_of(layer)] + [output], release)
         specs = [self._layer_spec(c, i, layer, int(layer_set[i])) for i, layer in enumerate(layers)]
+        # a tied output is the embedding: one copy serves both (the C decoder reads a token's row from it)
+        embd = self._matrix(output) if np.shares_memory(output.blocks, token_embd[0]) else token_embd
         self.config = config
         self._ext = _extension()
-        self._handle = self._ext.decoder_new(ints, floats, (token_embd[0], int(token_embd[1])), self._matrix(output),
+        self._handle = self._ext.decoder_new(ints, floats, (embd[0], int(embd[1])), self._matrix(output),
                                            _f32(output_norm), freqs, specs)
 
     @staticmethod
@@ -194,8 +195,8 @@ class CpuDecoder:
         """Copies of the dense matrices the 16-row layout pays for (``kernels.repack16``: under AVX-512 the
         decode's Q4_0 products ran 1.0-1.1x faster memory-bound, 1.8x in cache; docs/benchmarks.md), by id of the
         matrix, and their mapped pages released. One allocation aligned to 2 MiB, so the kernel can back it with
-        huge pages as the file's map is. Only with ``release``: nothing is held twice. The token embedding (a
-        tied output too) stays in the file layout, which ``get_rows`` reads."""
+        huge pages as the file's map is. Only with ``release``: nothing is held twice. An untied token embedding
+        stays in the map in 4 KiB pages (``GGUFFile``: a token reads one row of it)."""
         picks = [] if release is None else \
             [m for m in {id(m): m for m in matrices if m is not None}.values()
              if kernels.repack16_type(m.qtype, m.blocks.shape[0]) is not None]

@@ -92,8 +92,9 @@ def matmul(w: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray | None = No
     """x @ W.T for W given as packed GGUF rows, without dequantizing W.
 
     Args:
-        w: uint8 (rows, row_bytes), each row whole blocks of qtype (a view into the model's memory map).
-        qtype: the GGML type id of the blocks; one of SUPPORTED_TYPES.
+        w: uint8 (rows, row_bytes), each row whole blocks of qtype (a view into the model's memory map), or
+            a ``repack16`` copy.
+        qtype: the GGML type id of the blocks, one of SUPPORTED_TYPES, or the id ``repack16`` gave.
         x: float32 (n, cols), C-contiguous.
         out: optional float32 (n, rows), C-contiguous, written in place (no allocation); not sharing
             memory with x.

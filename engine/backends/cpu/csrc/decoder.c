@@ -184,7 +184,7 @@ static void row_embed(const fwd *f, int layer, int r) {
     const hk_matrix *e = &f->m->embd;
     const int half = c->rope_dim / 2, sets = c->n_rope_sets;
     float *x = f->x + (size_t)r * c->n_embd;
-    hk_dequantize_row(e->type, e->data + (ptrdiff_t)f->tokens[r] * e->stride, c->n_embd, x);
+    hk_matrix_row(e->type, e->data, e->stride, f->tokens[r], c->n_embd, x);
     if (c->embed_scale != 1.0f) f->vo->scale(x, c->n_embd, c->embed_scale);
     for (int s = 0; s < sets; s++)
         for (int i = 0; i < half; i++) {

@@ -151,8 +151,12 @@ static inline int hk_r16_base(int type) { return type == HK_Q4_0_R16 ? HK_Q4_0 :
 /* The 16-row type of a file type (HK_Q4_0 -> HK_Q4_0_R16), or -1 for a type without one. */
 static inline int hk_r16_of(int type) { return type == HK_Q4_0 ? HK_Q4_0_R16 : type == HK_IQ4_NL ? HK_IQ4_NL_R16 : -1; }
 /* dst (the same size as src) = rows (a multiple of 16) of nb blocks of type (HK_Q4_0 or HK_IQ4_NL), stride
-   bytes apart, in the 16-row layout; dst's rows are nb * 18 bytes apart. */
+   bytes apart, in the 16-row layout; dst's rows are nb * 18 bytes apart. On the thread pool: callers hold the
+   compute lock. */
 void hk_repack16(const uint8_t *src, ptrdiff_t stride, int rows, int nb, uint8_t *dst);
+/* Dequantize row id of a matrix (rows stride bytes apart) of cols elements, in the file layout or a 16-row one
+   (whose row is spread over its group); returns 0, or -1 for an unsupported type. */
+int hk_matrix_row(int type, const uint8_t *w, ptrdiff_t stride, ptrdiff_t id, int cols, float *out);
 /* Portable 16-row kernels of the 16-row types: where a matrix was repacked under one ISA and another runs. */
 void hk_scalar_rows16_q4_0_r16(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int nt, float *out, ptrdiff_t os);
 void hk_scalar_rows16_iq4_nl_r16(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int nt, float *out, ptrdiff_t os);

@@ -417,7 +417,7 @@ static void dequant32_block(int type, const uint8_t *blk, float *out) {
 
 int hk_dequantize_row(int type, const uint8_t *w, int cols, float *out) {
     const hk_type *ti = hk_type_info(type);
-    if (!ti || hk_is_r16(type)) return -1; /* a repacked row is spread over its group */
+    if (!ti || hk_is_r16(type)) return -1; /* a repacked row is spread over its group: hk_matrix_row */
     if (ti->act == HK_ACT_F32) {
         for (int j = 0; j < cols; j++) out[j] = float_elem(type, w, j);
     } else if (ti->act == HK_ACT_Q8_32) {

@@ -114,10 +114,6 @@ static PyObject *py_get_rows(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OiO:get_rows", &wobj, &qtype, &idobj)) return NULL;
     const hk_type *ti = check_weights(wobj, qtype, &rows, &cols);
     if (!ti) return NULL;
-    if (hk_is_r16(qtype)) {
-        PyErr_Format(PyExc_ValueError, "get_rows reads rows in the file layout, not %s", ti->name);
-        return NULL;
-    }
     PyArrayObject *ids = (PyArrayObject *)PyArray_FROMANY(idobj, NPY_INTP, 0, 1, NPY_ARRAY_IN_ARRAY);
     if (!ids) return NULL;
     npy_intp n = PyArray_SIZE(ids), dims[2] = {n, cols};
@@ -137,7 +133,7 @@ static PyObject *py_get_rows(PyObject *self, PyObject *args) {
     ptrdiff_t w_stride = PyArray_STRIDE((PyArrayObject *)wobj, 0);
     float *op = (float *)PyArray_DATA(out);
     Py_BEGIN_ALLOW_THREADS
-    for (npy_intp i = 0; i < n; i++) hk_dequantize_row(qtype, w + idp[i] * w_stride, cols, op + i * cols);
+    for (npy_intp i = 0; i < n; i++) hk_matrix_row(qtype, w, w_stride, idp[i], cols, op + i * cols);
     Py_END_ALLOW_THREADS
     Py_DECREF(ids);
     return (PyObject *)out;
@@ -171,7 +167,9 @@ static PyObject *py_repack16(PyObject *self, PyObject *args) {
     const ptrdiff_t stride = PyArray_STRIDE(w, 0);
     uint8_t *dst = (uint8_t *)PyArray_DATA(out);
     Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&COMPUTE);
     hk_repack16(src, stride, rows, cols / HK_QK, dst);
+    pthread_mutex_unlock(&COMPUTE);
     Py_END_ALLOW_THREADS
     return Py_BuildValue("Ni", (PyObject *)out, r16);
 }

@@ -1,22 +1,55 @@
 /* The 16-row layout of Q4_0 and IQ4_NL (see hk.h): the repacking done once at load, and a portable kernel for
    a repacked matrix under an ISA without 16-row kernels for it. */
 #include "hk.h"
+#include "pool.h"
+
+typedef struct {
+    const uint8_t *src;
+    ptrdiff_t stride;
+    int nb;
+    uint8_t *dst;
+} repack_job;
+
+/* One group of 16 rows (a pool task). */
+static void repack_group(void *ctx, int task) {
+    const repack_job *j = ctx;
+    const uint8_t *in = j->src + (ptrdiff_t)16 * task * j->stride;
+    uint8_t *out = j->dst + (ptrdiff_t)16 * task * j->nb * 18;
+    for (int b = 0; b < j->nb; b++, out += HK_R16_BLOCK)
+        for (int r = 0; r < 16; r++) {
+            const uint8_t *blk = in + (ptrdiff_t)r * j->stride + (ptrdiff_t)b * 18;
+            memcpy(out + 2 * r, blk, 2);
+            for (int k = 0; k < 4; k++) memcpy(out + 32 + 64 * k + 4 * r, blk + 2 + 4 * k, 4);
+        }
+}
 
 void hk_repack16(const uint8_t *src, ptrdiff_t stride, int rows, int nb, uint8_t *dst) {
-    const ptrdiff_t out_stride = (ptrdiff_t)nb * 18;
-    for (int g = 0; g + 16 <= rows; g += 16) {
-        const uint8_t *in = src + (ptrdiff_t)g * stride;
-        uint8_t *out = dst + (ptrdiff_t)g * out_stride;
-        for (int b = 0; b < nb; b++, out += HK_R16_BLOCK)
-            for (int r = 0; r < 16; r++) {
-                const uint8_t *blk = in + (ptrdiff_t)r * stride + (ptrdiff_t)b * 18;
-                memcpy(out + 2 * r, blk, 2);
-                for (int k = 0; k < 4; k++) memcpy(out + 32 + 64 * k + 4 * r, blk + 2 + 4 * k, 4);
-            }
-    }
+    repack_job j = {src, stride, nb, dst};
+    hk_pool_run(repack_group, &j, rows / 16);
 }
 
 #define CHUNK_BLOCKS 128 /* a row is put back together this many blocks at a time, on the stack */
+
+/* Blocks b0 .. b0 + n - 1 of row r of the repacked group at w, in the file layout (18 bytes each) at row. */
+static void gather_row(const uint8_t *w, int r, int b0, int n, uint8_t *row) {
+    for (int b = 0; b < n; b++) {
+        const uint8_t *blk = w + (size_t)(b0 + b) * HK_R16_BLOCK;
+        memcpy(row + 18 * b, blk + 2 * r, 2);
+        for (int k = 0; k < 4; k++) memcpy(row + 18 * b + 2 + 4 * k, blk + 32 + 64 * k + 4 * r, 4);
+    }
+}
+
+int hk_matrix_row(int type, const uint8_t *w, ptrdiff_t stride, ptrdiff_t id, int cols, float *out) {
+    if (!hk_is_r16(type)) return hk_dequantize_row(type, w + id * stride, cols, out);
+    const uint8_t *group = w + (id - id % 16) * stride;
+    uint8_t row[CHUNK_BLOCKS * 18];
+    for (int b0 = 0; b0 < cols / HK_QK; b0 += CHUNK_BLOCKS) {
+        const int n = cols / HK_QK - b0 < CHUNK_BLOCKS ? cols / HK_QK - b0 : CHUNK_BLOCKS;
+        gather_row(group, (int)(id % 16), b0, n, row);
+        if (hk_dequantize_row(hk_r16_base(type), row, n * HK_QK, out + (size_t)b0 * HK_QK) != 0) return -1;
+    }
+    return 0;
+}
 
 /* Row r of a repacked group back in the file layout, a chunk at a time, through the type's scalar dot. A
    fallback only (a matrix repacked for AVX-512, then the ISA switched): its sums are not the 16-row kernel's
@@ -29,11 +62,7 @@ static void scalar_rows16_r16(const int type, int nb, const uint8_t *w, ptrdiff_
         float sum[HK_MAX_NT] = {0};
         for (int b0 = 0; b0 < nb; b0 += CHUNK_BLOCKS) {
             const int n = nb - b0 < CHUNK_BLOCKS ? nb - b0 : CHUNK_BLOCKS;
-            for (int b = 0; b < n; b++) {
-                const uint8_t *blk = w + (size_t)(b0 + b) * HK_R16_BLOCK;
-                memcpy(row + 18 * b, blk + 2 * r, 2);
-                for (int k = 0; k < 4; k++) memcpy(row + 18 * b + 2 + 4 * k, blk + 32 + 64 * k + 4 * r, 4);
-            }
+            gather_row(w, r, b0, n, row);
             hk_act part[HK_MAX_NT];
             for (int t = 0; t < nt; t++) /* the activations of these blocks */
                 part[t] = (hk_act){.qs = a[t].qs + b0 * HK_QK, .d = a[t].d + b0, .ds = a[t].ds + b0};

@@ -182,10 +182,9 @@ INLINE __m512 block16_token(const int type, const __m512i *q, __m512 dw, __m512 
 
 /* 16 interleaved streams are more than the hardware prefetcher follows: the next 16 rows (the next stretch of
    memory when rows are contiguous) are fetched into L2 while these compute, a few lines a block. Into L1
-   instead was 3-15 % faster while this host's cores ran fast, and 25-50 % slower while they ran at about
-   0.4x (the same in-cache kernel: Q4_0 20 against 48-51 GB/s a thread), where an L1 fill waits on memory
-   for long; into L2 is the choice that holds in both (docs/benchmarks.md). Prefetching each row's lines
-   ahead into L1 as well measured slower. */
+   instead measured 3-15 % faster on one host and 25-50 % slower on another whose vector code ran at about
+   0.4x (the same in-cache kernel: Q4_0 20 against 48-51 GB/s a thread); into L2 is the choice that holds on
+   both (docs/benchmarks.md). Prefetching each row's lines ahead into L1 as well measured slower. */
 INLINE void prefetch_next_rows(const uint8_t *w, ptrdiff_t stride, int b, int nb, size_t *line) {
     const char *next = (const char *)w + 16 * stride;
     const size_t next_lines = ((size_t)16 * stride + 63) / 64;

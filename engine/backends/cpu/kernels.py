@@ -125,7 +125,7 @@ def repack16(w: np.ndarray, qtype: int, out: np.ndarray | None = None) -> tuple[
     Q4_0 and IQ4_NL under AVX-512: each group of 16 rows is stored block by block with the rows' scales and
     codes already in vector lanes (csrc/hk.h), which the 16-row kernels load as they are instead of
     transposing 16 rows' bytes for every block. Same size and shape as ``w``; its products are the same bits
-    as ``w``'s. ``get_rows`` does not read it.
+    as ``w``'s, and ``get_rows`` reads a row back from its group.
 
     Args:
         out: where to write it (a writeable C-contiguous uint8 array of w's shape); None: a new array.

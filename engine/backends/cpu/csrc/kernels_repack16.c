@@ -3,6 +3,12 @@
 #include "hk.h"
 #include "pool.h"
 
+/* Where piece k (0: the float16 scale, 1-4: code bytes 4(k-1)..4k-1) of row r's 18-byte block lies in the file
+   layout and in its group's 16-row block, and its length: the layout's one statement of where bytes go. */
+static int file_at(int k) { return k ? 4 * k - 2 : 0; }
+static int group_at(int k, int r) { return k ? 32 + 64 * (k - 1) + 4 * r : 2 * r; }
+static int piece_len(int k) { return k ? 4 : 2; }
+
 typedef struct {
     const uint8_t *src;
     ptrdiff_t stride;
@@ -16,11 +22,9 @@ static void repack_group(void *ctx, int task) {
     const uint8_t *in = j->src + (ptrdiff_t)16 * task * j->stride;
     uint8_t *out = j->dst + (ptrdiff_t)16 * task * j->nb * 18;
     for (int b = 0; b < j->nb; b++, out += HK_R16_BLOCK)
-        for (int r = 0; r < 16; r++) {
-            const uint8_t *blk = in + (ptrdiff_t)r * j->stride + (ptrdiff_t)b * 18;
-            memcpy(out + 2 * r, blk, 2);
-            for (int k = 0; k < 4; k++) memcpy(out + 32 + 64 * k + 4 * r, blk + 2 + 4 * k, 4);
-        }
+        for (int r = 0; r < 16; r++)
+            for (int k = 0; k < 5; k++)
+                memcpy(out + group_at(k, r), in + (ptrdiff_t)r * j->stride + (ptrdiff_t)b * 18 + file_at(k), piece_len(k));
 }
 
 void hk_repack16(const uint8_t *src, ptrdiff_t stride, int rows, int nb, uint8_t *dst) {
@@ -32,11 +36,8 @@ void hk_repack16(const uint8_t *src, ptrdiff_t stride, int rows, int nb, uint8_t
 
 /* Blocks b0 .. b0 + n - 1 of row r of the repacked group at w, in the file layout (18 bytes each) at row. */
 static void gather_row(const uint8_t *w, int r, int b0, int n, uint8_t *row) {
-    for (int b = 0; b < n; b++) {
-        const uint8_t *blk = w + (size_t)(b0 + b) * HK_R16_BLOCK;
-        memcpy(row + 18 * b, blk + 2 * r, 2);
-        for (int k = 0; k < 4; k++) memcpy(row + 18 * b + 2 + 4 * k, blk + 32 + 64 * k + 4 * r, 4);
-    }
+    for (int b = 0; b < n; b++)
+        for (int k = 0; k < 5; k++) memcpy(row + 18 * b + file_at(k), w + (size_t)(b0 + b) * HK_R16_BLOCK + group_at(k, r), piece_len(k));
 }
 
 int hk_matrix_row(int type, const uint8_t *w, ptrdiff_t stride, ptrdiff_t id, int cols, float *out) {

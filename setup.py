@@ -14,8 +14,8 @@ from setuptools.command.build_ext import build_ext
 
 CSRC = Path("engine/backends/cpu/csrc")
 SOURCES = ["module.c", "matmul.c", "pool.c", "kernels_scalar.c", "kernels_iq_tables.c", "kernels_avx2.c", "kernels_avxvnni.c",
-           "kernels_avx512.c", "kernels_avx512_rows16.c", "kernels_iq_gemm.c", "kernels_avx2_iq.c", "kernels_avxvnni_iq.c",
-           "kernels_avx512_iq.c", "kernels_repack16.c",
+           "kernels_avx512.c", "kernels_avx512_rows16.c", "kernels_avx512_k16.c", "kernels_iq_gemm.c", "kernels_avx2_iq.c",
+           "kernels_avxvnni_iq.c", "kernels_avx512_iq.c", "kernels_repack16.c",
            "kernels_neon.c", "kernels_dotprod.c",
            "decoder.c", "decoder_module.c", "products.c", "attention.c", "moe.c", "vecops_scalar.c", "vecops_avx2.c",
            "vecops_avx512.c", "sampling.c", "sampling_draw.c", "strings.c"]

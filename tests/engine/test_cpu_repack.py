@@ -1,5 +1,6 @@
-"""The 16-row layout of Q4_0 and IQ4_NL (kernels.repack16): the same products, bit for bit, as the file layout;
-refused where it does not apply; still right (by the portable kernel) if the ISA changes after repacking."""
+"""The 16-row layouts of Q4_0, IQ4_NL and Q4_K (kernels.repack16): the same products, bit for bit, as the file
+layout; refused where it does not apply; still right (by the portable kernel) if the ISA changes after
+repacking."""
 
 from __future__ import annotations
 
@@ -12,15 +13,21 @@ from engine.backends.cpu import kernels
 AVX512 = kernels.active_isa() == "avx512"
 
 
+TYPES = [Q.Q4_0, Q.IQ4_NL, Q.Q4_K]
+BLOCK = {Q.Q4_0: (32, 18), Q.IQ4_NL: (32, 18), Q.Q4_K: (256, 144)}  # elements, bytes
+
+
 def packed(qtype: int, rows: int, nb: int, seed: int = 0) -> np.ndarray:
-    """Random 18-byte blocks whose float16 scales are ordinary numbers (0.4-1.0)."""
+    """Random blocks whose float16 scales (Q4_K: d and dmin) are ordinary numbers (0.4-1.0)."""
     rng = np.random.default_rng(seed)
-    w = rng.integers(0, 256, (rows, nb, 18), dtype=np.uint8)
-    w[:, :, 1] = rng.integers(0x36, 0x3c, (rows, nb))
-    return w.reshape(rows, nb * 18)
+    size = BLOCK[qtype][1]
+    w = rng.integers(0, 256, (rows, nb, size), dtype=np.uint8)
+    for high_byte in (1, 3) if qtype == Q.Q4_K else (1,):
+        w[:, :, high_byte] = rng.integers(0x36, 0x3c, (rows, nb))
+    return w.reshape(rows, nb * size)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.IQ4_NL])
+@pytest.mark.parametrize("qtype", TYPES)
 @pytest.mark.parametrize("rows, nb", [(16, 1), (16, 3), (48, 8), (32, 17), (16, 97)])
 def test_repacked_products_are_the_file_layouts_bits(qtype, rows, nb):
     w = packed(qtype, rows, nb)
@@ -31,13 +38,13 @@ def test_repacked_products_are_the_file_layouts_bits(qtype, rows, nb):
     w16, q16 = repacked
     assert w16.shape == w.shape and q16 == kernels.repack16_type(qtype, rows) and q16 not in kernels.SUPPORTED_TYPES
     rng = np.random.default_rng(nb)
-    for n in (1, 2, 3, 5, 8, 17, 70):  # one token, the 16-row kernel's tiles, the GEMM
-        x = rng.standard_normal((n, nb * 32), dtype=np.float32)
+    for n in (1, 2, 3, 4, 5, 8, 17, 70):  # one token, the 16-row kernels' tiles, the GEMM
+        x = rng.standard_normal((n, nb * BLOCK[qtype][0]), dtype=np.float32)
         want, got = kernels.matmul(w, qtype, x), kernels.matmul(w16, q16, x)
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), n
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.IQ4_NL])
+@pytest.mark.parametrize("qtype", TYPES)
 def test_a_repacked_rows_values_are_the_file_layouts(qtype):
     """A tied embedding is repacked with the output: a token's row is read back from its group."""
     w = packed(qtype, 48, 131)  # more blocks than the row is put back together at a time
@@ -65,22 +72,23 @@ def test_repack_is_refused_where_it_does_not_apply():
         kernels.matmul(w16[:24], q16, np.ones((1, 128), np.float32))
 
 
+@pytest.mark.parametrize("qtype", [Q.IQ4_NL, Q.Q4_K])
 @pytest.mark.parametrize("isa", ["scalar", "avx2"])
-def test_another_isa_still_reads_a_repacked_matrix(isa):
+def test_another_isa_still_reads_a_repacked_matrix(isa, qtype):
     """A matrix repacked under AVX-512, then the ISA switched: the portable 16-row kernel reads it (its own
     float order, so close, not the same bits). Elsewhere nothing is repacked to begin with."""
-    w = packed(Q.IQ4_NL, 32, 9)
-    repacked = kernels.repack16(w, Q.IQ4_NL)
+    w = packed(qtype, 32, 9)
+    repacked = kernels.repack16(w, qtype)
     if not AVX512:
         assert repacked is None
         return
     w16, q16 = repacked
-    x = np.random.default_rng(3).standard_normal((3, 9 * 32), dtype=np.float32)
+    x = np.random.default_rng(3).standard_normal((3, 9 * BLOCK[qtype][0]), dtype=np.float32)
     before = kernels.active_isa()
     kernels._ext.set_isa(isa)
     try:
-        want, got = kernels.matmul(w, Q.IQ4_NL, x), kernels.matmul(w16, q16, x)
-        assert kernels.repack16(w, Q.IQ4_NL) is None
+        want, got = kernels.matmul(w, qtype, x), kernels.matmul(w16, q16, x)
+        assert kernels.repack16(w, qtype) is None
     finally:
         kernels._ext.set_isa(before)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

@@ -1,7 +1,7 @@
-/* AVX-512 (F, BW, VL, VNNI) kernels for 16 rows at once, one row per 32-bit lane: dot16 (a tile of up to 8
-   tokens) for the legacy 32-blocks and gemm16 (any number of tokens, each block of the rows decoded once)
-   for those and Q4_K / Q6_K. The rows' bytes are transposed in registers (no repacked copy of the weights),
-   except in Q8_0's one-token kernel, whose products are summed across lanes instead.
+/* AVX-512 (F, BW, VL, VNNI) kernels for 16 rows of the legacy 32-blocks at once, one row per 32-bit lane: dot16
+   (a tile of up to 8 tokens) and gemm16 (any number of tokens, each block of the rows decoded once); Q4_K /
+   Q6_K are in kernels_avx512_k16.c. The rows' bytes are transposed in registers, or loaded as they lie from
+   a 16-row layout (hk.h); Q8_0's one-token kernel sums its products across lanes instead.
    Every result is the same bits as the kernel hk_dot_rows would otherwise run for that row (see hk.h), so
    which one runs, and how many tokens a product has, is a matter of speed only. */
 #include "hk.h"
@@ -17,7 +17,7 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-INLINE __m128i loadu128(const void *p) { return _mm_loadu_si128((const __m128i *)p); }
+#include "kernels_avx512_rows16.inc"
 
 /* Bytes per block of a legacy 32-element type (as kernels_x86.inc). */
 INLINE int size32(int type) {
@@ -26,31 +26,10 @@ INLINE int size32(int type) {
          : type == HK_MXFP4 ? 17 : 34;
 }
 
-INLINE __m512i row_offsets(ptrdiff_t stride) {
-    return _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32((int)stride));
-}
-
 /* -- 16 rows at once for Q4_0, Q4_1 and Q8_0: one lane per row, so a token's activation word is broadcast to
    every row and each of its scale products serves 16 rows. The rows' bytes are transposed in registers (no
    repacked copy of the weights); the per-row arithmetic is the same for every tile width, so a batched
    decode gives each sequence the logits it would get alone. */
-
-/* Four 32-bit words at p + r * stride for rows r = 0..15, transposed: word k of row r in lane r of t[k]. */
-INLINE void rows16_words(const uint8_t *p, ptrdiff_t stride, __m512i t[4]) {
-    __m512i z[4];
-    for (int j = 0; j < 4; j++) { /* z[j]: rows j, j + 4, j + 8, j + 12 in its four 128-bit lanes */
-        __m512i v = _mm512_castsi128_si512(loadu128(p + j * stride));
-        v = _mm512_inserti32x4(v, loadu128(p + (j + 4) * stride), 1);
-        v = _mm512_inserti32x4(v, loadu128(p + (j + 8) * stride), 2);
-        z[j] = _mm512_inserti32x4(v, loadu128(p + (j + 12) * stride), 3);
-    }
-    __m512i a = _mm512_unpacklo_epi32(z[0], z[1]), b = _mm512_unpackhi_epi32(z[0], z[1]);
-    __m512i c = _mm512_unpacklo_epi32(z[2], z[3]), d = _mm512_unpackhi_epi32(z[2], z[3]);
-    t[0] = _mm512_unpacklo_epi64(a, c);
-    t[1] = _mm512_unpackhi_epi64(a, c);
-    t[2] = _mm512_unpacklo_epi64(b, d);
-    t[3] = _mm512_unpackhi_epi64(b, d);
-}
 
 /* hk_e8m0_half of the low byte of each lane. */
 INLINE __m512 e8m0_half16(__m512i v) {
@@ -58,12 +37,6 @@ INLINE __m512 e8m0_half16(__m512i v) {
     __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
     __m512i subnormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
     return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epi32_mask(e, _mm512_set1_epi32(2)), normal, subnormal));
-}
-
-INLINE __m512i bcast32(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
 }
 
 /* q[k] and q[k + 4]: the low and high nibbles of words[k] (elements 4k..4k+3 and 16 + 4k..16 + 4k + 3 of a
@@ -178,18 +151,6 @@ INLINE __m512 block16_accumulate(const int type, __m512i isum, __m512 dw, __m512
 /* One decoded block b against a token's activations: acc + its products (the same steps in every kernel). */
 INLINE __m512 block16_token(const int type, const __m512i *q, __m512 dw, __m512 cw, int b, const hk_act *at, __m512 acc) {
     return block16_accumulate(type, block16_isum(type, q, at->qs + b * HK_QK), dw, cw, b, at, acc);
-}
-
-/* 16 interleaved streams are more than the hardware prefetcher follows: the next 16 rows (the next stretch of
-   memory when rows are contiguous) are fetched into L2 while these compute, a few lines a block. Into L1
-   instead measured 3-15 % faster on one host and 25-50 % slower on another whose vector code ran at about
-   0.4x (the same in-cache kernel: Q4_0 20 against 48-51 GB/s a thread); into L2 is the choice that holds on
-   both (docs/benchmarks.md). Prefetching each row's lines ahead into L1 as well measured slower. */
-INLINE void prefetch_next_rows(const uint8_t *w, ptrdiff_t stride, int b, int nb, size_t *line) {
-    const char *next = (const char *)w + 16 * stride;
-    const size_t next_lines = ((size_t)16 * stride + 63) / 64;
-    for (const size_t end = (size_t)(b + 1) * next_lines / nb; *line < end; (*line)++)
-        _mm_prefetch(next + 64 * *line, _MM_HINT_T1);
 }
 
 /* out[t * os + r] = row r . a[t] for 16 rows stride bytes apart. Codes are unsigned bytes in q[k] (lane r:
@@ -345,21 +306,6 @@ void hk_rows16_q8_0(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a,
         hk_rows16_q8_0_tile(nb, w, stride, a, nt, out, os);
 }
 
-/* The token loop of a GEMM kernel: groups of 8 from t0, the last group's size dispatched to an unrolled body. */
-#define TOKEN_GROUPS(n, body, ...)                                                                           \
-    for (int t0 = 0; t0 < (n); t0 += 8) {                                                                    \
-        switch ((n) - t0 < 8 ? (n) - t0 : 8) {                                                               \
-        case 1: body(__VA_ARGS__, t0, 1); break;                                                             \
-        case 2: body(__VA_ARGS__, t0, 2); break;                                                             \
-        case 3: body(__VA_ARGS__, t0, 3); break;                                                             \
-        case 4: body(__VA_ARGS__, t0, 4); break;                                                             \
-        case 5: body(__VA_ARGS__, t0, 5); break;                                                             \
-        case 6: body(__VA_ARGS__, t0, 6); break;                                                             \
-        case 7: body(__VA_ARGS__, t0, 7); break;                                                             \
-        default: body(__VA_ARGS__, t0, 8); break;                                                            \
-        }                                                                                                    \
-    }
-
 #define GROUP_BLOCKS 8 /* legacy blocks decoded at a time by gemm16_32: 8 x 32 elements of 16 rows */
 
 /* Tokens t0 .. t0 + nt - 1 against up to GROUP_BLOCKS decoded blocks from b0; acc (16 floats at out + t * os)
@@ -405,174 +351,6 @@ GEMM16_32(gemm16_iq4_nl, HK_IQ4_NL)
 GEMM16_32(gemm16_mxfp4, HK_MXFP4)
 GEMM16_32(gemm16_q4_0_r16, HK_Q4_0_R16)
 GEMM16_32(gemm16_iq4_nl_r16, HK_IQ4_NL_R16)
-
-/* -- Q4_K and Q6_K: 16 rows of a super-block transposed and decoded once for K1_TOKENS tokens. vpdpbusd sums
-   a sub-block's codes times a token's activations (at most 32 * 15 * 127 or 16 * 63 * 127), times the
-   sub-block's scale in int32 (vpmulld): each row's super-block is one exact integer (as in llama.cpp's
-   repacked K-quant GEMMs), then a float step per row and token, with the Q4_K mins' products summed apart
-   and taken off at the end. The one-row kernels (dot512_q4_k, dot512_q6_k) take the same float steps on
-   the same integers, so a product is the same bits whichever kernel computes it. */
-
-#define K1_TOKENS 64 /* tokens per pass (a whole GEMM tile): their 16-row sums stay in L1 */
-
-/* Each int32 lane's low 16 bits in both halves: an int16 pair for madd / dpwssd. */
-INLINE __m512i pair16(__m512i v) { return _mm512_or_si512(_mm512_and_si512(v, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(v, 16)); }
-
-/* Byte i of each lane, zero-extended. */
-INLINE __m512i sc_byte(__m512i v, int i) { return _mm512_and_si512(_mm512_srli_epi32(v, 8 * i), _mm512_set1_epi32(0xFF)); }
-
-/* A token's two block sums i, i + 1 of super-block b as one int16 pair in every lane. */
-INLINE __m512i bsum_pair(const hk_act *at, int b, int i) {
-    int32_t v;
-    memcpy(&v, at->bsums + 16 * b + i, 4);
-    return _mm512_set1_epi32(v);
-}
-
-/* Sub-block scale j (0..7) of 16 Q4_K rows as int32 lanes and min j as int16 pairs, from their 12 scale
-   bytes (see hk_unpack_k4_scales). */
-INLINE void k4_scales16(const uint8_t *s, __m512i offsets, __m512i sc[8], __m512i mnp[8]) {
-    __m512i a0 = _mm512_i32gather_epi32(offsets, s, 1), a1 = _mm512_i32gather_epi32(offsets, s + 4, 1);
-    __m512i a2 = _mm512_i32gather_epi32(offsets, s + 8, 1);
-    const __m512i m6 = _mm512_set1_epi32(0x3F3F3F3F), m4 = _mm512_set1_epi32(0x0F0F0F0F), top = _mm512_set1_epi32(0x30303030);
-    __m512i w[4] = {_mm512_and_si512(a0, m6), _mm512_or_si512(_mm512_and_si512(a2, m4), _mm512_and_si512(_mm512_srli_epi32(a0, 2), top)),
-                    _mm512_and_si512(a1, m6), _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(a2, 4), m4), _mm512_and_si512(_mm512_srli_epi32(a1, 2), top))};
-    for (int j = 0; j < 8; j++) {
-        sc[j] = sc_byte(w[j / 4], j % 4);
-        mnp[j] = pair16(sc_byte(w[2 + j / 4], j % 4));
-    }
-}
-
-/* Tokens t0 .. t0 + nt - 1 (nt <= 8) against a decoded Q4_K super-block b of 16 rows: q[8j + l] holds the
-   codes of sub-block j, elements 4l..4l+3. Each row's whole super-block as exact integers (vpdpbusd over a
-   sub-block's 32 elements, at most 32 * 15 * 127, times its scale; the mins times the block sums), then
-   dot512_q4_k's float step (k1_accumulate) for its lane in f[t]. */
-INLINE void q4_k_tokens(const __m512i *q, const __m512i *sc, const __m512i *mnp, __m512 dw, __m512 dm, int b,
-                        const hk_act *a, __m512 *f, int t0, const int nt) {
-    a += t0;
-    f += 2 * t0;
-    __m512i isum[HK_MAX_NT];
-    HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_setzero_si512();
-    for (int j = 0; j < 8; j++) {
-        __m512i s[HK_MAX_NT];
-        HK_UNROLL for (int t = 0; t < nt; t++) s[t] = _mm512_setzero_si512();
-        HK_UNROLL for (int l = 0; l < 8; l++) {
-            const __m512i qv = _mm512_load_si512(q + 8 * j + l);
-            HK_UNROLL for (int t = 0; t < nt; t++) s[t] = _mm512_dpbusd_epi32(s[t], qv, bcast32(a[t].qs + 256 * b + 32 * j + 4 * l));
-        }
-        const __m512i scj = _mm512_load_si512(sc + j);
-        HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(s[t], scj));
-    }
-    HK_UNROLL for (int t = 0; t < nt; t++) {
-        __m512i msum = _mm512_setzero_si512();
-        HK_UNROLL for (int j = 0; j < 8; j++) msum = _mm512_dpwssd_epi32(msum, _mm512_load_si512(mnp + j), bsum_pair(&a[t], b, 2 * j));
-        const __m512 da = _mm512_set1_ps(a[t].d[b]);
-        f[2 * t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(dw, da), b ? f[2 * t] : _mm512_setzero_ps());
-        f[2 * t + 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dm, da), b ? f[2 * t + 1] : _mm512_setzero_ps());
-    }
-}
-
-/* nt <= K1_TOKENS tokens through all nb super-blocks of 16 Q4_K rows; f: (nt, 2) vectors of 16 rows. */
-INLINE void q4_k_pass(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, __m512 *f) {
-    const __m512i offsets = row_offsets(stride), m4 = _mm512_set1_epi8(0x0F);
-    __m512i q[64] __attribute__((aligned(64))), sc[8] __attribute__((aligned(64))), mnp[8] __attribute__((aligned(64)));
-    size_t line = 0;
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = w + (size_t)b * 144;
-        prefetch_next_rows(w, stride, b, nb, &line);
-        __m512i head = _mm512_i32gather_epi32(offsets, blk, 1);
-        __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head)), dm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)));
-        k4_scales16(blk + 4, offsets, sc, mnp);
-        for (int c = 0; c < 4; c++) {
-            __m512i words[8];
-            rows16_words(blk + 16 + 32 * c, stride, words);
-            rows16_words(blk + 32 + 32 * c, stride, words + 4);
-            for (int k = 0; k < 8; k++) { /* low nibbles: sub-block 2c; high nibbles: 2c + 1 */
-                q[16 * c + k] = _mm512_and_si512(words[k], m4);
-                q[16 * c + 8 + k] = _mm512_and_si512(_mm512_srli_epi32(words[k], 4), m4);
-            }
-        }
-        TOKEN_GROUPS(n, q4_k_tokens, q, sc, mnp, dw, dm, b, a, f)
-    }
-}
-
-/* Tokens t0 .. t0 + nt - 1 (nt <= 8) against a decoded Q6_K super-block b of 16 rows: q[4s + k] holds the
-   codes (0..63) of the 16-element sub-block s, elements 4k..4k+3, sc[s] its scale as int32 lanes,
-   sc_pairs[p] scales 2p and 2p + 1 as an int16 pair. Each row's super-block as exact integers (vpdpbusd
-   over a sub-block, times its scale; less 32 times the scales times the block sums), then dot512_q6_k's
-   float step for its lane in f[t]. */
-INLINE void q6_k_tokens(const __m512i *q, const __m512i *sc, const __m512i *sc_pairs, __m512 dw, int b,
-                        const hk_act *a, __m512 *f, int t0, const int nt) {
-    a += t0;
-    f += t0;
-    __m512i isum[HK_MAX_NT];
-    HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_setzero_si512();
-    for (int s = 0; s < 16; s++) {
-        __m512i p[HK_MAX_NT];
-        HK_UNROLL for (int t = 0; t < nt; t++) p[t] = _mm512_setzero_si512();
-        HK_UNROLL for (int k = 0; k < 4; k++) {
-            const __m512i qv = _mm512_load_si512(q + 4 * s + k);
-            HK_UNROLL for (int t = 0; t < nt; t++) p[t] = _mm512_dpbusd_epi32(p[t], qv, bcast32(a[t].qs + 256 * b + 16 * s + 4 * k));
-        }
-        const __m512i scs = _mm512_load_si512(sc + s);
-        HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(p[t], scs));
-    }
-    HK_UNROLL for (int t = 0; t < nt; t++) {
-        __m512i off = _mm512_setzero_si512(); /* the -32 offset: 32 * sum(scale * bsum) */
-        HK_UNROLL for (int m = 0; m < 8; m++) off = _mm512_dpwssd_epi32(off, _mm512_load_si512(sc_pairs + m), bsum_pair(&a[t], b, 2 * m));
-        const __m512i total = _mm512_sub_epi32(isum[t], _mm512_slli_epi32(off, 5));
-        f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(dw, _mm512_set1_ps(a[t].d[b])), b ? f[t] : _mm512_setzero_ps());
-    }
-}
-
-/* nt <= K1_TOKENS tokens through all nb super-blocks of 16 Q6_K rows; f: (nt,) vectors of 16 rows. */
-INLINE void q6_k_pass(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, __m512 *f) {
-    const __m512i offsets = row_offsets(stride), m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-    __m512i q[64] __attribute__((aligned(64))), sc[16] __attribute__((aligned(64))), sc_pairs[8] __attribute__((aligned(64)));
-    size_t line = 0;
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = w + (size_t)b * 210;
-        prefetch_next_rows(w, stride, b, nb, &line);
-        /* d is bytes 208-209: gathered from 206 so no lane reads past the block */
-        __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_i32gather_epi32(offsets, blk + 206, 1), 16)));
-        __m512i scw[4];
-        rows16_words(blk + 192, stride, scw); /* lane r of scw[k]: row r's scales 4k..4k+3 */
-        for (int s = 0; s < 16; s++) sc[s] = _mm512_srai_epi32(_mm512_slli_epi32(scw[s / 4], 24 - 8 * (s % 4)), 24);
-        for (int p = 0; p < 8; p++)
-            sc_pairs[p] = _mm512_or_si512(_mm512_and_si512(sc[2 * p], _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(sc[2 * p + 1], 16));
-        HK_UNROLL for (int h = 0; h < 2; h++)
-            HK_UNROLL for (int e = 0; e < 2; e++) { /* 16 elements of each quarter i: sub-block 8h + 2i + e */
-                __m512i ql0[4], ql1[4], qh[4];
-                rows16_words(blk + 64 * h + 16 * e, stride, ql0);
-                rows16_words(blk + 64 * h + 32 + 16 * e, stride, ql1);
-                rows16_words(blk + 128 + 32 * h + 16 * e, stride, qh);
-                __m512i *qs = q + 4 * (8 * h + e);
-                HK_UNROLL for (int k = 0; k < 4; k++) {
-                    qs[k] = _mm512_or_si512(_mm512_and_si512(ql0[k], m4), _mm512_and_si512(_mm512_slli_epi32(qh[k], 4), m30));
-                    qs[8 + k] = _mm512_or_si512(_mm512_and_si512(ql1[k], m4), _mm512_and_si512(_mm512_slli_epi32(qh[k], 2), m30));
-                    qs[16 + k] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(ql0[k], 4), m4), _mm512_and_si512(qh[k], m30));
-                    qs[24 + k] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(ql1[k], 4), m4), _mm512_and_si512(_mm512_srli_epi32(qh[k], 2), m30));
-                }
-            }
-        TOKEN_GROUPS(n, q6_k_tokens, q, sc, sc_pairs, dw, b, a, f)
-    }
-}
-
-/* A K-quant GEMM: K1_TOKENS tokens a pass; pass leaves (nt, lanes) vectors in f, lanes added by sum. */
-#define GEMM16_K(name, pass, lanes, sum)                                                                     \
-    void hk_##name(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, float *out, ptrdiff_t os) { \
-        __m512 f[(lanes) * K1_TOKENS] __attribute__((aligned(64)));                                          \
-        for (int t0 = 0; t0 < n; t0 += K1_TOKENS) {                                                          \
-            const int nk = n - t0 < K1_TOKENS ? n - t0 : K1_TOKENS;                                          \
-            pass(nb, w, stride, a + t0, nk, f);                                                              \
-            for (int t = 0; t < nk; t++) _mm512_storeu_ps(out + (ptrdiff_t)(t0 + t) * os, sum(f + (lanes) * t)); \
-        }                                                                                                    \
-    }
-
-INLINE __m512 sums_less_mins(const __m512 *f) { return _mm512_sub_ps(f[0], f[1]); }
-INLINE __m512 one_lane(const __m512 *f) { return f[0]; }
-
-GEMM16_K(gemm16_q4_k, q4_k_pass, 2, sums_less_mins)
-GEMM16_K(gemm16_q6_k, q6_k_pass, 1, one_lane)
 
 #if defined(__clang__)
 #pragma clang attribute pop

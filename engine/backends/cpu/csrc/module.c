@@ -168,7 +168,7 @@ static PyObject *py_repack16(PyObject *self, PyObject *args) {
     uint8_t *dst = (uint8_t *)PyArray_DATA(out);
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&COMPUTE);
-    hk_repack16(src, stride, rows, cols / HK_QK, dst);
+    hk_repack16(qtype, src, stride, rows, cols / hk_type_info(qtype)->block, dst);
     pthread_mutex_unlock(&COMPUTE);
     Py_END_ALLOW_THREADS
     return Py_BuildValue("Ni", (PyObject *)out, r16);

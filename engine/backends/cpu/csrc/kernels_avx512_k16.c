@@ -1,0 +1,276 @@
+/* AVX-512 (F, BW, VL, VNNI) kernels for 16 rows of Q4_K / Q6_K at once, one row per 32-bit lane: the GEMMs of
+   the file layouts (the rows' bytes transposed in registers) and Q4_K's 16-row layout (HK_Q4_K_R16, its bytes
+   already in lanes; a one-token kernel and a GEMM). Every result is the same bits as the one-row kernel
+   hk_dot_rows would otherwise run for that row (see hk.h), so which one runs is a matter of speed only. */
+#include "hk.h"
+
+#ifdef HK_X86
+#include <immintrin.h>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))), apply_to = function)
+#else
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+#endif
+
+#define INLINE static inline __attribute__((always_inline))
+
+#include "kernels_avx512_rows16.inc"
+
+/* -- Q4_K and Q6_K: 16 rows of a super-block transposed and decoded once for K1_TOKENS tokens. vpdpbusd sums
+   a sub-block's codes times a token's activations (at most 32 * 15 * 127 or 16 * 63 * 127), times the
+   sub-block's scale in int32 (vpmulld): each row's super-block is one exact integer (as in llama.cpp's
+   repacked K-quant GEMMs), then a float step per row and token, with the Q4_K mins' products summed apart
+   and taken off at the end. The one-row kernels (dot512_q4_k, dot512_q6_k) take the same float steps on
+   the same integers, so a product is the same bits whichever kernel computes it. */
+
+#define K1_TOKENS 64 /* tokens per pass (a whole GEMM tile): their 16-row sums stay in L1 */
+
+/* Each int32 lane's low 16 bits in both halves: an int16 pair for madd / dpwssd. */
+INLINE __m512i pair16(__m512i v) { return _mm512_or_si512(_mm512_and_si512(v, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(v, 16)); }
+
+/* Byte i of each lane, zero-extended. */
+INLINE __m512i sc_byte(__m512i v, int i) { return _mm512_and_si512(_mm512_srli_epi32(v, 8 * i), _mm512_set1_epi32(0xFF)); }
+
+/* A token's two block sums i, i + 1 of super-block b as one int16 pair in every lane. */
+INLINE __m512i bsum_pair(const hk_act *at, int b, int i) {
+    int32_t v;
+    memcpy(&v, at->bsums + 16 * b + i, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* Sub-block scale j (0..7) of 16 Q4_K rows as int32 lanes and min j as int16 pairs, from the three words of
+   their 12 scale bytes (see hk_unpack_k4_scales; lane r: row r). */
+INLINE void k4_scales16_of(__m512i a0, __m512i a1, __m512i a2, __m512i sc[8], __m512i mnp[8]) {
+    const __m512i m6 = _mm512_set1_epi32(0x3F3F3F3F), m4 = _mm512_set1_epi32(0x0F0F0F0F), top = _mm512_set1_epi32(0x30303030);
+    __m512i w[4] = {_mm512_and_si512(a0, m6), _mm512_or_si512(_mm512_and_si512(a2, m4), _mm512_and_si512(_mm512_srli_epi32(a0, 2), top)),
+                    _mm512_and_si512(a1, m6), _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(a2, 4), m4), _mm512_and_si512(_mm512_srli_epi32(a1, 2), top))};
+    for (int j = 0; j < 8; j++) {
+        sc[j] = sc_byte(w[j / 4], j % 4);
+        mnp[j] = pair16(sc_byte(w[2 + j / 4], j % 4));
+    }
+}
+
+/* A super-block's d, dmin (as floats), scales and mins of 16 rows: gathered from the file layout's rows
+   (stride bytes apart, offsets their distances), or loaded from the 16-row layout's first four vectors. */
+INLINE void k4_head16(const int r16, const uint8_t *blk, __m512i offsets, __m512 *dw, __m512 *dm, __m512i sc[8], __m512i mnp[8]) {
+    __m512i head, a[3];
+    if (r16) {
+        head = _mm512_loadu_si512(blk);
+        for (int k = 0; k < 3; k++) a[k] = _mm512_loadu_si512(blk + 64 * (k + 1));
+    } else {
+        head = _mm512_i32gather_epi32(offsets, blk, 1);
+        for (int k = 0; k < 3; k++) a[k] = _mm512_i32gather_epi32(offsets, blk + 4 * (k + 1), 1);
+    }
+    *dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+    *dm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)));
+    k4_scales16_of(a[0], a[1], a[2], sc, mnp);
+}
+
+/* The 8 code words of chunk c (0..3: sub-blocks 2c, 2c + 1) of a Q4_K super-block of 16 rows: words[k] holds
+   code bytes 32c + 4k..32c + 4k + 3 of each row (low nibbles: elements 4k.. of sub-block 2c, high: of 2c + 1). */
+INLINE void k4_words16(const int r16, const uint8_t *blk, ptrdiff_t stride, int c, __m512i words[8]) {
+    if (r16) {
+        for (int k = 0; k < 8; k++) words[k] = _mm512_loadu_si512(blk + 64 * (4 + 8 * c + k));
+    } else {
+        rows16_words(blk + 16 + 32 * c, stride, words);
+        rows16_words(blk + 32 + 32 * c, stride, words + 4);
+    }
+}
+
+/* A token's float step for super-block b of 16 Q4_K rows, from their exact integer sums isum: f[0] += the sums'
+   products, f[1] += the mins' (times the token's block sums), each one rounding (dot512_q4_k's k1_accumulate). */
+INLINE void q4_k_step(__m512i isum, const __m512i *mnp, __m512 dw, __m512 dm, int b, const hk_act *at, __m512 *f) {
+    __m512i msum = _mm512_setzero_si512();
+    HK_UNROLL for (int j = 0; j < 8; j++) msum = _mm512_dpwssd_epi32(msum, _mm512_load_si512(mnp + j), bsum_pair(at, b, 2 * j));
+    const __m512 da = _mm512_set1_ps(at->d[b]);
+    f[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, da), b ? f[0] : _mm512_setzero_ps());
+    f[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dm, da), b ? f[1] : _mm512_setzero_ps());
+}
+
+/* Tokens t0 .. t0 + nt - 1 (nt <= 8) against a decoded Q4_K super-block b of 16 rows: q[8j + l] holds the
+   codes of sub-block j, elements 4l..4l+3. Each row's whole super-block as exact integers (vpdpbusd over a
+   sub-block's 32 elements, at most 32 * 15 * 127, times its scale; the mins times the block sums), then
+   dot512_q4_k's float step (k1_accumulate) for its lane in f[t]. */
+INLINE void q4_k_tokens(const __m512i *q, const __m512i *sc, const __m512i *mnp, __m512 dw, __m512 dm, int b,
+                        const hk_act *a, __m512 *f, int t0, const int nt) {
+    a += t0;
+    f += 2 * t0;
+    __m512i isum[HK_MAX_NT];
+    HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; j++) {
+        __m512i s[HK_MAX_NT];
+        HK_UNROLL for (int t = 0; t < nt; t++) s[t] = _mm512_setzero_si512();
+        HK_UNROLL for (int l = 0; l < 8; l++) {
+            const __m512i qv = _mm512_load_si512(q + 8 * j + l);
+            HK_UNROLL for (int t = 0; t < nt; t++) s[t] = _mm512_dpbusd_epi32(s[t], qv, bcast32(a[t].qs + 256 * b + 32 * j + 4 * l));
+        }
+        const __m512i scj = _mm512_load_si512(sc + j);
+        HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(s[t], scj));
+    }
+    HK_UNROLL for (int t = 0; t < nt; t++) q4_k_step(isum[t], mnp, dw, dm, b, &a[t], f + 2 * t);
+}
+
+/* nt <= K1_TOKENS tokens through all nb super-blocks of 16 Q4_K rows, in the file layout or (r16) the 16-row
+   one; f: (nt, 2) vectors of 16 rows. */
+INLINE void q4_k_pass_of(const int r16, int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, __m512 *f) {
+    const __m512i offsets = row_offsets(stride), m4 = _mm512_set1_epi8(0x0F);
+    __m512i q[64] __attribute__((aligned(64))), sc[8] __attribute__((aligned(64))), mnp[8] __attribute__((aligned(64)));
+    size_t line = 0;
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = w + (size_t)b * (r16 ? 16 * 144 : 144);
+        prefetch_next_rows(w, stride, b, nb, &line);
+        __m512 dw, dm;
+        k4_head16(r16, blk, offsets, &dw, &dm, sc, mnp);
+        for (int c = 0; c < 4; c++) {
+            __m512i words[8];
+            k4_words16(r16, blk, stride, c, words);
+            for (int k = 0; k < 8; k++) { /* low nibbles: sub-block 2c; high nibbles: 2c + 1 */
+                q[16 * c + k] = _mm512_and_si512(words[k], m4);
+                q[16 * c + 8 + k] = _mm512_and_si512(_mm512_srli_epi32(words[k], 4), m4);
+            }
+        }
+        TOKEN_GROUPS(n, q4_k_tokens, q, sc, mnp, dw, dm, b, a, f)
+    }
+}
+
+INLINE void q4_k_pass(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, __m512 *f) {
+    q4_k_pass_of(0, nb, w, stride, a, n, f);
+}
+
+INLINE void q4_k_r16_pass(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, __m512 *f) {
+    q4_k_pass_of(1, nb, w, stride, a, n, f);
+}
+
+/* A tile of nt <= HK_TILE tokens against 16 rows of Q4_K's 16-row layout, straight from the loads (no decoded
+   copy of the super-block). High nibbles are summed in place, masked with 0xF0: 16 times their codes' sums
+   (at most 32 * 240 * 127 a sub-block, times its scale at most 63, four a super-block: under 2^28), divided
+   by 16 at the end, exactly. So the integers are q4_k_tokens', and the float steps too: the same bits. */
+INLINE void q4_k_r16_nt(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, const int nt, float *out, ptrdiff_t os) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m4h = _mm512_set1_epi8((char)0xF0);
+    __m512 f[2 * HK_TILE] = {0}; /* per token the sums' and the mins' products; nb = 0: zeros */
+    __m512i sc[8] __attribute__((aligned(64))), mnp[8] __attribute__((aligned(64)));
+    size_t line = 0;
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = w + (size_t)b * 16 * 144;
+        prefetch_next_rows(w, stride, b, nb, &line);
+        __m512 dw, dm;
+        k4_head16(1, blk, _mm512_setzero_si512(), &dw, &dm, sc, mnp);
+        __m512i lo[HK_TILE], hi[HK_TILE];
+        HK_UNROLL for (int t = 0; t < nt; t++) lo[t] = hi[t] = _mm512_setzero_si512();
+        for (int c = 0; c < 4; c++) {
+            __m512i sl[HK_TILE], sh[HK_TILE];
+            HK_UNROLL for (int t = 0; t < nt; t++) sl[t] = sh[t] = _mm512_setzero_si512();
+            HK_UNROLL for (int k = 0; k < 8; k++) {
+                const __m512i v = _mm512_loadu_si512(blk + 64 * (4 + 8 * c + k));
+                const __m512i ql = _mm512_and_si512(v, m4), qh = _mm512_and_si512(v, m4h);
+                HK_UNROLL for (int t = 0; t < nt; t++) {
+                    const int8_t *aq = a[t].qs + 256 * b + 64 * c + 4 * k;
+                    sl[t] = _mm512_dpbusd_epi32(sl[t], ql, bcast32(aq));
+                    sh[t] = _mm512_dpbusd_epi32(sh[t], qh, bcast32(aq + 32));
+                }
+            }
+            HK_UNROLL for (int t = 0; t < nt; t++) {
+                lo[t] = _mm512_add_epi32(lo[t], _mm512_mullo_epi32(sl[t], sc[2 * c]));
+                hi[t] = _mm512_add_epi32(hi[t], _mm512_mullo_epi32(sh[t], sc[2 * c + 1]));
+            }
+        }
+        HK_UNROLL for (int t = 0; t < nt; t++)
+            q4_k_step(_mm512_add_epi32(lo[t], _mm512_srai_epi32(hi[t], 4)), mnp, dw, dm, b, &a[t], f + 2 * t);
+    }
+    HK_UNROLL for (int t = 0; t < nt; t++) _mm512_storeu_ps(out + t * os, _mm512_sub_ps(f[2 * t], f[2 * t + 1]));
+}
+
+void hk_rows16_q4_k_r16(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int nt, float *out, ptrdiff_t os) {
+    switch (nt) {
+    case 1: q4_k_r16_nt(nb, w, stride, a, 1, out, os); break;
+    case 2: q4_k_r16_nt(nb, w, stride, a, 2, out, os); break;
+    case 3: q4_k_r16_nt(nb, w, stride, a, 3, out, os); break;
+    default: q4_k_r16_nt(nb, w, stride, a, 4, out, os); break;
+    }
+}
+
+/* Tokens t0 .. t0 + nt - 1 (nt <= 8) against a decoded Q6_K super-block b of 16 rows: q[4s + k] holds the
+   codes (0..63) of the 16-element sub-block s, elements 4k..4k+3, sc[s] its scale as int32 lanes,
+   sc_pairs[p] scales 2p and 2p + 1 as an int16 pair. Each row's super-block as exact integers (vpdpbusd
+   over a sub-block, times its scale; less 32 times the scales times the block sums), then dot512_q6_k's
+   float step for its lane in f[t]. */
+INLINE void q6_k_tokens(const __m512i *q, const __m512i *sc, const __m512i *sc_pairs, __m512 dw, int b,
+                        const hk_act *a, __m512 *f, int t0, const int nt) {
+    a += t0;
+    f += t0;
+    __m512i isum[HK_MAX_NT];
+    HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_setzero_si512();
+    for (int s = 0; s < 16; s++) {
+        __m512i p[HK_MAX_NT];
+        HK_UNROLL for (int t = 0; t < nt; t++) p[t] = _mm512_setzero_si512();
+        HK_UNROLL for (int k = 0; k < 4; k++) {
+            const __m512i qv = _mm512_load_si512(q + 4 * s + k);
+            HK_UNROLL for (int t = 0; t < nt; t++) p[t] = _mm512_dpbusd_epi32(p[t], qv, bcast32(a[t].qs + 256 * b + 16 * s + 4 * k));
+        }
+        const __m512i scs = _mm512_load_si512(sc + s);
+        HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(p[t], scs));
+    }
+    HK_UNROLL for (int t = 0; t < nt; t++) {
+        __m512i off = _mm512_setzero_si512(); /* the -32 offset: 32 * sum(scale * bsum) */
+        HK_UNROLL for (int m = 0; m < 8; m++) off = _mm512_dpwssd_epi32(off, _mm512_load_si512(sc_pairs + m), bsum_pair(&a[t], b, 2 * m));
+        const __m512i total = _mm512_sub_epi32(isum[t], _mm512_slli_epi32(off, 5));
+        f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(dw, _mm512_set1_ps(a[t].d[b])), b ? f[t] : _mm512_setzero_ps());
+    }
+}
+
+/* nt <= K1_TOKENS tokens through all nb super-blocks of 16 Q6_K rows; f: (nt,) vectors of 16 rows. */
+INLINE void q6_k_pass(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, __m512 *f) {
+    const __m512i offsets = row_offsets(stride), m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    __m512i q[64] __attribute__((aligned(64))), sc[16] __attribute__((aligned(64))), sc_pairs[8] __attribute__((aligned(64)));
+    size_t line = 0;
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = w + (size_t)b * 210;
+        prefetch_next_rows(w, stride, b, nb, &line);
+        /* d is bytes 208-209: gathered from 206 so no lane reads past the block */
+        __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_i32gather_epi32(offsets, blk + 206, 1), 16)));
+        __m512i scw[4];
+        rows16_words(blk + 192, stride, scw); /* lane r of scw[k]: row r's scales 4k..4k+3 */
+        for (int s = 0; s < 16; s++) sc[s] = _mm512_srai_epi32(_mm512_slli_epi32(scw[s / 4], 24 - 8 * (s % 4)), 24);
+        for (int p = 0; p < 8; p++)
+            sc_pairs[p] = _mm512_or_si512(_mm512_and_si512(sc[2 * p], _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(sc[2 * p + 1], 16));
+        HK_UNROLL for (int h = 0; h < 2; h++)
+            HK_UNROLL for (int e = 0; e < 2; e++) { /* 16 elements of each quarter i: sub-block 8h + 2i + e */
+                __m512i ql0[4], ql1[4], qh[4];
+                rows16_words(blk + 64 * h + 16 * e, stride, ql0);
+                rows16_words(blk + 64 * h + 32 + 16 * e, stride, ql1);
+                rows16_words(blk + 128 + 32 * h + 16 * e, stride, qh);
+                __m512i *qs = q + 4 * (8 * h + e);
+                HK_UNROLL for (int k = 0; k < 4; k++) {
+                    qs[k] = _mm512_or_si512(_mm512_and_si512(ql0[k], m4), _mm512_and_si512(_mm512_slli_epi32(qh[k], 4), m30));
+                    qs[8 + k] = _mm512_or_si512(_mm512_and_si512(ql1[k], m4), _mm512_and_si512(_mm512_slli_epi32(qh[k], 2), m30));
+                    qs[16 + k] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(ql0[k], 4), m4), _mm512_and_si512(qh[k], m30));
+                    qs[24 + k] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(ql1[k], 4), m4), _mm512_and_si512(_mm512_srli_epi32(qh[k], 2), m30));
+                }
+            }
+        TOKEN_GROUPS(n, q6_k_tokens, q, sc, sc_pairs, dw, b, a, f)
+    }
+}
+
+/* A K-quant GEMM: K1_TOKENS tokens a pass; pass leaves (nt, lanes) vectors in f, lanes added by sum. */
+#define GEMM16_K(name, pass, lanes, sum)                                                                     \
+    void hk_##name(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, float *out, ptrdiff_t os) { \
+        __m512 f[(lanes) * K1_TOKENS] __attribute__((aligned(64)));                                          \
+        for (int t0 = 0; t0 < n; t0 += K1_TOKENS) {                                                          \
+            const int nk = n - t0 < K1_TOKENS ? n - t0 : K1_TOKENS;                                          \
+            pass(nb, w, stride, a + t0, nk, f);                                                              \
+            for (int t = 0; t < nk; t++) _mm512_storeu_ps(out + (ptrdiff_t)(t0 + t) * os, sum(f + (lanes) * t)); \
+        }                                                                                                    \
+    }
+
+INLINE __m512 sums_less_mins(const __m512 *f) { return _mm512_sub_ps(f[0], f[1]); }
+INLINE __m512 one_lane(const __m512 *f) { return f[0]; }
+
+GEMM16_K(gemm16_q4_k, q4_k_pass, 2, sums_less_mins)
+GEMM16_K(gemm16_q6_k, q6_k_pass, 1, one_lane)
+GEMM16_K(gemm16_q4_k_r16, q4_k_r16_pass, 2, sums_less_mins)
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
+#endif

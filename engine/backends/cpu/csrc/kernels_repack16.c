@@ -50,15 +50,15 @@ void hk_repack16(int type, const uint8_t *src, ptrdiff_t stride, int rows, int n
 }
 
 #define CHUNK_BLOCKS 128 /* a row is put back together this many blocks at a time, on the stack */
-#define CHUNK_BYTES (CHUNK_BLOCKS * 144)
+#define CHUNK_BYTES (CHUNK_BLOCKS * 144) /* the largest block: Q4_K's */
 
 int hk_matrix_row(int type, const uint8_t *w, ptrdiff_t stride, ptrdiff_t id, int cols, float *out) {
     if (!hk_is_r16(type)) return hk_dequantize_row(type, w + id * stride, cols, out);
     const uint8_t *group = w + (id - id % 16) * stride;
-    const int base = hk_r16_base(type), qk = hk_type_info(base)->block, nb = cols / qk, chunk = CHUNK_BLOCKS;
+    const int base = hk_r16_base(type), qk = hk_type_info(base)->block, nb = cols / qk;
     uint8_t row[CHUNK_BYTES];
-    for (int b0 = 0; b0 < nb; b0 += chunk) {
-        const int n = nb - b0 < chunk ? nb - b0 : chunk;
+    for (int b0 = 0; b0 < nb; b0 += CHUNK_BLOCKS) {
+        const int n = nb - b0 < CHUNK_BLOCKS ? nb - b0 : CHUNK_BLOCKS;
         move_pieces(type, 0, (uint8_t *)group, row, 0, (int)(id % 16), 1, b0, n);
         if (hk_dequantize_row(base, row, n * qk, out + (size_t)b0 * qk) != 0) return -1;
     }
@@ -69,14 +69,14 @@ int hk_matrix_row(int type, const uint8_t *w, ptrdiff_t stride, ptrdiff_t id, in
    fallback only (a matrix repacked for AVX-512, then the ISA switched): its sums are not the 16-row kernel's
    bits. */
 static void scalar_rows16_r16(const int type, int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int nt, float *out, ptrdiff_t os) {
-    const int base = hk_r16_base(type), qk = hk_type_info(base)->block, chunk = CHUNK_BLOCKS;
+    const int base = hk_r16_base(type), qk = hk_type_info(base)->block;
     const hk_dot_fn dot = hk_isa_scalar.dot[base];
     uint8_t row[CHUNK_BYTES];
     (void)stride;
     for (int r = 0; r < 16; r++) {
         float sum[HK_MAX_NT] = {0};
-        for (int b0 = 0; b0 < nb; b0 += chunk) {
-            const int n = nb - b0 < chunk ? nb - b0 : chunk;
+        for (int b0 = 0; b0 < nb; b0 += CHUNK_BLOCKS) {
+            const int n = nb - b0 < CHUNK_BLOCKS ? nb - b0 : CHUNK_BLOCKS;
             move_pieces(type, 0, (uint8_t *)w, row, 0, r, 1, b0, n);
             hk_act part[HK_MAX_NT];
             for (int t = 0; t < nt; t++) /* the activations of these blocks */

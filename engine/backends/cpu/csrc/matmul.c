@@ -159,10 +159,8 @@ int hk_repack_type(int type) {
 /* The 16-row kernel of a type under isa, if it has one; a repacked type always has one (the scalar fallback). */
 static hk_dot16_fn dot16_of(const hk_isa *isa, int type) {
     if (isa->dot16[type]) return isa->dot16[type];
-    return type == HK_Q4_0_R16     ? hk_scalar_rows16_q4_0_r16
-         : type == HK_IQ4_NL_R16 ? hk_scalar_rows16_iq4_nl_r16
-         : type == HK_Q4_K_R16   ? hk_scalar_rows16_q4_k_r16
-                                 : NULL;
+    return type == HK_Q4_0_R16 ? hk_scalar_rows16_q4_0_r16 : type == HK_IQ4_NL_R16 ? hk_scalar_rows16_iq4_nl_r16
+         : type == HK_Q4_K_R16 ? hk_scalar_rows16_q4_k_r16 : NULL;
 }
 
 static int tile_of(const hk_isa *isa, int type) {

@@ -9,12 +9,12 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 from engine.backends.cpu import kernels
+from engine.ggml_types import GGML_QUANT_SIZES as BLOCK  # type -> (elements, bytes) of a block
 
 AVX512 = kernels.active_isa() == "avx512"
 
 
 TYPES = [Q.Q4_0, Q.IQ4_NL, Q.Q4_K]
-BLOCK = {Q.Q4_0: (32, 18), Q.IQ4_NL: (32, 18), Q.Q4_K: (256, 144)}  # elements, bytes
 
 
 def packed(qtype: int, rows: int, nb: int, seed: int = 0) -> np.ndarray:

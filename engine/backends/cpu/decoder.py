@@ -192,13 +192,11 @@ class CpuDecoder:
 
     @staticmethod
     def _repack(matrices: list, release: Callable[[np.ndarray], None] | None) -> dict[int, tuple[np.ndarray, int]]:
-        """Copies of the dense matrices the 16-row layout pays for (``kernels.repack16``: under AVX-512 the Q4_0
-        products of the 1B-4B bench files ran 1.00-1.09x as fast from memory, 1.6-1.8x in cache, paired, and
-        Q4_K's 1.7-1.9x in cache and 1.08-1.18x from memory, whole 1B-3B Q4_K_M decodes 0.95-1.12x, the
-        load order moving them as much; docs/benchmarks.md), by id of the matrix, and their mapped pages released. One allocation aligned to
-        2 MiB, so the kernel can back it with huge pages as the file's map is. Only with ``release``: nothing is
-        held twice. An untied token embedding stays in the map in 4 KiB pages (``GGUFFile``: a token reads one
-        row of it)."""
+        """Copies of the dense matrices the 16-row layout pays for (``kernels.repack16``; its products from memory
+        measured 1.00-1.18x the file layout's, docs/benchmarks.md), by id of the matrix, and their mapped pages
+        released. One allocation aligned to 2 MiB, so the kernel can back it with huge pages as the file's map
+        is. Only with ``release``: nothing is held twice. An untied token embedding stays in the map in 4 KiB
+        pages (``GGUFFile``: a token reads one row of it)."""
         picks = [] if release is None else \
             [m for m in {id(m): m for m in matrices if m is not None}.values()
              if kernels.repack16_type(m.qtype, m.blocks.shape[0]) is not None]

@@ -103,7 +103,7 @@ INLINE void q4_k_tokens(const __m512i *q, const __m512i *sc, const __m512i *mnp,
         HK_UNROLL for (int t = 0; t < nt; t++) s[t] = _mm512_setzero_si512();
         HK_UNROLL for (int l = 0; l < 8; l++) {
             const __m512i qv = _mm512_load_si512(q + 8 * j + l);
-            HK_UNROLL for (int t = 0; t < nt; t++) s[t] = _mm512_dpbusd_epi32(s[t], qv, bcast32(a[t].qs + 256 * b + 32 * j + 4 * l));
+            HK_UNROLL for (int t = 0; t < nt; t++) s[t] = dpbusd_bcast(s[t], qv, a[t].qs + 256 * b + 32 * j + 4 * l);
         }
         const __m512i scj = _mm512_load_si512(sc + j);
         HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(s[t], scj));
@@ -166,8 +166,8 @@ INLINE void q4_k_r16_nt(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act
                 const __m512i ql = _mm512_and_si512(v, m4), qh = _mm512_and_si512(v, m4h);
                 HK_UNROLL for (int t = 0; t < nt; t++) {
                     const int8_t *aq = a[t].qs + 256 * b + 64 * c + 4 * k;
-                    sl[t] = _mm512_dpbusd_epi32(sl[t], ql, bcast32(aq));
-                    sh[t] = _mm512_dpbusd_epi32(sh[t], qh, bcast32(aq + 32));
+                    sl[t] = dpbusd_bcast(sl[t], ql, aq);
+                    sh[t] = dpbusd_bcast(sh[t], qh, aq + 32);
                 }
             }
             HK_UNROLL for (int t = 0; t < nt; t++) {
@@ -206,7 +206,7 @@ INLINE void q6_k_tokens(const __m512i *q, const __m512i *sc, const __m512i *sc_p
         HK_UNROLL for (int t = 0; t < nt; t++) p[t] = _mm512_setzero_si512();
         HK_UNROLL for (int k = 0; k < 4; k++) {
             const __m512i qv = _mm512_load_si512(q + 4 * s + k);
-            HK_UNROLL for (int t = 0; t < nt; t++) p[t] = _mm512_dpbusd_epi32(p[t], qv, bcast32(a[t].qs + 256 * b + 16 * s + 4 * k));
+            HK_UNROLL for (int t = 0; t < nt; t++) p[t] = dpbusd_bcast(p[t], qv, a[t].qs + 256 * b + 16 * s + 4 * k);
         }
         const __m512i scs = _mm512_load_si512(sc + s);
         HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(p[t], scs));

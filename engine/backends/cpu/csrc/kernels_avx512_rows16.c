@@ -135,8 +135,8 @@ INLINE int block_sum32(const int8_t *aq) {
 INLINE __m512i block16_isum(const int type, const __m512i *q, const int8_t *aq) {
     __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
     for (int k = 0; k < 8; k += 2) {
-        even = _mm512_dpbusd_epi32(even, _mm512_load_si512(q + k), bcast32(aq + 4 * k));
-        odd = _mm512_dpbusd_epi32(odd, _mm512_load_si512(q + k + 1), bcast32(aq + 4 * k + 4));
+        even = dpbusd_bcast(even, _mm512_load_si512(q + k), aq + 4 * k);
+        odd = dpbusd_bcast(odd, _mm512_load_si512(q + k + 1), aq + 4 * k + 4);
     }
     __m512i isum = _mm512_add_epi32(even, odd);
     return type == HK_Q5_0 ? _mm512_sub_epi32(isum, _mm512_set1_epi32(16 * block_sum32(aq))) : isum;

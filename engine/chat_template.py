@@ -70,12 +70,14 @@ class TemplateError(ValueError):
 # -- the budget of one render ----------------------------------------------------------------------------
 
 class _RenderBudget:
-    """Limits of one render: a wall-clock deadline, a size cap for every value, loop and text allowances."""
+    """Limits of one render: a deadline in the rendering thread's CPU time, a size cap for every value, loop and
+    text allowances. CPU time, not wall-clock time: a render that waits for the GIL or a busy CPU (a server
+    rendering eight requests at once beside a decoding model) is not cut short; a template that computes is."""
 
     def __init__(self, max_chars: int, timeout_s: float):
         self.max_chars = max_chars
         self.timeout_s = timeout_s
-        self.deadline = time.monotonic() + timeout_s
+        self.deadline = time.thread_time() + timeout_s
         self.iterations_left = MAX_LOOP_ITERATIONS
         self.produced_left = PRODUCED_FACTOR * max_chars
         self.failure: TemplateError | None = None
@@ -88,8 +90,8 @@ class _RenderBudget:
     def tick(self) -> None:
         if self.failure is not None:
             raise self.failure
-        if time.monotonic() > self.deadline:
-            self.fail(f"chat template took longer than its {self.timeout_s:g} s time limit")
+        if time.thread_time() > self.deadline:
+            self.fail(f"chat template took longer than its {self.timeout_s:g} s time limit (CPU time)")
 
     def count_iteration(self) -> None:
         self.iterations_left -= 1
@@ -506,8 +508,8 @@ class ChatTemplate:
     """A compiled chat template: turns a list of ``{"role", "content"}`` messages into the model's prompt text.
 
     Templates come from model files and are untrusted: they run in an immutable Jinja2 sandbox with
-    underscore attributes refused, every value's size capped at ``max_output_chars`` and a wall-clock
-    ``timeout_s`` checked throughout the render (which runs in the calling thread). The deadline cannot
+    underscore attributes refused, every value's size capped at ``max_output_chars`` and ``timeout_s`` of the
+    calling thread's CPU time (the render runs there) checked throughout the render. The deadline cannot
     interrupt a single C-level operation (one huge ``str * int``), which is why sizes are checked before those.
     """
 

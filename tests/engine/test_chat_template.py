@@ -267,6 +267,21 @@ def test_deadline_stops_a_slow_render():
     assert time.monotonic() - start < 2.0
 
 
+class _SlowText:
+    """Message content that takes wall-clock time to print without computing (as a render starved of the CPU or
+    the GIL does)."""
+
+    def __str__(self) -> str:
+        time.sleep(0.3)
+        return "slow"
+
+
+def test_deadline_counts_the_renders_cpu_time_not_waiting():
+    source = "{% for m in messages %}{{ m['content'] }}|{% endfor %}{% for i in range(3) %}{{ i }}{% endfor %}"
+    messages = [{"role": "user", "content": _SlowText()}, {"role": "user", "content": "hi"}]
+    assert ChatTemplate(source, timeout_s=0.1).render(messages) == "slow|hi|012"
+
+
 # CVE-2024-34359-style server-side template injection, and resource bombs. Each must be refused with
 # TemplateError (never executed), within 2 s and without allocating more than a bounded amount of memory.
 PAYLOADS = {

@@ -392,6 +392,19 @@ def test_one_token_decode_product_is_the_batched_products_bits(qtype, blocks):
         assert_matches(w, qtype, x[i:i + 1], alone)
 
 
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("blocks", [1, 3, 4, 5, 8, 11])
+def test_one_token_k_quant_product_is_the_batched_products_bits_for_any_block_count(qtype, blocks):
+    """A one-token K-quant product gives each of 37 rows (two 16-row tiles and a tail) the bits the 16-row GEMM
+    gives that token inside a 9-token batch, for 1 to 11 super-blocks a row (a kernel that takes super-blocks
+    in groups must give their tails the same bits), and within the reference's rounding."""
+    rng = np.random.default_rng(400 + blocks + int(qtype))
+    w = random_weights(qtype, 37, 256 * blocks, rng)
+    x = rng.standard_normal((9, 256 * blocks)).astype(np.float32) * rng.uniform(0.1, 10, (9, 1)).astype(np.float32)
+    for i, alone in enumerate(_each_token_alone_is_the_batch(w, qtype, x)):
+        assert_matches(w, qtype, x[i:i + 1], alone)
+
+
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.IQ4_NL, T.MXFP4],
                          ids=lambda t: t.name)
 def test_prompt_sized_products_equal_one_row_and_one_token_at_a_time(qtype):

@@ -38,16 +38,20 @@ def api_ids(client: openai.OpenAI) -> list[int]:
     return reply.choices[0].model_extra["token_ids"]
 
 
+def _client(live_server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=live_server.base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
 @pytest.fixture
 def client(live_server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=live_server.base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    return _client(live_server)
 
 
 def test_greedy_api_tokens_are_the_cli_tokens_alone(client, cli_ids):
     assert api_ids(client) == cli_ids
 
 
-def test_greedy_api_tokens_are_the_cli_tokens_while_seven_other_requests_stream(live_server, cli_ids):
+def test_greedy_api_tokens_are_the_cli_tokens_while_seven_other_requests_stream(client, live_server, cli_ids):
     """Seven sampled chat streams are all running (each read its first chunk and holds) when the greedy request is
     sent; they read on once it is answered. Each stream has a client of its own, and a stream that fails fails
     the test with its own error."""
@@ -56,8 +60,7 @@ def test_greedy_api_tokens_are_the_cli_tokens_while_seven_other_requests_stream(
 
     def stream(i: int) -> None:
         try:
-            own = openai.OpenAI(base_url=live_server.base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
-            with own:
+            with _client(live_server) as own:
                 chunks = own.chat.completions.create(
                     model=MODEL_NAME, messages=[{"role": "user", "content": f"Write a story about the number {i}."}],
                     max_tokens=96, temperature=0.7, seed=i, stream=True)
@@ -84,7 +87,6 @@ def test_greedy_api_tokens_are_the_cli_tokens_while_seven_other_requests_stream(
         assert len(started) == OTHERS, (f"streams {sorted(set(range(OTHERS)) - started)} had no first chunk after "
                                         f"{STALL_GUARD_S} s; {live_server.served.active} requests active")
         assert live_server.served.active == OTHERS
-        client = openai.OpenAI(base_url=live_server.base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
         ids = api_ids(client)
         running_after = live_server.served.active
     finally:

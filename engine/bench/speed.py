@@ -3,12 +3,12 @@
 Every engine runs in turn on the same prompt ids with greedy decoding, after an untimed warm-up of its own,
 repeat by repeat (ours, peer, ours, peer, ...); the report gives each engine's median with its min/max spread,
 says whether each peer produced our greedy tokens (and where they first differ), and sets our figures against
-the best peer setting (llama.cpp with flash attention on or off, whichever is faster) and against this
-machine's read bandwidth, twice: against the best pass of the whole run (strict: on a shared host the pass moves
-by up to a factor of two from minute to minute) and round by round against short passes taken just before and
-just after that round's decode (paired: the bandwidth the decode actually had). With llama-bench as a peer, our
-model's pages are read back in (untimed) after each of its rounds, since both engines are timed warm. Nothing here
-asserts a time.
+the best peer setting (llama.cpp with flash attention on or off, whichever is faster), median over median and
+round by round (a shared host's speed drifts between rounds), and against this machine's read bandwidth,
+twice: against the best pass of the whole run (strict: on a shared host the pass moves by up to a factor of two
+from minute to minute) and round by round against short passes taken just before and just after that round's
+decode (paired: the bandwidth the decode actually had). With llama-bench as a peer, our model's pages are read
+back in (untimed) after each of its rounds, since both engines are timed warm. Nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -202,6 +202,9 @@ def _against_peers(engines: dict[str, dict]) -> dict:
             best = max(rated, key=rated.get)
             out[f"peer.best_{phase}"] = {"engine": best, "tps": rated[best]}
             out[f"ratio.{phase}"] = round(engines["hearth"][f"{phase}_tps"]["median"] / rated[best], 3)
+            mine, theirs = engines["hearth"][f"{phase}_tps"]["runs"], peers[best][f"{phase}_tps"]["runs"]
+            if len(mine) == len(theirs):  # round by round: both runs saw the machine as it was then
+                out[f"ratio.{phase}_paired"] = spread([m / t for m, t in zip(mine, theirs)], 3)
     matched = [e["same_tokens"] for e in peers.values() if "same_tokens" in e]
     if matched:
         out["same_tokens"] = all(matched)

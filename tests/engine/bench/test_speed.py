@@ -51,6 +51,11 @@ def test_llama_cpp_runs_with_flash_attention_off_and_on_and_the_best_is_the_refe
         medians = {name: p[f"{phase}_tps"]["median"] for name, p in peers.items()}
         assert best["tps"] == max(medians.values()) and medians[best["engine"]] == best["tps"]
         assert report[f"ratio.{phase}"] == round(report[f"{phase}_tps"] / best["tps"], 3)
+        # round by round against the same best setting: each run over that peer's run of the same round
+        mine, theirs = report["engines"]["hearth"][f"{phase}_tps"]["runs"], peers[best["engine"]][f"{phase}_tps"]["runs"]
+        paired = report[f"ratio.{phase}_paired"]
+        assert paired["runs"] == pytest.approx([m / t for m, t in zip(mine, theirs)], abs=1e-3)
+        _check_spread(paired, 2)
     assert report["same_tokens"] == all(p["same_tokens"] for p in peers.values())
 
 

@@ -52,7 +52,8 @@ def test_llama_cpp_runs_with_flash_attention_off_and_on_and_the_best_is_the_refe
         assert best["tps"] == max(medians.values()) and medians[best["engine"]] == best["tps"]
         assert report[f"ratio.{phase}"] == round(report[f"{phase}_tps"] / best["tps"], 3)
         # round by round against the same best setting: each run over that peer's run of the same round
-        mine, theirs = report["engines"]["hearth"][f"{phase}_tps"]["runs"], peers[best["engine"]][f"{phase}_tps"]["runs"]
+        mine = report["engines"]["hearth"][f"{phase}_tps"]["runs"]
+        theirs = peers[best["engine"]][f"{phase}_tps"]["runs"]
         paired = report[f"ratio.{phase}_paired"]
         assert paired["runs"] == pytest.approx([m / t for m, t in zip(mine, theirs)], abs=1e-3)
         _check_spread(paired, 2)
@@ -88,7 +89,11 @@ def test_each_run_is_also_set_against_the_bandwidth_of_its_own_minute(report):
     runs = report["engines"]["hearth"]["decode_tps"]["runs"]
     expected = [tps * report["bytes_per_token"] / 1e9 / g for tps, g in zip(runs, own)]
     paired = report["decode_bandwidth_fraction_paired"]
-    assert paired["runs"] == pytest.approx(expected, rel=0.01)
+    # the report rounds each fraction to 3 decimals (±0.0005: 1.2 % of this tiny model's 0.04) and the runs and
+    # passes this recomputes them from to 2 (well under 0.5 %)
+    assert len(paired["runs"]) == len(expected)
+    close = [abs(got - want) <= 5e-4 + 0.005 * want for got, want in zip(paired["runs"], expected)]
+    assert all(close), (paired["runs"], expected)
     assert paired["min"] <= paired["median"] <= paired["max"]
     assert paired["median"] >= report["decode_bandwidth_fraction"] * 0.99  # never below the strict figure
 

@@ -261,6 +261,7 @@ def test_the_previous_model_s_memory_is_returned_after_a_switch(qtbot, tmp_path)
         mapped = _mapped_rss(big)  # this file's pages resident in this process, whatever else the process did
         with qtbot.waitSignal(host.loaded, timeout=300000) as second:
             host.load(str(model_path("smollm2")), 2048)
+        still_mapped = _mapped_rss(big)
     finally:
         host.shutdown()
     a, b = first.args[0], second.args[0]
@@ -272,7 +273,10 @@ def test_the_previous_model_s_memory_is_returned_after_a_switch(qtbot, tmp_path)
           f"{expected / 2**20:.0f} MiB, RSS grew {grown / 2**20:.0f} MiB on load; after the switch "
           f"{returned / 2**20:.0f} MiB were returned")
     assert mapped >= 0.9 * size, mapped  # the weights were paged in, so the measurement holds them
-    assert returned >= 0.9 * size  # Model.close() and dropping the model unmapped the file
+    assert still_mapped == 0  # Model.close() and dropping the model unmapped the file
+    # and the process's RSS fell by about the file: other allocations between the two readings move this by a few
+    # MiB (a CI run read 0.8998 of the file), so the bound is 0.8, with the exact check above
+    assert returned >= 0.8 * size
 
 
 def _mapped_rss(path: Path) -> int:

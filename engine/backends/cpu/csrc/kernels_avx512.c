@@ -207,49 +207,67 @@ NT_DISPATCH(dot512_q5_k)
 
 /* The integer lanes of a Q6_K super-block b against nt tokens, 64 elements per 512-bit vector: group g
    (elements 64g .. 64g + 63: bytes 64h.. of ql, low nibbles for g = 2h, high for 2h + 1; qh's 32 bytes at
-   128 + 32h, shifted to bits 4-5 per 32-element quarter) times sub-block scales 4g .. 4g + 3. The lanes'
-   sum is the super-block's exact integer dot, as q6_k_isum's (the float steps see only that sum). */
-INLINE void q6_k_isum512(const uint8_t *blk, const hk_act *a, int b, const int nt, __m256i *isum) {
+   128 + 32h, shifted to bits 4-5 per 32-element quarter) times sub-block scales 4g .. 4g + 3 (sc16: the 16
+   scales as int16, each picked for its 8 lanes by one vpermw). The lanes' sum, less 32 * sum(scale * bsum),
+   is the super-block's exact integer dot, as q6_k_isum's (the float steps see only that sum). */
+INLINE void q6_k_lanes512(const uint8_t *blk, const hk_act *a, int b, const int nt, __m256i sc16, __m512i *acc) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
     const __m512i up = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);   /* quarters 0, 1: bits 0-1, 2-3 */
     const __m512i down = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1); /* quarters 2, 3: bits 4-5, 6-7 */
-    const __m128i sc8 = loadu128(blk + 192);
-    const __m256i sc8x2 = _mm256_broadcastsi128_si256(sc8);
-    __m512i acc[HK_MAX_NT];
+    const __m512i sc = _mm512_castsi256_si512(sc16);
     HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_si512();
     HK_UNROLL for (int h = 0; h < 2; h++) {
         const __m512i ql = _mm512_loadu_si512(blk + 64 * h), qh = _mm512_broadcast_i64x4(loadu256(blk + 128 + 32 * h));
         HK_UNROLL for (int e = 0; e < 2; e++) {
-            const int g = 2 * h + e;
+            const short g = (short)(2 * h + e), s0 = 4 * g, s1 = s0 + 1, s2 = s0 + 2, s3 = s0 + 3;
             const __m512i lo = e ? _mm512_srli_epi16(ql, 4) : ql;
             const __m512i hi = e ? _mm512_srlv_epi16(qh, down) : _mm512_sllv_epi16(qh, up);
             const __m512i q = _mm512_or_si512(_mm512_and_si512(lo, m4), _mm512_and_si512(hi, m30));
-            const __m256i pick = _mm256_setr_epi8(4 * g, 4 * g, 4 * g, 4 * g, 4 * g, 4 * g, 4 * g, 4 * g, 4 * g + 1, 4 * g + 1, 4 * g + 1,
-                                                  4 * g + 1, 4 * g + 1, 4 * g + 1, 4 * g + 1, 4 * g + 1, 4 * g + 2, 4 * g + 2, 4 * g + 2,
-                                                  4 * g + 2, 4 * g + 2, 4 * g + 2, 4 * g + 2, 4 * g + 2, 4 * g + 3, 4 * g + 3, 4 * g + 3,
-                                                  4 * g + 3, 4 * g + 3, 4 * g + 3, 4 * g + 3, 4 * g + 3);
-            const __m512i sc = _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(sc8x2, pick));
+            const __m512i sg = _mm512_permutexvar_epi16(_mm512_set_epi16(s3, s3, s3, s3, s3, s3, s3, s3, s2, s2, s2, s2, s2, s2, s2, s2,
+                                                                         s1, s1, s1, s1, s1, s1, s1, s1, s0, s0, s0, s0, s0, s0, s0, s0), sc);
             HK_UNROLL for (int t = 0; t < nt; t++)
-                acc[t] = _mm512_dpwssd_epi32(acc[t], _mm512_maddubs_epi16(q, _mm512_loadu_si512(a[t].qs + 256 * b + 64 * g)), sc);
+                acc[t] = _mm512_dpwssd_epi32(acc[t], _mm512_maddubs_epi16(q, _mm512_loadu_si512(a[t].qs + 256 * b + 64 * g)), sg);
         }
     }
-    const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
-    HK_UNROLL for (int t = 0; t < nt; t++) /* less 32 * sum(scale * bsum) */
-        isum[t] = _mm256_sub_epi32(_mm256_add_epi32(_mm512_castsi512_si256(acc[t]), _mm512_extracti64x4_epi64(acc[t], 1)),
-                                   _mm256_slli_epi32(_mm256_madd_epi16(bsums_of(&a[t], b), sc16), 5));
 }
 
+INLINE __m256i q6_k_scales16(const uint8_t *blk) { return _mm256_cvtepi8_epi16(loadu128(blk + 192)); }
+
+/* Super-blocks two at a time: their lanes summed in one pass (block b in the low 256 bits, b + 1 in the high),
+   then the same float steps as one at a time, in the same order (so the same bits). */
 INLINE void dot512_q6_k_nt(int nb, const uint8_t *w, const hk_act *a, const int nt, float *out, ptrdiff_t os) {
     __m128 acc[HK_MAX_NT];
     HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = _mm_setzero_ps();
-    for (int b = 0; b < nb; b++) {
+    int b = 0;
+    for (; b + 1 < nb; b += 2) {
         const uint8_t *blk = w + (size_t)b * 210;
-        prefetch_ahead(blk, 210);
+        prefetch_ahead(blk, 420);
+        const __m256i sc0 = q6_k_scales16(blk), sc1 = q6_k_scales16(blk + 210);
+        const __m512i sc01 = _mm512_inserti64x4(_mm512_castsi256_si512(sc0), sc1, 1);
+        const float dw0 = f16x(blk + 208), dw1 = f16x(blk + 418);
+        __m512i l0[HK_MAX_NT], l1[HK_MAX_NT];
+        q6_k_lanes512(blk, a, b, nt, sc0, l0);
+        q6_k_lanes512(blk + 210, a, b + 1, nt, sc1, l1);
+        HK_UNROLL for (int t = 0; t < nt; t++) {
+            __m512i s = _mm512_add_epi32(_mm512_shuffle_i64x2(l0[t], l1[t], _MM_SHUFFLE(1, 0, 1, 0)),
+                                         _mm512_shuffle_i64x2(l0[t], l1[t], _MM_SHUFFLE(3, 2, 3, 2)));
+            s = _mm512_sub_epi32(s, _mm512_slli_epi32(_mm512_madd_epi16(_mm512_loadu_si512(a[t].bsums + 16 * b), sc01), 5));
+            const __m128 f = _mm_cvtepi32_ps(hsum2_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1)));
+            acc[t] = _mm_fmadd_ss(f, _mm_set_ss(dw0 * a[t].d[b]), acc[t]);
+            acc[t] = _mm_fmadd_ss(_mm_movehdup_ps(f), _mm_set_ss(dw1 * a[t].d[b + 1]), acc[t]);
+        }
+    }
+    if (b < nb) {
+        const uint8_t *blk = w + (size_t)b * 210;
+        const __m256i sc16 = q6_k_scales16(blk);
         const float dw = f16x(blk + 208);
-        __m256i isum[HK_MAX_NT];
-        q6_k_isum512(blk, a, b, nt, isum);
-        HK_UNROLL for (int t = 0; t < nt; t++)
-            acc[t] = _mm_fmadd_ss(_mm_cvtepi32_ps(hsum2_epi32(isum[t], isum[t])), _mm_set_ss(dw * a[t].d[b]), acc[t]);
+        __m512i l[HK_MAX_NT];
+        q6_k_lanes512(blk, a, b, nt, sc16, l);
+        HK_UNROLL for (int t = 0; t < nt; t++) {
+            const __m256i s = _mm256_sub_epi32(_mm256_add_epi32(_mm512_castsi512_si256(l[t]), _mm512_extracti64x4_epi64(l[t], 1)),
+                                               _mm256_slli_epi32(_mm256_madd_epi16(bsums_of(&a[t], b), sc16), 5));
+            acc[t] = _mm_fmadd_ss(_mm_cvtepi32_ps(hsum2_epi32(s, s)), _mm_set_ss(dw * a[t].d[b]), acc[t]);
+        }
     }
     HK_UNROLL for (int t = 0; t < nt; t++) out[t * os] = _mm_cvtss_f32(acc[t]);
 }

@@ -2,6 +2,8 @@
 
 ``llama-bench`` prefills ``-p`` tokens of its own (not our prompt ids) and decodes ``-n`` tokens, each as a
 separate test after its own warm-up run; its figures are llama.cpp's best case, without any Python around it.
+Its decode test starts from an empty cache unless ``-d`` fills one first: ``run_llama_bench_reply`` times the
+decode after the prompt's positions (``-d P``), as a reply's decode follows its prompt in our runs.
 The binary is found at ``--llama-bench PATH``, else ``$HEARTH_LLAMA_BENCH``, else where the test helpers
 (``tests/llama_cpp_tools.py``) build it: ``<test-model cache>/llama-cpp-tools-<llama-cpp-python version>/bin``.
 """
@@ -54,6 +56,18 @@ def run_llama_bench(binary: Path, model: Path, prompt_tokens: int, gen_tokens: i
     if done.returncode != 0:
         raise RuntimeError(f"llama-bench failed ({done.returncode}): {done.stderr.strip()[-500:]}")
     return parse_report(done.stdout)
+
+
+def run_llama_bench_reply(binary: Path, model: Path, prompt_tokens: int, gen_tokens: int, threads: int,
+                          **options) -> dict[str, dict[str, list[float]]]:
+    """A reply's two phases as our bench times them: ``-p P -n 0`` (the prompt into an empty cache), then
+    ``-p 0 -n N -d P`` (the decode after the prompt's P positions, whose KV cache every step reads); without
+    ``-d`` llama-bench would decode at positions 0 .. N - 1 and read a smaller cache than our decode does.
+    Takes ``run_llama_bench``'s options (not ``depth``) and returns its mapping."""
+    out = run_llama_bench(binary, model, prompt_tokens, 0, threads, **options)
+    for name, rates in run_llama_bench(binary, model, 0, gen_tokens, threads, depth=prompt_tokens, **options).items():
+        out.setdefault(name, {"prefill_tps": [], "decode_tps": []})["decode_tps"] += rates["decode_tps"]
+    return out
 
 
 def parse_report(text: str) -> dict[str, dict[str, list[float]]]:

@@ -8,7 +8,8 @@ round by round (a shared host's speed drifts between rounds), and against this m
 twice: against the best pass of the whole run (strict: on a shared host the pass moves by up to a factor of two
 from minute to minute) and round by round against short passes taken just before and just after that round's
 decode (paired: the bandwidth the decode actually had). With llama-bench as a peer, our model's pages are read
-back in (untimed) after each of its rounds, since both engines are timed warm. Nothing here asserts a time.
+back in (untimed) after each of its rounds, since both engines are timed warm, and its decode is timed after the
+prompt's positions, as ours is (``run_llama_bench_reply``; until 2026-11-28 it decoded from an empty cache). Nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ..gguf_file import touch_tensors
 from ..memory_estimate import KV_TYPE_ELEMENT_BYTES, kv_cache_bytes, kv_layout
 from ..model import load
 from .bandwidth import measure_read_bandwidth, merge_measurements, weight_bytes_per_token
-from .llama_bench import default_binary, run_llama_bench
+from .llama_bench import default_binary, run_llama_bench_reply
 from .runners import HearthRunner, LlamaCppRunner, Run, Runner
 from .workload import bench_prompt, first_divergence, peak_rss_mb, rss_mb, set_threads, spread, threads_in_use
 
@@ -153,8 +154,8 @@ def run_bench(path: Path, backend: str, threads: int | None, prompt_tokens: int,
         binary = llama_bench or default_binary()
 
         def between() -> None:
-            for name, rates in run_llama_bench(binary, path, len(ids), gen_tokens, n_threads, kv_type=cache_type,
-                                               flash_attn=(1,) if cache_type == "q8_0" else (0, 1)).items():
+            for name, rates in run_llama_bench_reply(binary, path, len(ids), gen_tokens, n_threads, kv_type=cache_type,
+                                                     flash_attn=(1,) if cache_type == "q8_0" else (0, 1)).items():
                 for key, values in rates.items():
                     bench_runs.setdefault(name, {}).setdefault(key, []).extend(values)
             # llama-bench times its rounds after loading, and its repacked copy of the weights (10 GB for a 30B

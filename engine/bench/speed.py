@@ -9,7 +9,8 @@ twice: against the best pass of the whole run (strict: on a shared host the pass
 from minute to minute) and round by round against short passes taken just before and just after that round's
 decode (paired: the bandwidth the decode actually had). With llama-bench as a peer, our model's pages are read
 back in (untimed) after each of its rounds, since both engines are timed warm, and its decode is timed after the
-prompt's positions, as ours is (``run_llama_bench_reply``; until 2026-11-28 it decoded from an empty cache). Nothing here asserts a time.
+prompt's positions, as ours is (``run_llama_bench_reply``; until 2026-11-28 it decoded from an empty cache).
+Nothing here asserts a time.
 """
 
 from __future__ import annotations

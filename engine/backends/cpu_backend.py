@@ -1,10 +1,10 @@
 """The CPU backend: the fused C decoder (engine/backends/cpu/decoder.py) on the packed GGUF blocks.
 
 Weights are never dequantized: each matrix is a view into the memory-mapped file, so resident memory is about
-the file size. The one copy is a layout change: under AVX-512 the C decoder's dense Q4_0 / IQ4_NL / Q4_K
-matrices are repacked at load into groups of 16 rows (``kernels.repack16``; Qwen3-4B Q4_0's 2 GB add 0.5 s to a
-load, Llama-3.2-1B Q4_K_M's 0.47 GB of Q4_K 0.15-0.35 s, 2 threads, file cached) and their pages in the map are
-released, so they are still held once. Every forward call runs all layers in C with the GIL released; the NumPy
+the file size. The one copy is a layout change: under AVX-512 the C decoder's dense Q4_0 / IQ4_NL / Q4_K /
+Q8_0 matrices are repacked at load into groups of 16 rows (``kernels.repack16``; Qwen3-4B Q4_0's 2 GB add 0.5 s
+to a load, Llama-3.2-1B Q4_K_M's 0.47 GB of Q4_K 0.15-0.35 s, 2 threads, file cached) and their pages in the map
+are released, so they are still held once. Every forward call runs all layers in C with the GIL released; the NumPy
 reference decoder this class inherits stays available as ``reference_forward`` (the same math with the same C
 matrix products, in NumPy), which the tests hold the C decoder to.
 

@@ -79,8 +79,8 @@ ARCHS = {
                   whole_norms=True, post_norms=True, tied=False),
 }
 K_SCALE_FIELDS = {Q.Q4_K: (0, 2), Q.Q6_K: (208,), Q.IQ4_NL: (0,)}  # byte offsets of the float16 scales in a block
-# Q4_0, IQ4_NL and Q4_K are repacked into 16-row groups under AVX-512 (a fused tensor's row ranges too); Q8_0
-# and the output (300 rows) stay in the file layout
+# Q4_0, IQ4_NL, Q4_K and Q8_0 are repacked into 16-row groups under AVX-512 (a fused tensor's row ranges too);
+# the Q8_0 output and embedding (300 rows: not whole groups) stay in the file layout
 QUANT_TYPES = {"attn_q": Q.Q5_0, "attn_k": Q.Q4_K, "attn_v": Q.IQ4_NL, "attn_qkv": Q.Q4_0, "attn_output": Q.Q4_0,
                "ffn_gate": Q.Q4_K, "ffn_up": Q.Q5_1, "ffn_down": Q.Q6_K, "output": Q.Q8_0, "token_embd": Q.Q8_0}
 
@@ -311,10 +311,11 @@ def test_quantized_model_matches_the_reference_with_the_same_products(model_file
     assert (got.argmax(-1) == want.argmax(-1)).mean() > 0.9
 
 
-@pytest.mark.parametrize("arch, tied", [("llama", None), ("phi3", None), ("llama", Q.Q4_0), ("llama", Q.Q4_K)])
+@pytest.mark.parametrize("arch, tied", [("llama", None), ("phi3", None), ("llama", Q.Q4_0), ("llama", Q.Q4_K),
+                                        ("llama", Q.Q8_0)])
 def test_repacked_matrices_give_the_file_layouts_bits(model_file, tmp_path, arch, tied, monkeypatch):
-    """Under AVX-512 the dense Q4_0 / IQ4_NL / Q4_K matrices (phi3's fused q/k/v rows; a tied Q4_0 or Q4_K
-    embedding, which serves the output and the token rows) are decoded from 16-row copies whose mapped pages
+    """Under AVX-512 the dense Q4_0 / IQ4_NL / Q4_K / Q8_0 matrices (phi3's fused q/k/v rows; a tied Q4_0, Q4_K or
+    Q8_0 embedding, which serves the output and the token rows) are decoded from 16-row copies whose mapped pages
     are released; prompt and decode logits are the file layout's bits."""
     path = write_model(tmp_path / "tied.gguf", arch, True, n_vocab=320, types={"token_embd": tied}) \
         if tied else model_file(arch, True)
@@ -324,7 +325,8 @@ def test_repacked_matrices_give_the_file_layouts_bits(model_file, tmp_path, arch
         plain, _ = backends(path)
     repacks = kernels.active_isa() == "avx512"
     assert bool(cpu.decoder._copies) == repacks and not plain.decoder._copies
-    gguf, names = cpu.gguf, [n for n, t in cpu.gguf.tensors.items() if t.qtype in (Q.Q4_0, Q.IQ4_NL, Q.Q4_K)]
+    gguf, names = cpu.gguf, [n for n, t in cpu.gguf.tensors.items()
+                             if t.qtype in (Q.Q4_0, Q.IQ4_NL, Q.Q4_K, Q.Q8_0) and t.shape[-1] % 16 == 0]
     assert (tied is not None) == ("token_embd.weight" in names)
     mapped = sum(end - start for start, end in gguf.mapped_ranges())
     assert mapped == sum(t.nbytes for t in gguf.tensors.values()) - repacks * sum(gguf.tensor(n).nbytes for n in names)

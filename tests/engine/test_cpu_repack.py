@@ -1,4 +1,4 @@
-"""The 16-row layouts of Q4_0, IQ4_NL and Q4_K (kernels.repack16): the same products, bit for bit, as the file
+"""The 16-row layouts of Q4_0, IQ4_NL, Q4_K and Q8_0 (kernels.repack16): the same products, bit for bit, as the file
 layout; refused where it does not apply; still right (by the portable kernel) if the ISA changes after
 repacking."""
 
@@ -14,7 +14,7 @@ from engine.ggml_types import GGML_QUANT_SIZES as BLOCK  # type -> (elements, by
 AVX512 = kernels.active_isa() == "avx512"
 
 
-TYPES = [Q.Q4_0, Q.IQ4_NL, Q.Q4_K]
+TYPES = [Q.Q4_0, Q.IQ4_NL, Q.Q4_K, Q.Q8_0]
 
 
 def packed(qtype: int, rows: int, nb: int, seed: int = 0) -> np.ndarray:
@@ -60,7 +60,7 @@ def test_a_repacked_rows_values_are_the_file_layouts(qtype):
 
 def test_repack_is_refused_where_it_does_not_apply():
     assert kernels.repack16(packed(Q.Q4_0, 17, 2), Q.Q4_0) is None  # not whole groups of 16 rows
-    assert kernels.repack16(np.zeros((16, 34), np.uint8), Q.Q8_0) is None  # no 16-row layout for the type
+    assert kernels.repack16(np.zeros((16, 22), np.uint8), Q.Q5_0) is None  # no 16-row layout for the type
     assert kernels.repack16_type(Q.Q4_0, 0) is None
     if not AVX512:
         assert kernels.repack16_type(Q.Q4_0, 16) is None

@@ -152,8 +152,8 @@ class CpuDecoder:
         inv_freq: (n_sets, rope_dim // 2) float64, the effective RoPE inverse frequencies of ``engine/rope.py``.
         layer_set: per layer, the row of ``inv_freq`` it rotates with, or -1 for a layer without RoPE.
         release: called with a matrix's mapped rows once the decoder holds a repacked copy of them
-            (``kernels.repack16``: the dense Q4_0 / IQ4_NL / Q4_K matrices under AVX-512), so the file's pages can
-            leave resident memory. None: keep no copies, every matrix is read from the map.
+            (``kernels.repack16``: the dense Q4_0 / IQ4_NL / Q4_K / Q8_0 matrices under AVX-512), so the file's
+            pages can leave resident memory. None: keep no copies, every matrix is read from the map.
     """
 
     def __init__(self, config: ModelConfig, layers: Sequence[Any], token_embd: tuple[np.ndarray, int], output: Any,
@@ -192,8 +192,8 @@ class CpuDecoder:
 
     @staticmethod
     def _repack(matrices: list, release: Callable[[np.ndarray], None] | None) -> dict[int, tuple[np.ndarray, int]]:
-        """Copies of the dense matrices the 16-row layout pays for (``kernels.repack16``; its products from memory
-        measured 1.00-1.18x the file layout's, docs/benchmarks.md), by id of the matrix, and their mapped pages
+        """Copies of the dense matrices the 16-row layout pays for (``kernels.repack16``; one-token products from
+        memory measured 1.00-1.36x the file layout's, docs/benchmarks.md), by id of the matrix, and their mapped pages
         released. One allocation aligned to 2 MiB, so the kernel can back it with huge pages as the file's map
         is. Only with ``release``: nothing is held twice. An untied token embedding stays in the map in 4 KiB
         pages (``GGUFFile``: a token reads one row of it)."""

@@ -21,7 +21,7 @@
 
 /* Bytes per block of a legacy 32-element type (as kernels_x86.inc). */
 INLINE int size32(int type) {
-    if (hk_is_r16(type)) return HK_R16_BLOCK; /* a block of all 16 rows: see hk.h */
+    if (hk_is_r16(type)) return 16 * (type == HK_Q8_0_R16 ? 34 : 18); /* a block of all 16 rows: see hk.h */
     return type == HK_Q4_0 || type == HK_IQ4_NL ? 18 : type == HK_Q4_1 ? 20 : type == HK_Q5_0 ? 22 : type == HK_Q5_1 ? 24
          : type == HK_MXFP4 ? 17 : 34;
 }
@@ -58,10 +58,14 @@ INLINE void nibbles16(const int type, const __m512i *words, __m512i *q) {
    in each row's lane, dw the rows' scales and cw their offsets (see rows16_nt). */
 INLINE void block16_decode(const int type, const uint8_t *blk, ptrdiff_t stride, __m512i offsets, __m512i *q, __m512 *dw, __m512 *cw) {
     __m512i words[4], lead[4];
-    if (hk_is_r16(type)) { /* already in lanes: the scales, then the four code vectors (see hk.h) */
-        for (int k = 0; k < 4; k++) words[k] = _mm512_loadu_si512(blk + 32 + 64 * k);
+    if (hk_is_r16(type)) { /* already in lanes: the scales, then the code vectors (see hk.h) */
         *dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
-        *cw = _mm512_mul_ps(*dw, _mm512_set1_ps(type == HK_IQ4_NL_R16 ? -128.0f : -8.0f));
+        *cw = _mm512_mul_ps(*dw, _mm512_set1_ps(type == HK_Q4_0_R16 ? -8.0f : -128.0f));
+        if (type == HK_Q8_0_R16) { /* signed bytes to unsigned codes w + 128 */
+            for (int k = 0; k < 8; k++) q[k] = _mm512_xor_si512(_mm512_loadu_si512(blk + 32 + 64 * k), _mm512_set1_epi8((char)0x80));
+            return;
+        }
+        for (int k = 0; k < 4; k++) words[k] = _mm512_loadu_si512(blk + 32 + 64 * k);
         nibbles16(hk_r16_base(type), words, q);
         return;
     }
@@ -156,7 +160,10 @@ INLINE __m512 block16_token(const int type, const __m512i *q, __m512 dw, __m512 
 /* out[t * os + r] = row r . a[t] for 16 rows stride bytes apart. Codes are unsigned bytes in q[k] (lane r:
    elements 4k..4k+3 of row r's block); the offset (Q4_0's -8, Q4_1's min, Q8_0's -128 after its signed
    bytes are flipped to w + 128, and the table types' -128 or -12 after their look-up plus that much) goes
-   through the activations' block sums, as in dot32x2_nt. */
+   through the activations' block sums, as in dot32x2_nt. The file layout's 16 rows are 16 interleaved streams,
+   whose next 16 rows are prefetched (prefetch_next_rows); a 16-row layout reads one stream, which the hardware
+   prefetcher follows alone better: without the software prefetch a one-token product of Llama-3.2-1B Q8_0's
+   repacked matrices read 1.36x the file layout's and its decode ran 1.26x, Q4_0's 1.18x (docs/benchmarks.md). */
 INLINE void rows16_nt(const int type, int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, const int nt,
                       float *out, ptrdiff_t os) {
     const int ts = size32(type);
@@ -181,7 +188,7 @@ INLINE void rows16_nt(const int type, int nb, const uint8_t *w, ptrdiff_t stride
         }
     for (; b < nb; b++) {
         const uint8_t *blk = w + (size_t)b * ts;
-        prefetch_next_rows(w, stride, b, nb, &line);
+        if (!hk_is_r16(type)) prefetch_next_rows(w, stride, b, nb, &line); /* a 16-row layout is one stream: see above */
         __m512i q[8] __attribute__((aligned(64)));
         __m512 dw, cw;
         block16_decode(type, blk, stride, offsets, q, &dw, &cw);
@@ -214,6 +221,7 @@ ROWS16(rows16_iq4_nl, HK_IQ4_NL)
 ROWS16(rows16_mxfp4, HK_MXFP4)
 ROWS16(rows16_q4_0_r16, HK_Q4_0_R16)
 ROWS16(rows16_iq4_nl_r16, HK_IQ4_NL_R16)
+ROWS16(rows16_q8_0_r16, HK_Q8_0_R16)
 
 /* -- Q8_0 against one token (decode): a row's 32 bytes of a block are already whole codes, so instead of
    transposing them into lanes (rows16_nt: two 4 x 4 word transposes a block) each row's block takes one
@@ -351,6 +359,7 @@ GEMM16_32(gemm16_iq4_nl, HK_IQ4_NL)
 GEMM16_32(gemm16_mxfp4, HK_MXFP4)
 GEMM16_32(gemm16_q4_0_r16, HK_Q4_0_R16)
 GEMM16_32(gemm16_iq4_nl_r16, HK_IQ4_NL_R16)
+GEMM16_32(gemm16_q8_0_r16, HK_Q8_0_R16)
 
 #if defined(__clang__)
 #pragma clang attribute pop

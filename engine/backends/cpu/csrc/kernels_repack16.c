@@ -1,16 +1,16 @@
-/* The 16-row layouts of Q4_0, IQ4_NL and Q4_K (see hk.h): the repacking done once at load, and a portable
+/* The 16-row layouts of Q4_0, IQ4_NL, Q4_K and Q8_0 (see hk.h): the repacking done once at load, and a portable
    kernel for a repacked matrix under an ISA without 16-row kernels for it. */
 #include "hk.h"
 #include "pool.h"
 
 /* Where piece k of row r's block lies in the file layout and in its group's 16-row block, its length, and how
    many pieces a block has: the layouts' one statement of where bytes go. Q4_K's pieces are the block's 36
-   32-bit words; the 18-byte blocks' are the float16 scale (k = 0), then code bytes 4(k-1)..4k-1. */
+   32-bit words; the 18- and 34-byte blocks' are the float16 scale (k = 0), then code bytes 4(k-1)..4k-1. */
 static int k_type(int type) { return hk_r16_base(type) == HK_Q4_K; }
 static int file_at(int type, int k) { return k_type(type) ? 4 * k : k ? 4 * k - 2 : 0; }
 static int group_at(int type, int k, int r) { return k_type(type) ? 64 * k + 4 * r : k ? 32 + 64 * (k - 1) + 4 * r : 2 * r; }
 static int piece_len(int type, int k) { return k_type(type) || k ? 4 : 2; }
-static int pieces(int type) { return k_type(type) ? 36 : 5; }
+static int pieces(int type) { return k_type(type) ? 36 : hk_r16_base(type) == HK_Q8_0 ? 9 : 5; }
 
 /* Blocks b0 .. b0 + n - 1 of rows r0 .. r0 + nr - 1 between the layouts: from the file layout (rows stride
    bytes apart) into the group at g when to_group, else back (into row, n blocks of one row, nr = 1). */
@@ -100,4 +100,8 @@ void hk_scalar_rows16_iq4_nl_r16(int nb, const uint8_t *w, ptrdiff_t stride, con
 
 void hk_scalar_rows16_q4_k_r16(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int nt, float *out, ptrdiff_t os) {
     scalar_rows16_r16(HK_Q4_K_R16, nb, w, stride, a, nt, out, os);
+}
+
+void hk_scalar_rows16_q8_0_r16(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int nt, float *out, ptrdiff_t os) {
+    scalar_rows16_r16(HK_Q8_0_R16, nb, w, stride, a, nt, out, os);
 }

@@ -193,8 +193,8 @@ class CpuDecoder:
     @staticmethod
     def _repack(matrices: list, release: Callable[[np.ndarray], None] | None) -> dict[int, tuple[np.ndarray, int]]:
         """Copies of the dense matrices the 16-row layout pays for (``kernels.repack16``; one-token products from
-        memory measured 1.00-1.36x the file layout's, docs/benchmarks.md), by id of the matrix, and their mapped pages
-        released. One allocation aligned to 2 MiB, so the kernel can back it with huge pages as the file's map
+        memory measured 1.00-1.36x the file layout's, docs/benchmarks.md), by id of the matrix, and their mapped
+        pages released. One allocation aligned to 2 MiB, so the kernel can back it with huge pages as the file's map
         is. Only with ``release``: nothing is held twice. An untied token embedding stays in the map in 4 KiB
         pages (``GGUFFile``: a token reads one row of it)."""
         picks = [] if release is None else \

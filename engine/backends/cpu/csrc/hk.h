@@ -12,7 +12,7 @@ enum {
     HK_Q2_K = 10, HK_Q3_K = 11, HK_Q4_K = 12, HK_Q5_K = 13, HK_Q6_K = 14, HK_IQ2_XXS = 16, HK_IQ2_XS = 17,
     HK_IQ3_XXS = 18, HK_IQ4_NL = 20, HK_IQ3_S = 21, HK_IQ2_S = 22, HK_IQ4_XS = 23, HK_BF16 = 30,
     HK_TQ1_0 = 34, HK_TQ2_0 = 35, HK_MXFP4 = 39,
-    /* Hearth's own, never in a file: Q4_0 / IQ4_NL / Q4_K / Q8_0 repacked at load into groups of 16 rows (hk_repack16) */
+    /* Hearth's own, never in a file: Q4_0 / IQ4_NL / Q4_K / Q8_0 repacked at load into 16-row groups (hk_repack16) */
     HK_Q4_0_R16 = 40, HK_IQ4_NL_R16 = 41, HK_Q4_K_R16 = 42, HK_Q8_0_R16 = 43, HK_NTYPES = 44,
 };
 
@@ -141,8 +141,9 @@ extern const uint64_t hk_ksigns64[128];  /* the same as 8 int8 factors +1 / -1 *
 static inline int hk_trit(uint8_t q, uint8_t pow3) { return ((uint16_t)(uint8_t)(q * pow3) * 3) >> 8; }
 
 /* The 16-row layouts of Q4_0, IQ4_NL, Q4_K and Q8_0 (HK_Q4_0_R16, HK_IQ4_NL_R16, HK_Q4_K_R16, HK_Q8_0_R16).
-   Rows stay in groups of 16 at the same offsets (group g at 16 * g * stride), so a group's pointer arithmetic is the file layout's;
-   inside a group, block b holds the 16 rows' block b at 16 * type_size * b, its bytes already in vector lanes:
+   Rows stay in groups of 16 at the same offsets (group g at 16 * g * stride), so a group's pointer arithmetic
+   is the file layout's; inside a group, block b holds the 16 rows' block b at 16 * type_size * b, its bytes
+   already in vector lanes:
    - Q4_0 / IQ4_NL (16 * 18 bytes): the 16 rows' float16 scales (row r at 2r), then four 64-byte vectors,
      vector k holding bytes 4k..4k+3 of each row's 16 code bytes (row r at 4r);
    - Q8_0 (16 * 34 bytes): the same, with eight vectors of each row's 32 code bytes (signed, as in the file);

@@ -62,7 +62,8 @@ INLINE void block16_decode(const int type, const uint8_t *blk, ptrdiff_t stride,
         *dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
         *cw = _mm512_mul_ps(*dw, _mm512_set1_ps(type == HK_Q4_0_R16 ? -8.0f : -128.0f));
         if (type == HK_Q8_0_R16) { /* signed bytes to unsigned codes w + 128 */
-            for (int k = 0; k < 8; k++) q[k] = _mm512_xor_si512(_mm512_loadu_si512(blk + 32 + 64 * k), _mm512_set1_epi8((char)0x80));
+            const __m512i flip = _mm512_set1_epi8((char)0x80);
+            for (int k = 0; k < 8; k++) q[k] = _mm512_xor_si512(_mm512_loadu_si512(blk + 32 + 64 * k), flip);
             return;
         }
         for (int k = 0; k < 4; k++) words[k] = _mm512_loadu_si512(blk + 32 + 64 * k);
@@ -188,7 +189,7 @@ INLINE void rows16_nt(const int type, int nb, const uint8_t *w, ptrdiff_t stride
         }
     for (; b < nb; b++) {
         const uint8_t *blk = w + (size_t)b * ts;
-        if (!hk_is_r16(type)) prefetch_next_rows(w, stride, b, nb, &line); /* a 16-row layout is one stream: see above */
+        if (!hk_is_r16(type)) prefetch_next_rows(w, stride, b, nb, &line); /* a 16-row layout: one stream */
         __m512i q[8] __attribute__((aligned(64)));
         __m512 dw, cw;
         block16_decode(type, blk, stride, offsets, q, &dw, &cw);

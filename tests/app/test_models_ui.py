@@ -259,6 +259,8 @@ def test_the_previous_model_s_memory_is_returned_after_a_switch(qtbot, tmp_path)
         with qtbot.waitSignal(host.loaded, timeout=300000) as first:
             host.load(str(big), 2048)
         mapped = _mapped_rss(big)  # this file's pages resident in this process, whatever else the process did
+        # the bytes the backend reads from the map: the file's tensors less the matrices it repacked into copies
+        from_map = sum(end - start for start, end in host.model.gguf.mapped_ranges())
         with qtbot.waitSignal(host.loaded, timeout=300000) as second:
             host.load(str(model_path("smollm2")), 2048)
         still_mapped = _mapped_rss(big)
@@ -272,10 +274,11 @@ def test_the_previous_model_s_memory_is_returned_after_a_switch(qtbot, tmp_path)
     print(f"\nqwen2.5-coder 0.5B ({size / 2**20:.0f} MiB file): estimate for weights and runtime "
           f"{expected / 2**20:.0f} MiB, RSS grew {grown / 2**20:.0f} MiB on load; after the switch "
           f"{returned / 2**20:.0f} MiB were returned")
-    assert mapped >= 0.9 * size, mapped  # the weights were paged in, so the measurement holds them
+    assert mapped >= 0.9 * from_map, (mapped, from_map)  # the mapped weights were paged in: measured as held
     assert still_mapped == 0  # Model.close() and dropping the model unmapped the file
-    # and the process's RSS fell by about the file: other allocations between the two readings move this by a few
-    # MiB (a CI run read 0.8998 of the file), so the bound is 0.8, with the exact check above
+    # and the process's RSS fell by about the file (the repacked copies and the map): other allocations between the
+    # two readings move this by a few MiB (a CI run read 0.8998 of the file), so the bound is 0.8, with the exact
+    # check above
     assert returned >= 0.8 * size
 
 

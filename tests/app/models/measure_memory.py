@@ -1,8 +1,8 @@
 """Measure the RSS a real load (CPU or NumPy backend) adds at full context, beside ``estimate_memory``'s figure.
 
 In a fresh interpreter (so nothing else is counted): load the model on a backend, touch every page of the file
-(memory-mapped) that the backend still reads from the map, reserve and write a KV cache of ``n_ctx`` positions, and run the last prompt chunk that fills the
-context, so the scratch exists at its largest. ``peak`` is the growth of the process's peak RSS (the NumPy
+(memory-mapped) that the backend still reads from the map, reserve and write a KV cache of ``n_ctx`` positions,
+and run the last prompt chunk that fills the context, so the scratch exists at its largest. ``peak`` is the growth of the process's peak RSS (the NumPy
 backend's attention scores are freed before the end). Run ``python -m tests.app.models.measure_memory [cpu|numpy]``
 to print the table; the tests assert the 8 % bar.
 """
@@ -22,21 +22,18 @@ import json, sys
 import numpy as np
 import psutil
 import engine.model
+from engine.gguf_file import touch_tensors
 from engine.memory_estimate import estimate_memory
 path, n_ctx, backend = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 proc = psutil.Process()
 before = proc.memory_info().rss
 model = engine.model.load(path, backend=backend, n_ctx=n_ctx)
 g = model.gguf
-checksum = 0
 # cpu computes on the memory-mapped file, less the matrices it repacked (their copies are resident, their mapped
-# pages released: mapped_ranges leaves them out); numpy read all of it to dequantize. Touching every page the
-# backend still reads makes the figure not depend on whether the system reclaimed some of those clean pages
-# meanwhile (under memory pressure)
-mapped = g.mapped_bytes()
-for start, end in g.mapped_ranges():
-    flat = mapped[start:end]
-    checksum += int(flat[::4096].sum()) + int(flat[-1])  # one byte per page makes every page resident
+# pages released); numpy read all of it to dequantize. Touching every page the backend still reads from the map
+# (as a load's own measurement does) makes the figure not depend on whether the system reclaimed some of those
+# clean pages meanwhile (under memory pressure)
+checksum = touch_tensors(g)
 full = model.backend.new_cache(n_ctx)
 full.reserve(n_ctx)
 keys, values = full.layers() if hasattr(full, "layers") else ([full.k], [full.v])

@@ -2,9 +2,9 @@
 
 In a fresh interpreter (so nothing else is counted): load the model on a backend, touch every page of the file
 (memory-mapped) that the backend still reads from the map, reserve and write a KV cache of ``n_ctx`` positions,
-and run the last prompt chunk that fills the context, so the scratch exists at its largest. ``peak`` is the growth of the process's peak RSS (the NumPy
-backend's attention scores are freed before the end). Run ``python -m tests.app.models.measure_memory [cpu|numpy]``
-to print the table; the tests assert the 8 % bar.
+and run the last prompt chunk that fills the context, so the scratch exists at its largest. ``peak`` is the growth
+of the process's peak RSS (the NumPy backend's attention scores are freed before the end). Run
+``python -m tests.app.models.measure_memory [cpu|numpy]`` to print the table; the tests assert the 8 % bar.
 """
 
 from __future__ import annotations

@@ -312,11 +312,11 @@ def test_quantized_model_matches_the_reference_with_the_same_products(model_file
 
 
 @pytest.mark.parametrize("arch, tied", [("llama", None), ("phi3", None), ("llama", Q.Q4_0), ("llama", Q.Q4_K),
-                                        ("llama", Q.Q8_0)])
+                                        ("llama", Q.Q8_0), ("llama", Q.Q6_K)])
 def test_repacked_matrices_give_the_file_layouts_bits(model_file, tmp_path, arch, tied, monkeypatch):
-    """Under AVX-512 the dense Q4_0 / IQ4_NL / Q4_K / Q8_0 matrices (phi3's fused q/k/v rows; a tied Q4_0, Q4_K or
-    Q8_0 embedding, which serves the output and the token rows) are decoded from 16-row copies whose mapped pages
-    are released; prompt and decode logits are the file layout's bits."""
+    """Under AVX-512 the dense Q4_0 / IQ4_NL / Q4_K / Q8_0 / Q6_K matrices (phi3's fused q/k/v rows; a tied Q4_0,
+    Q4_K, Q8_0 or Q6_K embedding, which serves the output and the token rows) are decoded from 16-row copies whose
+    mapped pages are released; prompt and decode logits are the file layout's bits."""
     path = write_model(tmp_path / "tied.gguf", arch, True, n_vocab=320, types={"token_embd": tied}) \
         if tied else model_file(arch, True)
     cpu, _ = backends(path)
@@ -326,7 +326,7 @@ def test_repacked_matrices_give_the_file_layouts_bits(model_file, tmp_path, arch
     repacks = kernels.active_isa() == "avx512"
     assert bool(cpu.decoder._copies) == repacks and not plain.decoder._copies
     gguf, names = cpu.gguf, [n for n, t in cpu.gguf.tensors.items()
-                             if t.qtype in (Q.Q4_0, Q.IQ4_NL, Q.Q4_K, Q.Q8_0) and t.shape[-1] % 16 == 0]
+                             if t.qtype in (Q.Q4_0, Q.IQ4_NL, Q.Q4_K, Q.Q8_0, Q.Q6_K) and t.shape[-1] % 16 == 0]
     assert (tied is not None) == ("token_embd.weight" in names)
     mapped = sum(end - start for start, end in gguf.mapped_ranges())
     assert mapped == sum(t.nbytes for t in gguf.tensors.values()) - repacks * sum(gguf.tensor(n).nbytes for n in names)

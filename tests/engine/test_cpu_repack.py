@@ -1,5 +1,5 @@
-"""The 16-row layouts of Q4_0, IQ4_NL, Q4_K and Q8_0 (kernels.repack16): the same products, bit for bit, as the file
-layout; refused where it does not apply; still right (by the portable kernel) if the ISA changes after
+"""The 16-row layouts of Q4_0, IQ4_NL, Q4_K, Q8_0 and Q6_K (kernels.repack16): the same products, bit for bit, as
+the file layout; refused where it does not apply; still right (by the portable kernel) if the ISA changes after
 repacking."""
 
 from __future__ import annotations
@@ -14,15 +14,16 @@ from engine.ggml_types import GGML_QUANT_SIZES as BLOCK  # type -> (elements, by
 AVX512 = kernels.active_isa() == "avx512"
 
 
-TYPES = [Q.Q4_0, Q.IQ4_NL, Q.Q4_K, Q.Q8_0]
+TYPES = [Q.Q4_0, Q.IQ4_NL, Q.Q4_K, Q.Q8_0, Q.Q6_K]
 
 
 def packed(qtype: int, rows: int, nb: int, seed: int = 0) -> np.ndarray:
-    """Random blocks whose float16 scales (Q4_K: d and dmin) are ordinary numbers (0.4-1.0)."""
+    """Random blocks whose float16 scales (Q4_K: d and dmin; Q6_K: d, its last two bytes) are ordinary numbers
+    (0.4-1.0)."""
     rng = np.random.default_rng(seed)
     size = BLOCK[qtype][1]
     w = rng.integers(0, 256, (rows, nb, size), dtype=np.uint8)
-    for high_byte in (1, 3) if qtype == Q.Q4_K else (1,):
+    for high_byte in {Q.Q4_K: (1, 3), Q.Q6_K: (size - 1,)}.get(qtype, (1,)):
         w[:, :, high_byte] = rng.integers(0x36, 0x3c, (rows, nb))
     return w.reshape(rows, nb * size)
 
@@ -72,7 +73,7 @@ def test_repack_is_refused_where_it_does_not_apply():
         kernels.matmul(w16[:24], q16, np.ones((1, 128), np.float32))
 
 
-@pytest.mark.parametrize("qtype", [Q.IQ4_NL, Q.Q4_K])
+@pytest.mark.parametrize("qtype", [Q.IQ4_NL, Q.Q4_K, Q.Q6_K])
 @pytest.mark.parametrize("isa", ["scalar", "avx2"])
 def test_another_isa_still_reads_a_repacked_matrix(isa, qtype):
     """A matrix repacked under AVX-512, then the ISA switched: the portable 16-row kernel reads it (its own

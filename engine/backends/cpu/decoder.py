@@ -152,8 +152,8 @@ class CpuDecoder:
         inv_freq: (n_sets, rope_dim // 2) float64, the effective RoPE inverse frequencies of ``engine/rope.py``.
         layer_set: per layer, the row of ``inv_freq`` it rotates with, or -1 for a layer without RoPE.
         release: called with a matrix's mapped rows once the decoder holds a repacked copy of them
-            (``kernels.repack16``: the dense Q4_0 / IQ4_NL / Q4_K / Q8_0 matrices under AVX-512), so the file's
-            pages can leave resident memory. None: keep no copies, every matrix is read from the map.
+            (``kernels.repack16``: the dense Q4_0 / IQ4_NL / Q4_K / Q8_0 / Q6_K matrices under AVX-512), so the
+            file's pages can leave resident memory. None: keep no copies, every matrix is read from the map.
     """
 
     def __init__(self, config: ModelConfig, layers: Sequence[Any], token_embd: tuple[np.ndarray, int], output: Any,

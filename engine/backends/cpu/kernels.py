@@ -122,7 +122,7 @@ def repack16_type(qtype: int, rows: int) -> int | None:
 def repack16(w: np.ndarray, qtype: int, out: np.ndarray | None = None) -> tuple[np.ndarray, int] | None:
     """W copied into the 16-row layout of the active instruction set, for the products alone.
 
-    Q4_0, IQ4_NL, Q4_K and Q8_0 under AVX-512: each group of 16 rows is stored block by block with the rows'
+    Q4_0, IQ4_NL, Q4_K, Q8_0 and Q6_K under AVX-512: each group of 16 rows is stored block by block with the rows'
     scales and codes already in vector lanes (csrc/hk.h), which the 16-row kernels load as they are instead of
     transposing 16 rows' bytes for every block. Same size and shape as ``w``; its products are the same bits
     as ``w``'s, and ``get_rows`` reads a row back from its group.

@@ -12,8 +12,9 @@ enum {
     HK_Q2_K = 10, HK_Q3_K = 11, HK_Q4_K = 12, HK_Q5_K = 13, HK_Q6_K = 14, HK_IQ2_XXS = 16, HK_IQ2_XS = 17,
     HK_IQ3_XXS = 18, HK_IQ4_NL = 20, HK_IQ3_S = 21, HK_IQ2_S = 22, HK_IQ4_XS = 23, HK_BF16 = 30,
     HK_TQ1_0 = 34, HK_TQ2_0 = 35, HK_MXFP4 = 39,
-    /* Hearth's own, never in a file: Q4_0 / IQ4_NL / Q4_K / Q8_0 repacked at load into 16-row groups (hk_repack16) */
-    HK_Q4_0_R16 = 40, HK_IQ4_NL_R16 = 41, HK_Q4_K_R16 = 42, HK_Q8_0_R16 = 43, HK_NTYPES = 44,
+    /* Hearth's own, never in a file: Q4_0 / IQ4_NL / Q4_K / Q8_0 / Q6_K repacked at load into 16-row groups
+       (hk_repack16) */
+    HK_Q4_0_R16 = 40, HK_IQ4_NL_R16 = 41, HK_Q4_K_R16 = 42, HK_Q8_0_R16 = 43, HK_Q6_K_R16 = 44, HK_NTYPES = 45,
 };
 
 #define HK_QK 32    /* elements per block of the legacy types (and of Q8_32 activations) */
@@ -140,7 +141,8 @@ extern const uint64_t hk_ksigns64[128];  /* the same as 8 int8 factors +1 / -1 *
 /* The ternary TQ1_0 trit of byte q at power-of-three position (q * pow3 mod 256, then the top of * 3). */
 static inline int hk_trit(uint8_t q, uint8_t pow3) { return ((uint16_t)(uint8_t)(q * pow3) * 3) >> 8; }
 
-/* The 16-row layouts of Q4_0, IQ4_NL, Q4_K and Q8_0 (HK_Q4_0_R16, HK_IQ4_NL_R16, HK_Q4_K_R16, HK_Q8_0_R16).
+/* The 16-row layouts of Q4_0, IQ4_NL, Q4_K, Q8_0 and Q6_K (HK_Q4_0_R16, HK_IQ4_NL_R16, HK_Q4_K_R16,
+   HK_Q8_0_R16, HK_Q6_K_R16).
    Rows stay in groups of 16 at the same offsets (group g at 16 * g * stride), so a group's pointer arithmetic
    is the file layout's; inside a group, block b holds the 16 rows' block b at 16 * type_size * b, its bytes
    already in vector lanes:
@@ -148,17 +150,21 @@ static inline int hk_trit(uint8_t q, uint8_t pow3) { return ((uint16_t)(uint8_t)
      vector k holding bytes 4k..4k+3 of each row's 16 code bytes (row r at 4r);
    - Q8_0 (16 * 34 bytes): the same, with eight vectors of each row's 32 code bytes (signed, as in the file);
    - Q4_K (16 * 144 bytes): 36 64-byte vectors, vector k holding bytes 4k..4k+3 of each row's super-block (row
-     r at 4r): d and dmin, the 12 scale bytes, then the 128 code bytes.
+     r at 4r): d and dmin, the 12 scale bytes, then the 128 code bytes;
+   - Q6_K (16 * 210 bytes): the 16 rows' float16 d (row r at 2r), then 52 vectors of one 32-bit word of each
+     row's first 208 bytes (row r at 4r), in the order the kernels read them, so a block is read front to
+     back: the 16 scales' four words, then for each quarter c = 2h + e (h, e = 0, 1) the four words of ql at
+     64h + 16e, the four of ql at 64h + 32 + 16e and the four of qh at 128 + 32h + 16e.
    A 16-row kernel loads a block's codes and scales as they are, where the file layout needs them transposed. */
-static inline int hk_is_r16(int type) { return type >= HK_Q4_0_R16 && type <= HK_Q8_0_R16; }
+static inline int hk_is_r16(int type) { return type >= HK_Q4_0_R16 && type <= HK_Q6_K_R16; }
 static inline int hk_r16_base(int type) {
     return type == HK_Q4_0_R16 ? HK_Q4_0 : type == HK_IQ4_NL_R16 ? HK_IQ4_NL : type == HK_Q4_K_R16 ? HK_Q4_K
-         : type == HK_Q8_0_R16 ? HK_Q8_0 : type;
+         : type == HK_Q8_0_R16 ? HK_Q8_0 : type == HK_Q6_K_R16 ? HK_Q6_K : type;
 }
 /* The 16-row type of a file type (HK_Q4_0 -> HK_Q4_0_R16), or -1 for a type without one. */
 static inline int hk_r16_of(int type) {
     return type == HK_Q4_0 ? HK_Q4_0_R16 : type == HK_IQ4_NL ? HK_IQ4_NL_R16 : type == HK_Q4_K ? HK_Q4_K_R16
-         : type == HK_Q8_0 ? HK_Q8_0_R16 : -1;
+         : type == HK_Q8_0 ? HK_Q8_0_R16 : type == HK_Q6_K ? HK_Q6_K_R16 : -1;
 }
 /* dst (the same size as src) = rows (a multiple of 16) of nb blocks of type (a file type with a 16-row type),
    stride bytes apart, in the 16-row layout; dst's rows are nb * type_size bytes apart. On the thread pool:
@@ -172,6 +178,7 @@ void hk_scalar_rows16_q4_0_r16(int nb, const uint8_t *w, ptrdiff_t stride, const
 void hk_scalar_rows16_iq4_nl_r16(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int nt, float *out, ptrdiff_t os);
 void hk_scalar_rows16_q4_k_r16(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int nt, float *out, ptrdiff_t os);
 void hk_scalar_rows16_q8_0_r16(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int nt, float *out, ptrdiff_t os);
+void hk_scalar_rows16_q6_k_r16(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int nt, float *out, ptrdiff_t os);
 
 /* Scalar kernels and dequantization (kernels_scalar.c). */
 void hk_scalar_quant32(const float *x, int cols, int8_t *qs, float *d, float *ds);

@@ -129,6 +129,7 @@ HK_ROWS16_DECL(q4_0_r16)
 HK_ROWS16_DECL(iq4_nl_r16)
 HK_ROWS16_DECL(q4_k_r16)
 HK_ROWS16_DECL(q8_0_r16)
+HK_ROWS16_DECL(q6_k_r16)
 void hk_gemm16_q4_k(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, float *out, ptrdiff_t os);
 void hk_gemm16_q6_k(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, float *out, ptrdiff_t os);
 void hk_gemm16_q4_k_r16(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, float *out, ptrdiff_t os);
@@ -328,12 +329,12 @@ const hk_isa hk_isa_avx512 = {
               [HK_Q5_1] = hk_rows16_q5_1, [HK_Q8_0] = hk_rows16_q8_0,
               [HK_IQ4_NL] = hk_rows16_iq4_nl, [HK_MXFP4] = hk_rows16_mxfp4,
               [HK_Q4_0_R16] = hk_rows16_q4_0_r16, [HK_IQ4_NL_R16] = hk_rows16_iq4_nl_r16,
-              [HK_Q4_K_R16] = hk_rows16_q4_k_r16, [HK_Q8_0_R16] = hk_rows16_q8_0_r16},
+              [HK_Q4_K_R16] = hk_rows16_q4_k_r16, [HK_Q8_0_R16] = hk_rows16_q8_0_r16, [HK_Q6_K_R16] = hk_rows16_q6_k_r16},
     .gemm16 = {[HK_Q4_0] = hk_gemm16_q4_0, [HK_Q4_1] = hk_gemm16_q4_1, [HK_Q5_0] = hk_gemm16_q5_0,
                [HK_Q5_1] = hk_gemm16_q5_1, [HK_Q8_0] = hk_gemm16_q8_0,
                [HK_IQ4_NL] = hk_gemm16_iq4_nl, [HK_MXFP4] = hk_gemm16_mxfp4, [HK_Q4_K] = hk_gemm16_q4_k,
                [HK_Q6_K] = hk_gemm16_q6_k, [HK_Q4_0_R16] = hk_gemm16_q4_0_r16, [HK_IQ4_NL_R16] = hk_gemm16_iq4_nl_r16,
-               [HK_Q4_K_R16] = hk_gemm16_q4_k_r16, [HK_Q8_0_R16] = hk_gemm16_q8_0_r16},
+               [HK_Q4_K_R16] = hk_gemm16_q4_k_r16, [HK_Q8_0_R16] = hk_gemm16_q8_0_r16, [HK_Q6_K_R16] = hk_gemm16_q6_k_r16},
     .tile = { /* 8 tokens where it measured faster than 4 (64-token products, one thread) */
         [HK_Q4_0] = 8, [HK_Q4_1] = 8, [HK_Q5_0] = 8, [HK_Q5_1] = 8, [HK_Q4_K] = 8, [HK_Q5_K] = 8, [HK_TQ1_0] = 8,
         [HK_TQ2_0] = 8, [HK_Q4_0_R16] = 8,

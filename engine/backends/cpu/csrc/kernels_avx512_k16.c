@@ -1,7 +1,7 @@
 /* AVX-512 (F, BW, VL, VNNI) kernels for 16 rows of Q4_K / Q6_K at once, one row per 32-bit lane: the GEMMs of
-   the file layouts (the rows' bytes transposed in registers) and Q4_K's 16-row layout (HK_Q4_K_R16, its bytes
-   already in lanes; a one-token kernel and a GEMM). Every result is the same bits as the one-row kernel
-   hk_dot_rows would otherwise run for that row (see hk.h), so which one runs is a matter of speed only. */
+   the file layouts (the rows' bytes transposed in registers) and the 16-row layouts (HK_Q4_K_R16, HK_Q6_K_R16,
+   their bytes already in lanes; a one-token kernel and a GEMM each). Every result is the same bits as the one-row
+   kernel hk_dot_rows would otherwise run for that row (see hk.h), so which one runs is a matter of speed only. */
 #include "hk.h"
 
 #ifdef HK_X86
@@ -16,6 +16,17 @@
 #define INLINE static inline __attribute__((always_inline))
 
 #include "kernels_avx512_rows16.inc"
+
+/* A 16-row layout's one-token kernel for nt <= HK_TILE tokens: each tile size dispatched to an unrolled body. */
+#define ROWS16_NT(name, body)                                                                                \
+    void hk_##name(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int nt, float *out, ptrdiff_t os) { \
+        switch (nt) {                                                                                        \
+        case 1: body(nb, w, stride, a, 1, out, os); break;                                                   \
+        case 2: body(nb, w, stride, a, 2, out, os); break;                                                   \
+        case 3: body(nb, w, stride, a, 3, out, os); break;                                                   \
+        default: body(nb, w, stride, a, 4, out, os); break;                                                  \
+        }                                                                                                    \
+    }
 
 /* -- Q4_K and Q6_K: 16 rows of a super-block transposed and decoded once for K1_TOKENS tokens. vpdpbusd sums
    a sub-block's codes times a token's activations (at most 32 * 15 * 127 or 16 * 63 * 127), times the
@@ -181,20 +192,22 @@ INLINE void q4_k_r16_nt(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act
     HK_UNROLL for (int t = 0; t < nt; t++) _mm512_storeu_ps(out + t * os, _mm512_sub_ps(f[2 * t], f[2 * t + 1]));
 }
 
-void hk_rows16_q4_k_r16(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int nt, float *out, ptrdiff_t os) {
-    switch (nt) {
-    case 1: q4_k_r16_nt(nb, w, stride, a, 1, out, os); break;
-    case 2: q4_k_r16_nt(nb, w, stride, a, 2, out, os); break;
-    case 3: q4_k_r16_nt(nb, w, stride, a, 3, out, os); break;
-    default: q4_k_r16_nt(nb, w, stride, a, 4, out, os); break;
-    }
+ROWS16_NT(rows16_q4_k_r16, q4_k_r16_nt)
+
+/* A token's float step for super-block b of 16 Q6_K rows, from their exact integer sums isum (the codes 0..63
+   times the activations, times the sub-block scales): less 32 times the scales times the block sums (the codes'
+   -32 offset), then dot512_q6_k's one rounding step into f. */
+INLINE __m512 q6_k_step(__m512i isum, const __m512i *sc_pairs, __m512 dw, int b, const hk_act *at, __m512 f) {
+    __m512i off = _mm512_setzero_si512(); /* 32 * sum(scale * bsum) */
+    HK_UNROLL for (int m = 0; m < 8; m++) off = _mm512_dpwssd_epi32(off, _mm512_load_si512(sc_pairs + m), bsum_pair(at, b, 2 * m));
+    const __m512i total = _mm512_sub_epi32(isum, _mm512_slli_epi32(off, 5));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(dw, _mm512_set1_ps(at->d[b])), b ? f : _mm512_setzero_ps());
 }
 
 /* Tokens t0 .. t0 + nt - 1 (nt <= 8) against a decoded Q6_K super-block b of 16 rows: q[4s + k] holds the
    codes (0..63) of the 16-element sub-block s, elements 4k..4k+3, sc[s] its scale as int32 lanes,
    sc_pairs[p] scales 2p and 2p + 1 as an int16 pair. Each row's super-block as exact integers (vpdpbusd
-   over a sub-block, times its scale; less 32 times the scales times the block sums), then dot512_q6_k's
-   float step for its lane in f[t]. */
+   over a sub-block, times its scale), then q6_k_step for its lane in f[t]. */
 INLINE void q6_k_tokens(const __m512i *q, const __m512i *sc, const __m512i *sc_pairs, __m512 dw, int b,
                         const hk_act *a, __m512 *f, int t0, const int nt) {
     a += t0;
@@ -211,46 +224,120 @@ INLINE void q6_k_tokens(const __m512i *q, const __m512i *sc, const __m512i *sc_p
         const __m512i scs = _mm512_load_si512(sc + s);
         HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(p[t], scs));
     }
-    HK_UNROLL for (int t = 0; t < nt; t++) {
-        __m512i off = _mm512_setzero_si512(); /* the -32 offset: 32 * sum(scale * bsum) */
-        HK_UNROLL for (int m = 0; m < 8; m++) off = _mm512_dpwssd_epi32(off, _mm512_load_si512(sc_pairs + m), bsum_pair(&a[t], b, 2 * m));
-        const __m512i total = _mm512_sub_epi32(isum[t], _mm512_slli_epi32(off, 5));
-        f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(dw, _mm512_set1_ps(a[t].d[b])), b ? f[t] : _mm512_setzero_ps());
+    HK_UNROLL for (int t = 0; t < nt; t++) f[t] = q6_k_step(isum[t], sc_pairs, dw, b, &a[t], f[t]);
+}
+
+/* A super-block's d (as floats) and 16 scales of 16 Q6_K rows: sc[s] scale s as int32 lanes, sc_pairs[p]
+   scales 2p and 2p + 1 as an int16 pair. */
+INLINE void q6_k_head16(const int r16, const uint8_t *blk, ptrdiff_t stride, __m512i offsets, __m512 *dw,
+                        __m512i sc[16], __m512i sc_pairs[8]) {
+    if (r16) /* the 16 rows' d first */
+        *dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+    else /* d is bytes 208-209: gathered from 206 so no lane reads past the block */
+        *dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_i32gather_epi32(offsets, blk + 206, 1), 16)));
+    __m512i scw[4]; /* lane r of scw[k]: row r's scales 4k..4k+3 */
+    if (r16)
+        for (int k = 0; k < 4; k++) scw[k] = _mm512_loadu_si512(blk + 32 + 64 * k);
+    else
+        rows16_words(blk + 192, stride, scw);
+    for (int s = 0; s < 16; s++) sc[s] = _mm512_srai_epi32(_mm512_slli_epi32(scw[s / 4], 24 - 8 * (s % 4)), 24);
+    for (int p = 0; p < 8; p++)
+        sc_pairs[p] = _mm512_or_si512(_mm512_and_si512(sc[2 * p], _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(sc[2 * p + 1], 16));
+}
+
+/* The codes (0..63) of 16 Q6_K rows' four sub-blocks 8h + 2i + e (i = 0..3) of a super-block: q[4i + k] their
+   elements 4k..4k+3. Element l (of 16) of quarter i of half h has its low four bits in ql[64h + 16e + l]
+   (i = 0, 2; high nibble for i = 2) or ql[64h + 32 + 16e + l] (i = 1, 3), its top two in qh[32h + 16e + l]. */
+INLINE void q6_k_codes16(const int r16, const uint8_t *blk, ptrdiff_t stride, int h, int e, __m512i q[16]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512i ql0[4], ql1[4], qh[4];
+    if (r16) { /* the quarter's 12 vectors, in this order (see hk.h) */
+        const uint8_t *v = blk + 32 + 64 * (4 + 12 * (2 * h + e));
+        for (int k = 0; k < 4; k++) {
+            ql0[k] = _mm512_loadu_si512(v + 64 * k);
+            ql1[k] = _mm512_loadu_si512(v + 64 * (4 + k));
+            qh[k] = _mm512_loadu_si512(v + 64 * (8 + k));
+        }
+    } else {
+        rows16_words(blk + 64 * h + 16 * e, stride, ql0);
+        rows16_words(blk + 64 * h + 32 + 16 * e, stride, ql1);
+        rows16_words(blk + 128 + 32 * h + 16 * e, stride, qh);
+    }
+    /* qa: qh's bit pairs 0 and 2 of each byte (quarters 0 and 2) at bits 0-1 and 4-5, qb: pairs 1 and 3; each
+       code is then one bitwise select (vpternlogd 0xCA: m4 ? low nibble : high bits), the bits a shift moved
+       across bytes landing only where the other operand is chosen */
+    const __m512i m33 = _mm512_set1_epi8(0x33);
+    HK_UNROLL for (int k = 0; k < 4; k++) {
+        const __m512i qa = _mm512_and_si512(qh[k], m33), qb = _mm512_and_si512(_mm512_srli_epi32(qh[k], 2), m33);
+        q[k] = _mm512_ternarylogic_epi32(m4, ql0[k], _mm512_slli_epi32(qa, 4), 0xCA);
+        q[4 + k] = _mm512_ternarylogic_epi32(m4, ql1[k], _mm512_slli_epi32(qb, 4), 0xCA);
+        q[8 + k] = _mm512_ternarylogic_epi32(m4, _mm512_srli_epi32(ql0[k], 4), qa, 0xCA);
+        q[12 + k] = _mm512_ternarylogic_epi32(m4, _mm512_srli_epi32(ql1[k], 4), qb, 0xCA);
     }
 }
 
-/* nt <= K1_TOKENS tokens through all nb super-blocks of 16 Q6_K rows; f: (nt,) vectors of 16 rows. */
-INLINE void q6_k_pass(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, __m512 *f) {
-    const __m512i offsets = row_offsets(stride), m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+/* nt <= K1_TOKENS tokens through all nb super-blocks of 16 Q6_K rows, in the file layout or (r16) the 16-row
+   one; f: (nt,) vectors of 16 rows. */
+INLINE void q6_k_pass_of(const int r16, int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, __m512 *f) {
+    const __m512i offsets = row_offsets(stride);
     __m512i q[64] __attribute__((aligned(64))), sc[16] __attribute__((aligned(64))), sc_pairs[8] __attribute__((aligned(64)));
     size_t line = 0;
     for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = w + (size_t)b * 210;
+        const uint8_t *blk = w + (size_t)b * (r16 ? 16 * 210 : 210);
         prefetch_next_rows(w, stride, b, nb, &line);
-        /* d is bytes 208-209: gathered from 206 so no lane reads past the block */
-        __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_i32gather_epi32(offsets, blk + 206, 1), 16)));
-        __m512i scw[4];
-        rows16_words(blk + 192, stride, scw); /* lane r of scw[k]: row r's scales 4k..4k+3 */
-        for (int s = 0; s < 16; s++) sc[s] = _mm512_srai_epi32(_mm512_slli_epi32(scw[s / 4], 24 - 8 * (s % 4)), 24);
-        for (int p = 0; p < 8; p++)
-            sc_pairs[p] = _mm512_or_si512(_mm512_and_si512(sc[2 * p], _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(sc[2 * p + 1], 16));
+        __m512 dw;
+        q6_k_head16(r16, blk, stride, offsets, &dw, sc, sc_pairs);
         HK_UNROLL for (int h = 0; h < 2; h++)
-            HK_UNROLL for (int e = 0; e < 2; e++) { /* 16 elements of each quarter i: sub-block 8h + 2i + e */
-                __m512i ql0[4], ql1[4], qh[4];
-                rows16_words(blk + 64 * h + 16 * e, stride, ql0);
-                rows16_words(blk + 64 * h + 32 + 16 * e, stride, ql1);
-                rows16_words(blk + 128 + 32 * h + 16 * e, stride, qh);
-                __m512i *qs = q + 4 * (8 * h + e);
-                HK_UNROLL for (int k = 0; k < 4; k++) {
-                    qs[k] = _mm512_or_si512(_mm512_and_si512(ql0[k], m4), _mm512_and_si512(_mm512_slli_epi32(qh[k], 4), m30));
-                    qs[8 + k] = _mm512_or_si512(_mm512_and_si512(ql1[k], m4), _mm512_and_si512(_mm512_slli_epi32(qh[k], 2), m30));
-                    qs[16 + k] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(ql0[k], 4), m4), _mm512_and_si512(qh[k], m30));
-                    qs[24 + k] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(ql1[k], 4), m4), _mm512_and_si512(_mm512_srli_epi32(qh[k], 2), m30));
-                }
+            HK_UNROLL for (int e = 0; e < 2; e++) {
+                __m512i c[16];
+                q6_k_codes16(r16, blk, stride, h, e, c);
+                for (int i = 0; i < 4; i++) /* sub-block 8h + 2i + e */
+                    for (int k = 0; k < 4; k++) q[4 * (8 * h + 2 * i + e) + k] = c[4 * i + k];
             }
         TOKEN_GROUPS(n, q6_k_tokens, q, sc, sc_pairs, dw, b, a, f)
     }
 }
+
+INLINE void q6_k_pass(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, __m512 *f) {
+    q6_k_pass_of(0, nb, w, stride, a, n, f);
+}
+
+INLINE void q6_k_r16_pass(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, __m512 *f) {
+    q6_k_pass_of(1, nb, w, stride, a, n, f);
+}
+
+/* A tile of nt <= HK_TILE tokens against 16 rows of Q6_K's 16-row layout, straight from the loads (no decoded
+   copy of the super-block) and without software prefetch (one stream, which the hardware prefetcher follows:
+   see rows16_nt). The same integers per sub-block as q6_k_tokens, summed in another order (exact), and the
+   same float step: the same bits. */
+INLINE void q6_k_r16_nt(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, const int nt, float *out, ptrdiff_t os) {
+    __m512 f[HK_TILE] = {0}; /* nb = 0: zeros */
+    __m512i sc[16] __attribute__((aligned(64))), sc_pairs[8] __attribute__((aligned(64)));
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = w + (size_t)b * 16 * 210;
+        __m512 dw;
+        q6_k_head16(1, blk, stride, _mm512_setzero_si512(), &dw, sc, sc_pairs);
+        __m512i isum[HK_TILE];
+        HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_setzero_si512();
+        HK_UNROLL for (int h = 0; h < 2; h++)
+            HK_UNROLL for (int e = 0; e < 2; e++) {
+                __m512i q[16];
+                q6_k_codes16(1, blk, stride, h, e, q);
+                HK_UNROLL for (int i = 0; i < 4; i++) {
+                    const int s = 8 * h + 2 * i + e;
+                    __m512i p[HK_TILE];
+                    HK_UNROLL for (int t = 0; t < nt; t++) p[t] = _mm512_setzero_si512();
+                    HK_UNROLL for (int k = 0; k < 4; k++)
+                        HK_UNROLL for (int t = 0; t < nt; t++) p[t] = dpbusd_bcast(p[t], q[4 * i + k], a[t].qs + 256 * b + 16 * s + 4 * k);
+                    HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(p[t], sc[s]));
+                }
+            }
+        HK_UNROLL for (int t = 0; t < nt; t++) f[t] = q6_k_step(isum[t], sc_pairs, dw, b, &a[t], f[t]);
+    }
+    HK_UNROLL for (int t = 0; t < nt; t++) _mm512_storeu_ps(out + t * os, f[t]);
+}
+
+ROWS16_NT(rows16_q6_k_r16, q6_k_r16_nt)
 
 /* A K-quant GEMM: K1_TOKENS tokens a pass; pass leaves (nt, lanes) vectors in f, lanes added by sum. */
 #define GEMM16_K(name, pass, lanes, sum)                                                                     \
@@ -269,6 +356,7 @@ INLINE __m512 one_lane(const __m512 *f) { return f[0]; }
 GEMM16_K(gemm16_q4_k, q4_k_pass, 2, sums_less_mins)
 GEMM16_K(gemm16_q6_k, q6_k_pass, 1, one_lane)
 GEMM16_K(gemm16_q4_k_r16, q4_k_r16_pass, 2, sums_less_mins)
+GEMM16_K(gemm16_q6_k_r16, q6_k_r16_pass, 1, one_lane)
 
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -1,29 +1,51 @@
-/* The 16-row layouts of Q4_0, IQ4_NL, Q4_K and Q8_0 (see hk.h): the repacking done once at load, and a portable
-   kernel for a repacked matrix under an ISA without 16-row kernels for it. */
+/* The 16-row layouts of Q4_0, IQ4_NL, Q4_K, Q8_0 and Q6_K (see hk.h): the repacking done once at load, and a
+   portable kernel for a repacked matrix under an ISA without 16-row kernels for it. */
 #include "hk.h"
 #include "pool.h"
 
-/* Where piece k of row r's block lies in the file layout and in its group's 16-row block, its length, and how
-   many pieces a block has: the layouts' one statement of where bytes go. Q4_K's pieces are the block's 36
-   32-bit words; the 18- and 34-byte blocks' are the float16 scale (k = 0), then code bytes 4(k-1)..4k-1. */
-static int k_type(int type) { return hk_r16_base(type) == HK_Q4_K; }
-static int file_at(int type, int k) { return k_type(type) ? 4 * k : k ? 4 * k - 2 : 0; }
-static int group_at(int type, int k, int r) { return k_type(type) ? 64 * k + 4 * r : k ? 32 + 64 * (k - 1) + 4 * r : 2 * r; }
-static int piece_len(int type, int k) { return k_type(type) || k ? 4 : 2; }
-static int pieces(int type) { return k_type(type) ? 36 : hk_r16_base(type) == HK_Q8_0 ? 9 : 5; }
+/* Where each piece of a block lies in the file layout and in its group's 16-row block (row r's piece k at
+   group[k] + len[k] * r), its length, and how many pieces a block has: the layouts' one statement of where
+   bytes go. Q4_K's pieces are the block's 36 32-bit words; the other types' are the float16 scale (k = 0: the
+   block's first two bytes, Q6_K's last two), then their other bytes' 32-bit words. */
+#define MAX_PIECES 53 /* Q6_K's */
+
+/* The vector of Q6_K's 16-row block that holds word j of its rows' first 208 bytes, in the order its kernels read
+   them (see hk.h): the scales (words 48-51), then per quarter c = 2h + e the words of ql at 64h + 16e, of ql at
+   64h + 32 + 16e, and of qh at 128 + 32h + 16e, four each. */
+static int q6_k_vector(int j) {
+    if (j >= 48) return j - 48;
+    if (j >= 32) return 4 + 12 * ((j - 32) / 4) + 8 + j % 4; /* qh: quarter (j - 32) / 4 */
+    return 4 + 12 * (2 * (j / 16) + j % 8 / 4) + 4 * (j % 16 / 8) + j % 4; /* ql */
+}
+typedef struct {
+    int ts, np, file[MAX_PIECES], group[MAX_PIECES], len[MAX_PIECES];
+} layout;
+
+static void layout_of(int type, layout *l) {
+    const int base = hk_r16_base(type), words_only = base == HK_Q4_K, scale_last = base == HK_Q6_K;
+    l->ts = hk_type_info(base)->type_size;
+    l->np = words_only ? l->ts / 4 : (l->ts - 2) / 4 + 1;
+    for (int k = 0; k < l->np; k++) {
+        const int word = words_only ? k : k - 1; /* -1: the scale */
+        l->len[k] = word < 0 ? 2 : 4;
+        l->file[k] = word < 0 ? (scale_last ? l->ts - 2 : 0) : 4 * word + (words_only || scale_last ? 0 : 2);
+        l->group[k] = word < 0 ? 0 : 64 * (scale_last ? q6_k_vector(word) : word) + (words_only ? 0 : 32);
+    }
+}
 
 /* Blocks b0 .. b0 + n - 1 of rows r0 .. r0 + nr - 1 between the layouts: from the file layout (rows stride
    bytes apart) into the group at g when to_group, else back (into row, n blocks of one row, nr = 1). */
 static void move_pieces(int type, int to_group, uint8_t *g, uint8_t *row, ptrdiff_t stride, int r0, int nr, int b0, int n) {
-    const int ts = hk_type_info(hk_r16_base(type))->type_size, np = pieces(type);
+    layout l;
+    layout_of(type, &l);
     for (int b = 0; b < n; b++)
         for (int r = r0; r < r0 + nr; r++) {
-            uint8_t *f = row + (ptrdiff_t)(r - r0) * stride + (ptrdiff_t)b * ts, *q = g + (size_t)(b0 + b) * 16 * ts;
-            for (int k = 0; k < np; k++) {
+            uint8_t *f = row + (ptrdiff_t)(r - r0) * stride + (ptrdiff_t)b * l.ts, *q = g + (size_t)(b0 + b) * 16 * l.ts;
+            for (int k = 0; k < l.np; k++) {
                 if (to_group)
-                    memcpy(q + group_at(type, k, r), f + file_at(type, k), piece_len(type, k));
+                    memcpy(q + l.group[k] + l.len[k] * r, f + l.file[k], l.len[k]);
                 else
-                    memcpy(f + file_at(type, k), q + group_at(type, k, r), piece_len(type, k));
+                    memcpy(f + l.file[k], q + l.group[k] + l.len[k] * r, l.len[k]);
             }
         }
 }
@@ -50,7 +72,7 @@ void hk_repack16(int type, const uint8_t *src, ptrdiff_t stride, int rows, int n
 }
 
 #define CHUNK_BLOCKS 128 /* a row is put back together this many blocks at a time, on the stack */
-#define CHUNK_BYTES (CHUNK_BLOCKS * 144) /* the largest block: Q4_K's */
+#define CHUNK_BYTES (CHUNK_BLOCKS * 210) /* the largest block: Q6_K's */
 
 int hk_matrix_row(int type, const uint8_t *w, ptrdiff_t stride, ptrdiff_t id, int cols, float *out) {
     if (!hk_is_r16(type)) return hk_dequantize_row(type, w + id * stride, cols, out);
@@ -104,4 +126,8 @@ void hk_scalar_rows16_q4_k_r16(int nb, const uint8_t *w, ptrdiff_t stride, const
 
 void hk_scalar_rows16_q8_0_r16(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int nt, float *out, ptrdiff_t os) {
     scalar_rows16_r16(HK_Q8_0_R16, nb, w, stride, a, nt, out, os);
+}
+
+void hk_scalar_rows16_q6_k_r16(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int nt, float *out, ptrdiff_t os) {
+    scalar_rows16_r16(HK_Q6_K_R16, nb, w, stride, a, nt, out, os);
 }

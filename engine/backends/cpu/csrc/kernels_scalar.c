@@ -18,6 +18,7 @@ static const hk_type TYPES[] = {
     {HK_IQ3_S, "IQ3_S", 256, 110, HK_ACT_Q8_K},
     {HK_Q4_0_R16, "Q4_0_R16", 32, 18, HK_ACT_Q8_32}, {HK_IQ4_NL_R16, "IQ4_NL_R16", 32, 18, HK_ACT_Q8_32},
     {HK_Q4_K_R16, "Q4_K_R16", 256, 144, HK_ACT_Q8_K}, {HK_Q8_0_R16, "Q8_0_R16", 32, 34, HK_ACT_Q8_32},
+    {HK_Q6_K_R16, "Q6_K_R16", 256, 210, HK_ACT_Q8_K},
 };
 
 const hk_type *hk_type_info(int id) {

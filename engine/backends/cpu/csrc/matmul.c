@@ -160,7 +160,8 @@ int hk_repack_type(int type) {
 static hk_dot16_fn dot16_of(const hk_isa *isa, int type) {
     if (isa->dot16[type]) return isa->dot16[type];
     return type == HK_Q4_0_R16 ? hk_scalar_rows16_q4_0_r16 : type == HK_IQ4_NL_R16 ? hk_scalar_rows16_iq4_nl_r16
-         : type == HK_Q4_K_R16 ? hk_scalar_rows16_q4_k_r16 : type == HK_Q8_0_R16 ? hk_scalar_rows16_q8_0_r16 : NULL;
+         : type == HK_Q4_K_R16 ? hk_scalar_rows16_q4_k_r16 : type == HK_Q8_0_R16 ? hk_scalar_rows16_q8_0_r16
+         : type == HK_Q6_K_R16 ? hk_scalar_rows16_q6_k_r16 : NULL;
 }
 
 static int tile_of(const hk_isa *isa, int type) {

@@ -62,6 +62,12 @@ typedef void (*hk_dot16_fn)(int nb, const uint8_t *w, ptrdiff_t stride, const hk
    gives, or its dot kernel where it has no dot16 (the same exact integer sums, then the same float steps), so
    the choice between them, and the batch size, is invisible. */
 typedef void (*hk_gemm16_fn)(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, float *out, ptrdiff_t os);
+/* A 16-row kernel (the shape of hk_dot16_fn and hk_gemm16_fn) called name: impl, which takes the type as its first
+   argument, for one type. */
+#define HK_ROWS16_FOR_TYPE(name, impl, type)                                                                 \
+    void name(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, float *out, ptrdiff_t os) { \
+        impl(type, nb, w, stride, a, n, out, os);                                                            \
+    }
 /* Quantize one token of cols floats (cols a multiple of the block) into the given arrays. */
 typedef void (*hk_quant32_fn)(const float *x, int cols, int8_t *qs, float *d, float *ds);
 typedef void (*hk_quantK_fn)(const float *x, int cols, int8_t *qs, float *d, int16_t *bsums);

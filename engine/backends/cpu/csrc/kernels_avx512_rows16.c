@@ -346,10 +346,7 @@ INLINE void gemm16_32(const int type, int nb, const uint8_t *w, ptrdiff_t stride
     }
 }
 
-#define GEMM16_32(name, type)                                                                                \
-    void hk_##name(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, float *out, ptrdiff_t os) { \
-        gemm16_32(type, nb, w, stride, a, n, out, os);                                                       \
-    }
+#define GEMM16_32(name, type) HK_ROWS16_FOR_TYPE(hk_##name, gemm16_32, type)
 
 GEMM16_32(gemm16_q4_0, HK_Q4_0)
 GEMM16_32(gemm16_q4_1, HK_Q4_1)

@@ -113,10 +113,7 @@ static void scalar_rows16_r16(const int type, int nb, const uint8_t *w, ptrdiff_
 }
 
 /* The portable 16-row kernel of each 16-row type (hk.h). */
-#define SCALAR_ROWS16(name, type)                                                                            \
-    void hk_scalar_rows16_##name(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int nt, float *out, ptrdiff_t os) { \
-        scalar_rows16_r16(type, nb, w, stride, a, nt, out, os);                                              \
-    }
+#define SCALAR_ROWS16(name, type) HK_ROWS16_FOR_TYPE(hk_scalar_rows16_##name, scalar_rows16_r16, type)
 
 SCALAR_ROWS16(q4_0_r16, HK_Q4_0_R16)
 SCALAR_ROWS16(iq4_nl_r16, HK_IQ4_NL_R16)

@@ -216,7 +216,7 @@ int hk_chunk_rows(const hk_isa *isa, int type, int rows, int n, int cols) {
            of reads, and the hardware's prefetch ramps up on each: against eight units per thread, a decode of
            Llama-3.2-1B Q4_0 (2 threads, per-phase times, paired in one process) ran 6 % faster while the host's
            read pass gave 54 GB/s or more and 4 % in slower stretches, its q/k/v phase 21-26 % faster; one unit
-           per thread was slower than two (the experts' units in moe.c are sized the same way). */
+           per thread gained less (4 % in fast stretches). The experts' units in moe.c are sized the same way. */
         int min_rows = (int)((TASK_MIN_BYTES + rb - 1) / rb);
         c = rows / (hk_pool_threads() * 2);
         c = c > min_rows ? c : min_rows;

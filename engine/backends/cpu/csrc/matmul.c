@@ -212,13 +212,12 @@ int hk_chunk_rows(const hk_isa *isa, int type, int rows, int n, int cols) {
     if (hk_iq_rows(isa, type, n)) return HK_IQ_GEMM_ROWS;
     if (rb == 0) rb = 1;
     if (n <= tile_of(isa, type)) {
-        /* bandwidth-bound: two units per thread, none too small. Each unit a thread claims starts a new stream
-           of reads, and the hardware's prefetch ramps up on each: against eight units per thread, a decode of
-           Llama-3.2-1B Q4_0 (2 threads, per-phase times, paired in one process) ran 6 % faster while the host's
-           read pass gave 54 GB/s or more and 4 % in slower stretches, its q/k/v phase 21-26 % faster; one unit
-           per thread gained less (4 % in fast stretches). The experts' units in moe.c are sized the same way. */
+        /* bandwidth-bound: HK_UNITS_PER_THREAD units per thread, none too small. Against eight units per
+           thread, two made a decode of Llama-3.2-1B Q4_0 (2 threads, per-phase times, paired in one process)
+           6 % faster while the host's read pass gave 54 GB/s or more and 4 % in slower stretches, its q/k/v
+           phase 21 % faster; one unit per thread gained less (4 % in fast stretches). */
         int min_rows = (int)((TASK_MIN_BYTES + rb - 1) / rb);
-        c = rows / (hk_pool_threads() * 2);
+        c = rows / (hk_pool_threads() * HK_UNITS_PER_THREAD);
         c = c > min_rows ? c : min_rows;
     } else {
         size_t l1 = TILE_CHUNK_BYTES / rb;

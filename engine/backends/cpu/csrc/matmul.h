@@ -31,8 +31,13 @@ void hk_quantize_act(const hk_isa *isa, hk_act_kind kind, const float *x, int co
    a tile of tokens at a time, 16 rows per call where the ISA has a 16-row kernel. */
 void hk_dot_rows(const hk_isa *isa, int type, const uint8_t *w, ptrdiff_t stride, int r0, int r1, int cols,
                  const hk_act *acts, int n, float *out, int rows);
-/* Rows per task of a product of rows x cols weights with n tokens: decode-sized products cut for balance,
-   larger ones for L1 reuse across token tiles; a multiple of 16 where the 16-row kernel runs. */
+/* Units a bandwidth-bound product (a decode step's) gives each thread: each unit a thread claims starts a new
+   stream of reads, so few and long, but more than one, so a late thread can be helped (matmul.c, moe.c). */
+#define HK_UNITS_PER_THREAD 2
+
+/* Rows per task of a product of rows x cols weights with n tokens: decode-sized products in
+   HK_UNITS_PER_THREAD units per thread, larger ones for L1 reuse across token tiles; a multiple of 16 where the
+   16-row kernel runs. */
 int hk_chunk_rows(const hk_isa *isa, int type, int rows, int n, int cols);
 
 /* out (n, rows) = x (n, cols) @ W.T for W given as rows of packed blocks, w_stride bytes apart.

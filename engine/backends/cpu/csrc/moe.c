@@ -137,16 +137,17 @@ void hk_moe_group(const hk_moe *s, int layer) {
 static const hk_matrix *unit_matrix(const hk_layer *L, int down) { return down ? &L->down_exps : &L->gate_exps; }
 
 /* The rows of one unit. While most chosen experts serve one token each (a decode step), a unit is a whole
-   expert's matrix, or the share of it that gives every thread two units: against the row chunks a dense product
-   has (48-row units of Qwen3-30B-A3B's experts), decode ran 1.26x as fast on Qwen3-30B-A3B shapes and 1.10x on
-   gpt-oss-20b's (2 threads, paired in one process). Otherwise the chunks of a dense product with that many tokens. */
+   expert's matrix, or the share of it that gives every thread HK_UNITS_PER_THREAD units: against the row chunks
+   dense products had then (eight a thread: 48-row units of Qwen3-30B-A3B's experts), decode ran 1.26x as fast
+   on Qwen3-30B-A3B shapes and 1.10x on gpt-oss-20b's (2 threads, paired in one process). Otherwise the chunks
+   of a dense product with that many tokens. */
 static int unit_chunk(const hk_moe *s, const hk_matrix *w, int rows_per_expert, int down) {
     const hk_config *c = &s->m->c;
     const int slots = imin(c->n_expert, s->n * c->n_expert_used), pairs_per_expert = imax(1, s->n * c->n_expert_used / c->n_expert);
     (void)down;
     if (pairs_per_expert > 1)
         return imin(rows_per_expert, hk_chunk_rows(s->isa, w->type, rows_per_expert, pairs_per_expert, w->cols));
-    const int per_expert = imax(1, (2 * hk_pool_threads() + slots - 1) / slots);
+    const int per_expert = imax(1, (HK_UNITS_PER_THREAD * hk_pool_threads() + slots - 1) / slots);
     return imin(rows_per_expert, ((rows_per_expert + per_expert - 1) / per_expert + 15) / 16 * 16);
 }
 

@@ -165,7 +165,7 @@ INLINE void q4_k_r16_nt(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act
     __m512i sc[8] __attribute__((aligned(64))), mnp[8] __attribute__((aligned(64)));
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = w + (size_t)b * 16 * 144;
-        HK_UNROLL for (int j = 0; j < 4; j++) prefetch_act(a, nt, (size_t)HK_QK_K * b + 64 * j);
+        prefetch_act(a, nt, (size_t)HK_QK_K * b, HK_QK_K);
         __m512 dw, dm;
         k4_head16(1, blk, _mm512_setzero_si512(), &dw, &dm, sc, mnp);
         __m512i lo[HK_TILE], hi[HK_TILE];
@@ -316,7 +316,7 @@ INLINE void q6_k_r16_nt(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act
     __m512i sc[16] __attribute__((aligned(64))), sc_pairs[8] __attribute__((aligned(64)));
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = w + (size_t)b * 16 * 210;
-        HK_UNROLL for (int j = 0; j < 4; j++) prefetch_act(a, nt, (size_t)HK_QK_K * b + 64 * j);
+        prefetch_act(a, nt, (size_t)HK_QK_K * b, HK_QK_K);
         __m512 dw;
         q6_k_head16(1, blk, stride, _mm512_setzero_si512(), &dw, sc, sc_pairs);
         __m512i isum[HK_TILE];

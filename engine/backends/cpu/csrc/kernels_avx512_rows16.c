@@ -182,7 +182,7 @@ INLINE void rows16_nt(const int type, int nb, const uint8_t *w, ptrdiff_t stride
                 __m512i q[8] __attribute__((aligned(64)));
                 __m512 dw, cw;
                 prefetch_next_rows(w, stride, b + j, nb, &line);
-                if ((b + j) % 2 == 0) prefetch_act(a, nt, (size_t)HK_QK * (b + j));
+                prefetch_act(a, nt, (size_t)HK_QK * (b + j), HK_QK);
                 rows16_words(blk + 16 * (j + 1), stride, t + 4 * (j + 1));
                 oct16_block(type, t, j, q, &dw, &cw);
                 HK_UNROLL for (int k = 0; k < nt; k++) acc[k] = block16_token(type, q, dw, cw, b + j, &a[k], acc[k]);
@@ -191,7 +191,7 @@ INLINE void rows16_nt(const int type, int nb, const uint8_t *w, ptrdiff_t stride
     for (; b < nb; b++) {
         const uint8_t *blk = w + (size_t)b * ts;
         if (!hk_is_r16(type)) prefetch_next_rows(w, stride, b, nb, &line); /* a 16-row layout: one stream */
-        if (b % 2 == 0) prefetch_act(a, nt, (size_t)HK_QK * b); /* a line: two blocks' codes */
+        prefetch_act(a, nt, (size_t)HK_QK * b, HK_QK);
         __m512i q[8] __attribute__((aligned(64)));
         __m512 dw, cw;
         block16_decode(type, blk, stride, offsets, q, &dw, &cw);

@@ -4,11 +4,14 @@ repacking."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
 from engine.backends.cpu import kernels
+from engine.backends.cpu.decoder import CpuDecoder
 from engine.ggml_types import GGML_QUANT_SIZES as BLOCK  # type -> (elements, bytes) of a block
 
 AVX512 = kernels.active_isa() == "avx512"
@@ -71,6 +74,23 @@ def test_repack_is_refused_where_it_does_not_apply():
     w16, q16 = kernels.repack16(packed(Q.Q4_0, 32, 4), Q.Q4_0)
     with pytest.raises(ValueError, match="groups of 16 rows"):
         kernels.matmul(w16[:24], q16, np.ones((1, 128), np.float32))
+
+
+def test_the_decoders_copies_each_start_on_a_cache_line():
+    """The decoder's copies share one allocation; each starts on a 64-byte line even after a copy whose size is not
+    a multiple of 64 (16 rows of one Q4_0 block: 288 bytes), so the paired layouts' vectors lie on lines (hk.h)."""
+    mats = [SimpleNamespace(qtype=q, blocks=packed(q, rows, nb, seed), nbytes=rows * nb * BLOCK[q][1])
+            for seed, (q, rows, nb) in enumerate([(Q.Q4_0, 16, 1), (Q.Q8_0, 16, 3), (Q.Q6_K, 48, 1), (Q.Q4_0, 32, 4)])]
+    released = []
+    copies = CpuDecoder._repack(mats, released.append)
+    if not AVX512:  # nothing is copied where no kernel reads the layout
+        assert copies == {} and released == []
+        return
+    assert [id(b) for b in released] == [id(m.blocks) for m in mats]
+    for m in mats:
+        w16, q16 = copies[id(m)]
+        assert w16.ctypes.data % 64 == 0
+        assert np.array_equal(w16, kernels.repack16(m.blocks, m.qtype)[0]) and q16 == kernels.repack16_type(m.qtype, 16)
 
 
 @pytest.mark.parametrize("qtype", [Q.IQ4_NL, Q.Q4_K, Q.Q6_K])

@@ -202,14 +202,14 @@ class CpuDecoder:
              if kernels.repack16_type(m.qtype, m.blocks.shape[0]) is not None]
         if not picks:
             return {}
-        huge = 2 << 20
-        arena = np.empty(sum(m.nbytes for m in picks) + huge, np.uint8)
+        huge, line = 2 << 20, 64
+        arena = np.empty(sum(m.nbytes + line for m in picks) + huge, np.uint8)
         at = -arena.__array_interface__["data"][0] % huge
         copies = {}
         for m in picks:
             out = arena[at:at + m.nbytes].reshape(m.blocks.shape)
             copies[id(m)] = kernels.repack16(m.blocks, m.qtype, out)
-            at += m.nbytes
+            at += -(-m.nbytes // line) * line  # each copy starts on a cache line, as its kernels' vectors expect
             release(m.blocks)
         return copies
 

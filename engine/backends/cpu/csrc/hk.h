@@ -161,8 +161,19 @@ static inline int hk_trit(uint8_t q, uint8_t pow3) { return ((uint16_t)(uint8_t)
      row's first 208 bytes (row r at 4r), in the order the kernels read them, so a block is read front to
      back: the 16 scales' four words, then for each quarter c = 2h + e (h, e = 0, 1) the four words of ql at
      64h + 16e, the four of ql at 64h + 32 + 16e and the four of qh at 128 + 32h + 16e.
-   A 16-row kernel loads a block's codes and scales as they are, where the file layout needs them transposed. */
+   A 16-row kernel loads a block's codes and scales as they are, where the file layout needs them transposed.
+   The layouts with a 32-byte head of scales (all but Q4_K) keep their vectors on 64-byte lines: blocks go in
+   pairs, the two heads first and then the two blocks' vectors (hk_r16_head, hk_r16_body); a row's last block,
+   when nb is odd, is head then vectors. Against head-then-vectors for every block (half the blocks' vectors split
+   across two lines), one thread's Q6_K products of Llama-3.1-8B from memory ran 1.056x; Q4_0's and Q8_0's
+   were unchanged from memory and faster in cache (docs/benchmarks.md). */
 static inline int hk_is_r16(int type) { return type >= HK_Q4_0_R16 && type <= HK_Q6_K_R16; }
+/* Where block b (of a row's nb) of a 16-row group lies in a layout with a 32-byte head: its head and its
+   vectors, from the group's start; bytes = 16 * type_size, 32 more than a multiple of 64. */
+static inline size_t hk_r16_head(size_t bytes, int b) { return bytes * (size_t)(b & ~1) + 32 * (size_t)(b & 1); }
+static inline size_t hk_r16_body(size_t bytes, int b, int nb) {
+    return bytes * (size_t)(b & ~1) + ((b | 1) < nb ? 64 + (size_t)(b & 1) * (bytes - 32) : 32);
+}
 static inline int hk_r16_base(int type) {
     return type == HK_Q4_0_R16 ? HK_Q4_0 : type == HK_IQ4_NL_R16 ? HK_IQ4_NL : type == HK_Q4_K_R16 ? HK_Q4_K
          : type == HK_Q8_0_R16 ? HK_Q8_0 : type == HK_Q6_K_R16 ? HK_Q6_K : type;

@@ -229,16 +229,17 @@ INLINE void q6_k_tokens(const __m512i *q, const __m512i *sc, const __m512i *sc_p
 }
 
 /* A super-block's d (as floats) and 16 scales of 16 Q6_K rows: sc[s] scale s as int32 lanes, sc_pairs[p]
-   scales 2p and 2p + 1 as an int16 pair. */
-INLINE void q6_k_head16(const int r16, const uint8_t *blk, ptrdiff_t stride, __m512i offsets, __m512 *dw,
-                        __m512i sc[16], __m512i sc_pairs[8]) {
-    if (r16) /* the 16 rows' d first */
-        *dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+   scales 2p and 2p + 1 as an int16 pair. blk: the block in the file layout, or (r16) its vectors, with the rows'
+   d at head (hk_r16_head, hk_r16_body). */
+INLINE void q6_k_head16(const int r16, const uint8_t *blk, const uint8_t *head, ptrdiff_t stride, __m512i offsets,
+                        __m512 *dw, __m512i sc[16], __m512i sc_pairs[8]) {
+    if (r16)
+        *dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)head));
     else /* d is bytes 208-209: gathered from 206 so no lane reads past the block */
         *dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_i32gather_epi32(offsets, blk + 206, 1), 16)));
     __m512i scw[4]; /* lane r of scw[k]: row r's scales 4k..4k+3 */
     if (r16)
-        for (int k = 0; k < 4; k++) scw[k] = _mm512_loadu_si512(blk + 32 + 64 * k);
+        for (int k = 0; k < 4; k++) scw[k] = _mm512_loadu_si512(blk + 64 * k);
     else
         rows16_words(blk + 192, stride, scw);
     for (int s = 0; s < 16; s++) sc[s] = _mm512_srai_epi32(_mm512_slli_epi32(scw[s / 4], 24 - 8 * (s % 4)), 24);
@@ -248,12 +249,13 @@ INLINE void q6_k_head16(const int r16, const uint8_t *blk, ptrdiff_t stride, __m
 
 /* The codes (0..63) of 16 Q6_K rows' four sub-blocks 8h + 2i + e (i = 0..3) of a super-block: q[4i + k] their
    elements 4k..4k+3. Element l (of 16) of quarter i of half h has its low four bits in ql[64h + 16e + l]
-   (i = 0, 2; high nibble for i = 2) or ql[64h + 32 + 16e + l] (i = 1, 3), its top two in qh[32h + 16e + l]. */
+   (i = 0, 2; high nibble for i = 2) or ql[64h + 32 + 16e + l] (i = 1, 3), its top two in qh[32h + 16e + l].
+   blk: the block in the file layout, or (r16) its vectors. */
 INLINE void q6_k_codes16(const int r16, const uint8_t *blk, ptrdiff_t stride, int h, int e, __m512i q[16]) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512i ql0[4], ql1[4], qh[4];
     if (r16) { /* the quarter's 12 vectors, in this order (see hk.h) */
-        const uint8_t *v = blk + 32 + 64 * (4 + 12 * (2 * h + e));
+        const uint8_t *v = blk + 64 * (4 + 12 * (2 * h + e));
         for (int k = 0; k < 4; k++) {
             ql0[k] = _mm512_loadu_si512(v + 64 * k);
             ql1[k] = _mm512_loadu_si512(v + 64 * (4 + k));
@@ -284,10 +286,10 @@ INLINE void q6_k_pass_of(const int r16, int nb, const uint8_t *w, ptrdiff_t stri
     __m512i q[64] __attribute__((aligned(64))), sc[16] __attribute__((aligned(64))), sc_pairs[8] __attribute__((aligned(64)));
     size_t line = 0;
     for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = w + (size_t)b * (r16 ? 16 * 210 : 210);
+        const uint8_t *blk = w + (r16 ? hk_r16_body(16 * 210, b, nb) : (size_t)b * 210);
         prefetch_next_rows(w, stride, b, nb, &line);
         __m512 dw;
-        q6_k_head16(r16, blk, stride, offsets, &dw, sc, sc_pairs);
+        q6_k_head16(r16, blk, w + hk_r16_head(16 * 210, b), stride, offsets, &dw, sc, sc_pairs);
         HK_UNROLL for (int h = 0; h < 2; h++)
             HK_UNROLL for (int e = 0; e < 2; e++) {
                 __m512i c[16];
@@ -315,10 +317,10 @@ INLINE void q6_k_r16_nt(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act
     __m512 f[HK_TILE] = {0}; /* nb = 0: zeros */
     __m512i sc[16] __attribute__((aligned(64))), sc_pairs[8] __attribute__((aligned(64)));
     for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = w + (size_t)b * 16 * 210;
+        const uint8_t *blk = w + hk_r16_body(16 * 210, b, nb);
         prefetch_act(a, nt, (size_t)HK_QK_K * b, HK_QK_K);
         __m512 dw;
-        q6_k_head16(1, blk, stride, _mm512_setzero_si512(), &dw, sc, sc_pairs);
+        q6_k_head16(1, blk, w + hk_r16_head(16 * 210, b), stride, _mm512_setzero_si512(), &dw, sc, sc_pairs);
         __m512i isum[HK_TILE];
         HK_UNROLL for (int t = 0; t < nt; t++) isum[t] = _mm512_setzero_si512();
         HK_UNROLL for (int h = 0; h < 2; h++)

@@ -54,22 +54,25 @@ INLINE void nibbles16(const int type, const __m512i *words, __m512i *q) {
     }
 }
 
-/* Decode block blk of 16 rows: q[k] the codes of elements 4k..4k+3 (0-15 low, 16-31 high for the nibble types)
-   in each row's lane, dw the rows' scales and cw their offsets (see rows16_nt). */
-INLINE void block16_decode(const int type, const uint8_t *blk, ptrdiff_t stride, __m512i offsets, __m512i *q, __m512 *dw, __m512 *cw) {
+/* Decode block b (of nb) of 16 rows at w: q[k] the codes of elements 4k..4k+3 (0-15 low, 16-31 high for the
+   nibble types) in each row's lane, dw the rows' scales and cw their offsets (see rows16_nt). */
+INLINE void block16_decode(const int type, const uint8_t *w, int b, int nb, ptrdiff_t stride, __m512i offsets, __m512i *q,
+                           __m512 *dw, __m512 *cw) {
     __m512i words[4], lead[4];
     if (hk_is_r16(type)) { /* already in lanes: the scales, then the code vectors (see hk.h) */
-        *dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        const uint8_t *body = w + hk_r16_body(size32(type), b, nb);
+        *dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + hk_r16_head(size32(type), b))));
         *cw = _mm512_mul_ps(*dw, _mm512_set1_ps(type == HK_Q4_0_R16 ? -8.0f : -128.0f));
         if (type == HK_Q8_0_R16) { /* signed bytes to unsigned codes w + 128 */
             const __m512i flip = _mm512_set1_epi8((char)0x80);
-            for (int k = 0; k < 8; k++) q[k] = _mm512_xor_si512(_mm512_loadu_si512(blk + 32 + 64 * k), flip);
+            for (int k = 0; k < 8; k++) q[k] = _mm512_xor_si512(_mm512_loadu_si512(body + 64 * k), flip);
             return;
         }
-        for (int k = 0; k < 4; k++) words[k] = _mm512_loadu_si512(blk + 32 + 64 * k);
+        for (int k = 0; k < 4; k++) words[k] = _mm512_loadu_si512(body + 64 * k);
         nibbles16(hk_r16_base(type), words, q);
         return;
     }
+    const uint8_t *blk = w + (size_t)b * size32(type);
     const int five = type == HK_Q5_0 || type == HK_Q5_1;
     /* the Q5 types' scales and fifth bits transposed, not gathered (measured faster): Q5_0's are d | qh << 16
        and qh >> 16 in lead[0] and lead[1], Q5_1's d | m << 16 and qh */
@@ -189,12 +192,11 @@ INLINE void rows16_nt(const int type, int nb, const uint8_t *w, ptrdiff_t stride
             }
         }
     for (; b < nb; b++) {
-        const uint8_t *blk = w + (size_t)b * ts;
         if (!hk_is_r16(type)) prefetch_next_rows(w, stride, b, nb, &line); /* a 16-row layout: one stream */
         prefetch_act(a, nt, (size_t)HK_QK * b, HK_QK);
         __m512i q[8] __attribute__((aligned(64)));
         __m512 dw, cw;
-        block16_decode(type, blk, stride, offsets, q, &dw, &cw);
+        block16_decode(type, w, b, nb, stride, offsets, q, &dw, &cw);
         HK_UNROLL for (int t = 0; t < nt; t++) acc[t] = block16_token(type, q, dw, cw, b, &a[t], acc[t]);
     }
     HK_UNROLL for (int t = 0; t < nt; t++) _mm512_storeu_ps(out + t * os, acc[t]);
@@ -333,7 +335,6 @@ INLINE void blocks16_tokens(const int type, const __m512i *q, const __m512 *dw, 
 }
 
 INLINE void gemm16_32(const int type, int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, int n, float *out, ptrdiff_t os) {
-    const int ts = size32(type);
     const __m512i offsets = row_offsets(stride);
     __m512i q[8 * GROUP_BLOCKS] __attribute__((aligned(64)));
     __m512 dw[GROUP_BLOCKS], cw[GROUP_BLOCKS];
@@ -342,7 +343,7 @@ INLINE void gemm16_32(const int type, int nb, const uint8_t *w, ptrdiff_t stride
         const int nbb = nb - b0 < GROUP_BLOCKS ? nb - b0 : GROUP_BLOCKS;
         for (int j = 0; j < nbb; j++) {
             prefetch_next_rows(w, stride, b0 + j, nb, &line);
-            block16_decode(type, w + (size_t)(b0 + j) * ts, stride, offsets, q + 8 * j, &dw[j], &cw[j]);
+            block16_decode(type, w, b0 + j, nb, stride, offsets, q + 8 * j, &dw[j], &cw[j]);
         }
         TOKEN_GROUPS(n, blocks16_tokens, type, q, dw, cw, b0, nbb, a, out, os)
     }

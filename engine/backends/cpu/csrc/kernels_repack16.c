@@ -43,18 +43,20 @@ static void move_pieces(int type, int to_group, uint8_t *g, uint8_t *row, ptrdif
     layout l;
     layout_of(type, &l);
     const size_t bytes = 16 * (size_t)l.ts;
-    for (int b = 0; b < n; b++)
+    for (int b = 0; b < n; b++) {
+        uint8_t *const body = g + (l.headed ? hk_r16_body(bytes, b0 + b, nb) : bytes * (b0 + b));
+        uint8_t *const head = l.headed ? g + hk_r16_head(bytes, b0 + b) : body; /* Q4_K: no head */
         for (int r = r0; r < r0 + nr; r++) {
             uint8_t *f = row + (ptrdiff_t)(r - r0) * stride + (ptrdiff_t)b * l.ts;
-            uint8_t *head = g + hk_r16_head(bytes, b0 + b), *body = g + (l.headed ? hk_r16_body(bytes, b0 + b, nb) : bytes * (b0 + b));
             for (int k = 0; k < l.np; k++) {
-                uint8_t *q = k == 0 && l.headed ? head : body;
+                uint8_t *q = k == 0 ? head : body;
                 if (to_group)
                     memcpy(q + l.group[k] + l.len[k] * r, f + l.file[k], l.len[k]);
                 else
                     memcpy(f + l.file[k], q + l.group[k] + l.len[k] * r, l.len[k]);
             }
         }
+    }
 }
 
 typedef struct {

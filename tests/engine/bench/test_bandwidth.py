@@ -1,9 +1,11 @@
-"""The bytes a decode step reads, against which the bench sets decode speed: a mixture of experts reads only its
-chosen experts' rows."""
+"""The bytes a decode step reads, against which the bench sets decode speed (a mixture of experts reads only its
+chosen experts' rows), and the read pass's rate over the window when every thread reads."""
 
 from __future__ import annotations
 
-from engine.bench.bandwidth import weight_bytes_per_token
+import pytest
+
+from engine.bench.bandwidth import concurrent_read_rate, weight_bytes_per_token
 from engine.config import ModelConfig
 from engine.gguf_file import read_gguf
 from engine.memory_estimate import EXPERT_TENSOR_SUFFIXES
@@ -21,3 +23,20 @@ def test_a_moe_decode_step_reads_the_chosen_experts_and_one_embedding_row(tmp_pa
         dense = sum(sizes.values()) - experts - embedding + embedding // config.n_vocab
         assert weight_bytes_per_token(g, config) == dense + experts * N_EXPERT_USED // N_EXPERT
         assert weight_bytes_per_token(g) == dense + experts  # without the config: every expert
+
+
+GB = 10**9
+
+
+def test_a_thread_that_starts_late_does_not_count_against_the_pass():
+    # thread 0 reads a GB a second from t = 0; thread 1 starts half a second late (its GIL turn) and reads as fast:
+    # together they read 2 GB/s, though 7 GB over the 4.5 s from first start to last end would say 1.56
+    early = [(0.0, 1.0, GB), (1.0, 2.0, GB), (2.0, 3.0, GB), (3.0, 4.0, GB)]
+    late = [(1.5, 2.5, GB), (2.5, 3.5, GB), (3.5, 4.5, GB)]
+    assert concurrent_read_rate([early, late], fallback_seconds=4.5) == pytest.approx(2.0)
+    assert concurrent_read_rate([early], fallback_seconds=4.0) == pytest.approx(1.0)
+
+
+def test_threads_that_never_overlap_give_the_low_wall_clock_figure():
+    first, second = [(0.0, 1.0, GB), (1.0, 2.0, GB)], [(2.5, 3.5, GB), (3.5, 4.5, GB)]
+    assert concurrent_read_rate([first, second], fallback_seconds=4.5) == pytest.approx(4 / 4.5)

@@ -290,6 +290,7 @@ class DownloadsPanel(QFrame):
                 getattr(row, name).connect(getattr(self, name))
             self.rows[p["key"]] = row
             self.downloads.addWidget(row)
+            row.show()  # at once: a layout shows a new child only on the next event-loop turn
         row.update_progress(p)
 
     def show_message(self, text: str, error: bool = False) -> None:

@@ -18,6 +18,10 @@ from pathlib import Path
 from tests.model_store import cache_dir
 
 PACKAGE = "llama-cpp-python"
+# Compiler flags for every build of this tree: GCC keeps an explicit -mno-* over what -march=native turns on, so
+# ggml sees no __AMX_INT8__. This version's AMX kernels die with SIGILL at their first tile instruction on a Xeon
+# with AMX (upstream llama.cpp PR #26954); without them llama.cpp runs its AVX-512 kernels.
+NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 
 def version() -> str:

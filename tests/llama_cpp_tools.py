@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.llama_cpp_sources import llama_cpp_tree, version
+from tests.llama_cpp_sources import NO_AMX_FLAGS, llama_cpp_tree, version
 from tests.model_store import cache_dir
 
 TOOLS = ("llama-server", "llama-bench", "llama-quantize")
@@ -35,7 +35,10 @@ CMAKE_OPTIONS = (
     "-DLLAMA_BUILD_TOOLS=ON",
     "-DLLAMA_BUILD_SERVER=ON",
     "-DGGML_NATIVE=ON",                 # the peer gets this machine's best kernels, as a user's own build would
+    f"-DCMAKE_C_FLAGS={NO_AMX_FLAGS}",   # ... but AMX, whose kernels die with SIGILL here (llama_cpp_sources)
+    f"-DCMAKE_CXX_FLAGS={NO_AMX_FLAGS}",
 )
+OPTIONS_STAMP = ".cmake-options"  # beside the binaries: the options they were built with; others mean rebuild
 
 
 def tools_dir() -> Path:
@@ -48,9 +51,15 @@ def tool_path(name: str) -> Path:
     if name not in TOOLS:
         raise ValueError(f"unknown llama.cpp tool {name!r}; known: {', '.join(TOOLS)}")
     path = tools_dir() / name
-    if not path.exists():
+    if not _built(tools_dir()):
         build()
     return path
+
+
+def _built(out: Path) -> bool:
+    """Whether every tool is in ``out``, built with today's ``CMAKE_OPTIONS``."""
+    stamp = out / OPTIONS_STAMP
+    return all((out / t).exists() for t in TOOLS) and stamp.exists() and stamp.read_text() == "\n".join(CMAKE_OPTIONS)
 
 
 def build(jobs: int | None = None) -> Path:
@@ -60,10 +69,11 @@ def build(jobs: int | None = None) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if all((out / t).exists() for t in TOOLS):
+        if _built(out):
             return out
         src = llama_cpp_tree()
         build_dir = root / "build"
+        shutil.rmtree(build_dir, ignore_errors=True)  # a stale configure would keep its old flags
         jobs = jobs or os.cpu_count() or 2
         _run(["cmake", "-S", str(src), "-B", str(build_dir), *CMAKE_OPTIONS])
         _run(["cmake", "--build", str(build_dir), "--config", "Release", "-j", str(jobs), "--target", *TOOLS])
@@ -72,6 +82,7 @@ def build(jobs: int | None = None) -> Path:
         staging.mkdir()
         for tool in TOOLS:
             shutil.copy2(build_dir / "bin" / tool, staging / tool)
+        (staging / OPTIONS_STAMP).write_text("\n".join(CMAKE_OPTIONS))
         shutil.rmtree(out, ignore_errors=True)
         staging.rename(out)
         shutil.rmtree(build_dir, ignore_errors=True)   # ~1 GB of objects; the binaries are all we keep

@@ -6,7 +6,7 @@ Q6_K or Q8_0 model: upstream llama.cpp PR #26954), taking the test process with 
 library reports ``AMX_INT8 = 1``, it is rebuilt once from the same sdist with AMX turned off (its AVX-512 kernels
 stay) — the same flags ``tests/llama_cpp_tools.py`` builds llama.cpp's own tools with.
 
-``python -m tests.llama_cpp_peer`` checks, rebuilds if needed (about five minutes on two cores) and prints the
+``python -m tests.llama_cpp_peer`` checks, rebuilds if needed (ten minutes on two cores beside the tools' build) and prints the
 library's feature line. The root ``conftest.py`` runs the same check before a test session imports ``llama_cpp``.
 """
 

@@ -345,7 +345,7 @@ void hk_attention_prefetch(const hk_att *a, int i) {
 /* A task runs with float32 denormals flushed to zero (MXCSR FTZ and DAZ), the thread's own setting put back after.
    Probabilities far below the row's largest (exp of -70 and less: common with wide score ranges) make denormal
    products in P V, and an Intel core takes a microcode assist on every instruction that meets one, about a hundred
-   cycles: a Llama-3.2-1B prefill spent 68 % of its time in pv_f16 on a Xeon (58 tok/s; 180-195 flushed). AMD's Zen
+   cycles: a Llama-3.2-1B prefill spent 68 % of its time in pv_f16 on a Xeon (58 tok/s; 190-204 flushed). AMD's Zen
    handles them at full speed. What is flushed is below 1.2e-38, nothing a softmax-weighted sum can show. */
 void hk_attention_task(const hk_att *a, int i) {
 #if defined(__x86_64__) || defined(__i386__)

@@ -39,6 +39,7 @@ CMAKE_OPTIONS = (
     f"-DCMAKE_CXX_FLAGS={NO_AMX_FLAGS}",
 )
 OPTIONS_STAMP = ".cmake-options"  # beside the binaries: the options they were built with; others mean rebuild
+OPTIONS_TEXT = "\n".join(CMAKE_OPTIONS)
 
 
 def tools_dir() -> Path:
@@ -59,7 +60,7 @@ def tool_path(name: str) -> Path:
 def _built(out: Path) -> bool:
     """Whether every tool is in ``out``, built with today's ``CMAKE_OPTIONS``."""
     stamp = out / OPTIONS_STAMP
-    return all((out / t).exists() for t in TOOLS) and stamp.exists() and stamp.read_text() == "\n".join(CMAKE_OPTIONS)
+    return all((out / t).exists() for t in TOOLS) and stamp.exists() and stamp.read_text() == OPTIONS_TEXT
 
 
 def build(jobs: int | None = None) -> Path:
@@ -82,7 +83,7 @@ def build(jobs: int | None = None) -> Path:
         staging.mkdir()
         for tool in TOOLS:
             shutil.copy2(build_dir / "bin" / tool, staging / tool)
-        (staging / OPTIONS_STAMP).write_text("\n".join(CMAKE_OPTIONS))
+        (staging / OPTIONS_STAMP).write_text(OPTIONS_TEXT)
         shutil.rmtree(out, ignore_errors=True)
         staging.rename(out)
         shutil.rmtree(build_dir, ignore_errors=True)   # ~1 GB of objects; the binaries are all we keep

@@ -4,6 +4,7 @@ repacking."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -46,6 +47,40 @@ def test_repacked_products_are_the_file_layouts_bits(qtype, rows, nb):
         x = rng.standard_normal((n, nb * BLOCK[qtype][0]), dtype=np.float32)
         want, got = kernels.matmul(w, qtype, x), kernels.matmul(w16, q16, x)
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), n
+
+
+@pytest.fixture
+def restore_stream_prefetch():
+    default = kernels.stream_prefetch()
+    yield default
+    kernels.stream_prefetch(default)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("ahead", [0, 64, 4096, 1 << 20])
+def test_the_stream_prefetch_does_not_change_a_product(qtype, ahead, restore_stream_prefetch):
+    """One-token products over a repacked matrix prefetch their stream some bytes ahead (a page by default on
+    Intel, none elsewhere): the prefetches, even past the matrix's end, change no bit."""
+    w = packed(qtype, 48, 19)
+    repacked = kernels.repack16(w, qtype)
+    if not AVX512:
+        return
+    x = np.random.default_rng(ahead).standard_normal((3, 19 * BLOCK[qtype][0]), dtype=np.float32)
+    want = kernels.matmul(w, qtype, x)
+    assert kernels.stream_prefetch(ahead) == ahead == kernels.stream_prefetch()
+    for n in (1, 2, 3):
+        got = kernels.matmul(*repacked, x[:n])
+        assert np.array_equal(got.view(np.uint32), want[:n].view(np.uint32)), n
+
+
+def test_the_stream_prefetch_default_follows_the_cpu_and_refuses_bad_values(restore_stream_prefetch):
+    cpuinfo = Path("/proc/cpuinfo")  # the vendor as Linux reports it; elsewhere no x86 CI runs
+    intel = kernels.AVAILABLE and cpuinfo.exists() and "GenuineIntel" in cpuinfo.read_text()
+    assert restore_stream_prefetch == (4096 if intel else 0)
+    for bad in (-64, 100, (1 << 20) + 64):
+        with pytest.raises(ValueError, match="multiple of 64"):
+            kernels.stream_prefetch(bad)
+    assert kernels.stream_prefetch() == restore_stream_prefetch
 
 
 @pytest.mark.parametrize("qtype", TYPES)

@@ -82,6 +82,33 @@ def get_threads() -> int:
     return _ext.get_threads() if _ext is not None else _fallback_threads
 
 
+def stream_prefetch(ahead: int | None = None) -> int:
+    """Bytes ahead of the block being read that a one-token product over a repacked (16-row) matrix prefetches
+    its stream, 0 for none; with ``ahead``, set it first. The default comes from the CPU: a page on Intel cores,
+    whose hardware prefetcher does not keep up with the stream alone, none elsewhere. Results do not depend on it.
+
+    Raises:
+        ValueError: ahead is negative, not a multiple of 64, or over 1 MiB.
+    """
+    if _ext is None:
+        return 0
+    return _ext.stream_prefetch() if ahead is None else _ext.stream_prefetch(int(ahead))
+
+
+def read_words(buf) -> int:
+    """The sum of a buffer's 64-bit words (a whole number of them), modulo 2**64, read front to back the way a
+    one-token product reads a repacked matrix (prefetched ``stream_prefetch()`` bytes ahead); the GIL is released.
+    A bare read loop, for measuring read bandwidth (``python -m engine bench bandwidth``).
+
+    Raises:
+        RuntimeError: the C extension is not built.
+        ValueError: the buffer is not a whole number of 64-bit words.
+    """
+    if _ext is None:
+        raise RuntimeError("read_words needs the C kernels")
+    return _ext.read_words(buf)
+
+
 def row_elements(qtype: int, row_bytes: int) -> int:
     """Elements in a packed row of row_bytes bytes."""
     block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]

@@ -156,15 +156,17 @@ INLINE void q4_k_r16_pass(int nb, const uint8_t *w, ptrdiff_t stride, const hk_a
 /* A tile of nt <= HK_TILE tokens against 16 rows of Q4_K's 16-row layout, straight from the loads (no decoded
    copy of the super-block). High nibbles are summed in place, masked with 0xF0: 16 times their codes' sums
    (at most 32 * 240 * 127 a sub-block, times its scale at most 63, four a super-block: under 2^28), divided
-   by 16 at the end, exactly. So the integers are q4_k_tokens', and the float steps too: the same bits. No software
-   prefetch: the layout is one stream, which the hardware prefetcher follows alone (see rows16_nt); with the next
-   16 rows prefetched, Llama-3.2-1B Q4_K_M's Q4_K products read 0.81x and its decode 0.87x (paired, one process). */
+   by 16 at the end, exactly. So the integers are q4_k_tokens', and the float steps too: the same bits. The layout is one
+   stream, prefetched ahead only where the hardware prefetcher does not follow it alone (stream_ahead); with the
+   next 16 rows prefetched, Llama-3.2-1B Q4_K_M's Q4_K products read 0.81x and its decode 0.87x on Zen (paired,
+   one process). */
 INLINE void q4_k_r16_nt(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, const int nt, float *out, ptrdiff_t os) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m4h = _mm512_set1_epi8((char)0xF0);
     __m512 f[2 * HK_TILE] = {0}; /* per token the sums' and the mins' products; nb = 0: zeros */
     __m512i sc[8] __attribute__((aligned(64))), mnp[8] __attribute__((aligned(64)));
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = w + (size_t)b * 16 * 144;
+        stream_ahead(w, b, 16 * 144);
         prefetch_act(a, nt, (size_t)HK_QK_K * b, HK_QK_K);
         __m512 dw, dm;
         k4_head16(1, blk, _mm512_setzero_si512(), &dw, &dm, sc, mnp);
@@ -310,14 +312,14 @@ INLINE void q6_k_r16_pass(int nb, const uint8_t *w, ptrdiff_t stride, const hk_a
 }
 
 /* A tile of nt <= HK_TILE tokens against 16 rows of Q6_K's 16-row layout, straight from the loads (no decoded
-   copy of the super-block) and without software prefetch (one stream, which the hardware prefetcher follows:
-   see rows16_nt). The same integers per sub-block as q6_k_tokens, summed in another order (exact), and the
-   same float step: the same bits. */
+   copy of the super-block), one stream prefetched as in q4_k_r16_nt. The same integers per sub-block as
+   q6_k_tokens, summed in another order (exact), and the same float step: the same bits. */
 INLINE void q6_k_r16_nt(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, const int nt, float *out, ptrdiff_t os) {
     __m512 f[HK_TILE] = {0}; /* nb = 0: zeros */
     __m512i sc[16] __attribute__((aligned(64))), sc_pairs[8] __attribute__((aligned(64)));
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = w + hk_r16_body(16 * 210, b, nb);
+        stream_ahead(w, b, 16 * 210);
         prefetch_act(a, nt, (size_t)HK_QK_K * b, HK_QK_K);
         __m512 dw;
         q6_k_head16(1, blk, w + hk_r16_head(16 * 210, b), stride, _mm512_setzero_si512(), &dw, sc, sc_pairs);

@@ -166,8 +166,9 @@ INLINE __m512 block16_token(const int type, const __m512i *q, __m512 dw, __m512 
    bytes are flipped to w + 128, and the table types' -128 or -12 after their look-up plus that much) goes
    through the activations' block sums, as in dot32x2_nt. The file layout's 16 rows are 16 interleaved streams,
    whose next 16 rows are prefetched (prefetch_next_rows); a 16-row layout reads one stream, which the hardware
-   prefetcher follows alone better: without the software prefetch a one-token product of Llama-3.2-1B Q8_0's
-   repacked matrices read 1.36x the file layout's and its decode ran 1.26x, Q4_0's 1.18x (docs/benchmarks.md). */
+   prefetcher follows better (on Zen, without the next rows prefetched, a one-token product of Llama-3.2-1B Q8_0's
+   repacked matrices read 1.36x the file layout's and its decode ran 1.26x, Q4_0's 1.18x: docs/benchmarks.md),
+   prefetched ahead only where it does not follow alone (stream_ahead). */
 INLINE void rows16_nt(const int type, int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, const int nt,
                       float *out, ptrdiff_t os) {
     const int ts = size32(type);
@@ -192,7 +193,8 @@ INLINE void rows16_nt(const int type, int nb, const uint8_t *w, ptrdiff_t stride
             }
         }
     for (; b < nb; b++) {
-        if (!hk_is_r16(type)) prefetch_next_rows(w, stride, b, nb, &line); /* a 16-row layout: one stream */
+        if (hk_is_r16(type)) stream_ahead(w, b, ts); /* ts: the 16 rows' bytes */
+        else prefetch_next_rows(w, stride, b, nb, &line);
         prefetch_act(a, nt, (size_t)HK_QK * b, HK_QK);
         __m512i q[8] __attribute__((aligned(64)));
         __m512 dw, cw;

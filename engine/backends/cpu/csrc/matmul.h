@@ -15,6 +15,8 @@ void hk_cpu_features(hk_features *f);
    Returns 0, or -1 when the name is unknown or this CPU cannot run it. */
 int hk_select_isa(const char *name);
 const char *hk_isa_name(void);
+/* hk_stream_ahead's value for this CPU (hk.h). */
+int hk_default_stream_ahead(void);
 /* The 16-row type (hk.h) a matrix of type is worth repacking into under the active ISA, or -1: only where
    the ISA has its own 16-row kernels for it. */
 int hk_repack_type(int type);

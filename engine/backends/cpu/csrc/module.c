@@ -201,6 +201,25 @@ static PyObject *py_set_threads(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+#define STREAM_AHEAD_MAX (1 << 20)
+
+static PyObject *py_stream_prefetch(PyObject *self, PyObject *args) {
+    long ahead = -1;
+    if (!PyArg_ParseTuple(args, "|l", &ahead)) return NULL;
+    if (PyTuple_GET_SIZE(args) == 1) {
+        if (ahead < 0 || ahead > STREAM_AHEAD_MAX || ahead % 64) {
+            PyErr_Format(PyExc_ValueError, "stream prefetch must be 0 or a multiple of 64 up to %d bytes, got %ld", STREAM_AHEAD_MAX, ahead);
+            return NULL;
+        }
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&COMPUTE);
+        hk_stream_ahead = (int)ahead;
+        pthread_mutex_unlock(&COMPUTE);
+        Py_END_ALLOW_THREADS
+    }
+    return PyLong_FromLong(hk_stream_ahead);
+}
+
 static PyObject *py_get_threads(PyObject *self, PyObject *unused) { return PyLong_FromLong(hk_pool_threads()); }
 
 static PyObject *py_set_isa(PyObject *self, PyObject *arg) {
@@ -297,15 +316,43 @@ static PyObject *py_touch_pages(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLongLong(sum);
 }
 
+/* The sum of a buffer's 64-bit words (a whole number of them, modulo 2^64), read front to back with the stream prefetched
+   hk_stream_ahead bytes ahead as the 16-row kernels do: the bench's bare read pass (engine/bench/bandwidth.py). */
+static PyObject *py_read_words(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    if (!PyArg_ParseTuple(args, "y*", &view)) return NULL;
+    if (view.len % 8) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "read_words: the buffer must be a whole number of 64-bit words");
+        return NULL;
+    }
+    uint64_t sum = 0;
+    Py_BEGIN_ALLOW_THREADS
+    const uint64_t *p = view.buf;
+    const Py_ssize_t lines = view.len / 64, ahead = hk_stream_ahead;
+    uint64_t acc[8] = {0};
+    for (Py_ssize_t i = 0; i < lines; i++, p += 8) {
+        if (ahead) __builtin_prefetch((const char *)p + ahead, 0, 3);
+        for (int k = 0; k < 8; k++) acc[k] += p[k];
+    }
+    for (Py_ssize_t k = 0; k < view.len / 8 % 8; k++) sum += p[k]; /* the words after the last whole line */
+    for (int k = 0; k < 8; k++) sum += acc[k];
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLongLong(sum);
+}
+
 static PyMethodDef METHODS[] = {
     {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_VARARGS | METH_KEYWORDS, "matmul(w, qtype, x, out=None)"},
     {"get_rows", py_get_rows, METH_VARARGS, "get_rows(w, qtype, ids)"},
     {"repack16", py_repack16, METH_VARARGS, "repack16(w, qtype, out=None) -> (w16, qtype16) or None"},
     {"repack_type", py_repack_type, METH_O, "repack_type(qtype) -> the 16-row type, or -1"},
     {"touch_pages", py_touch_pages, METH_VARARGS, "touch_pages(buf, stride) -> sum of every stride-th byte"},
+    {"read_words", py_read_words, METH_VARARGS, "read_words(buf) -> sum of its 64-bit words"},
     {"set_threads", py_set_threads, METH_O, "set_threads(n)"},
     {"get_threads", py_get_threads, METH_NOARGS, "get_threads()"},
     {"set_isa", py_set_isa, METH_O, "set_isa(name)"},
+    {"stream_prefetch", py_stream_prefetch, METH_VARARGS, "stream_prefetch([bytes]) -> bytes ahead"},
     {"isa", py_isa, METH_NOARGS, "isa()"},
     {"log_sum_exp", py_log_sum_exp, METH_VARARGS, "log_sum_exp(x, shift)"},
     {"cpu_features", py_cpu_features, METH_NOARGS, "cpu_features()"},
@@ -330,6 +377,7 @@ PyMODINIT_FUNC PyInit__kernels(void) {
         PyErr_SetString(PyExc_ImportError, "no usable CPU kernel ISA");
         return NULL;
     }
+    hk_stream_ahead = hk_default_stream_ahead();
     PyObject *module = PyModule_Create(&MODULE);
     if (module && hk_decoder_add_functions(module) != 0) Py_CLEAR(module);
     if (module && hk_sampling_add_functions(module) != 0) Py_CLEAR(module);

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.bench.bandwidth import concurrent_read_rate, weight_bytes_per_token
+import numpy as np
+
+from engine.backends.cpu import kernels
+from engine.bench.bandwidth import concurrent_read_rate, measure_read_bandwidth, weight_bytes_per_token
 from engine.config import ModelConfig
 from engine.gguf_file import read_gguf
 from engine.memory_estimate import EXPERT_TENSOR_SUFFIXES
@@ -40,3 +43,24 @@ def test_a_thread_that_starts_late_does_not_count_against_the_pass():
 def test_threads_that_never_overlap_give_the_low_wall_clock_figure():
     first, second = [(0.0, 1.0, GB), (1.0, 2.0, GB)], [(2.5, 3.5, GB), (3.5, 4.5, GB)]
     assert concurrent_read_rate([first, second], fallback_seconds=4.5) == pytest.approx(4 / 4.5)
+
+
+@pytest.mark.parametrize("words", [0, 1, 7, 8, 9, 4096 + 13])
+@pytest.mark.parametrize("ahead", [0, 4096])
+def test_the_kernels_read_loop_sums_every_word(words, ahead):
+    values = np.random.default_rng(words).integers(-(2**62), 2**62, words, dtype=np.int64)
+    default = kernels.stream_prefetch()
+    try:
+        kernels.stream_prefetch(ahead)
+        assert kernels.read_words(values) == int(values.astype(np.uint64).sum(dtype=np.uint64))
+    finally:
+        kernels.stream_prefetch(default)
+    with pytest.raises(ValueError, match="64-bit words"):
+        kernels.read_words(np.zeros(5, np.uint8))
+
+
+def test_the_pass_takes_both_readers_in_turn_and_reports_the_best():
+    report = measure_read_bandwidth(threads=2, passes=3, buffer_bytes=8 * 2**20)
+    assert report["rates_by_reader"]["numpy"] == report["rates"][0::2] and len(report["rates"]) == 3
+    assert report["rates_by_reader"]["kernels"] == report["rates"][1::2]
+    assert report["gbps"] == max(report["rates"]) and "read loop" in report["method"]

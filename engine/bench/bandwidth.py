@@ -4,7 +4,7 @@ The pass sums a buffer several times larger than the last-level cache, split ove
 as the engine decodes with, one slice per thread, in two ways taken in turn: NumPy's ``np.add.reduce`` over
 int64 words, and the C kernels' bare read loop (``kernels.read_words``), which prefetches the stream ahead as the
 decode's products do where the CPU needs it (on an Intel Xeon the hardware prefetcher alone left NumPy's pass at
-16.4-16.7 GB/s while the products read up to 22). Both release the GIL and do a trivial amount of work per byte;
+15.6-19.4 GB/s while the products read up to 22 and the C loop 20.9-24.0). Both release the GIL and do a trivial amount of work per byte;
 the ceiling is the best pass of either, so a reader that leaves bandwidth unused cannot lower it.
 
 Python threads start milliseconds apart (each waits for the GIL in turn), so a pass timed from the first start

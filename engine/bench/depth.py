@@ -19,6 +19,7 @@ import numpy as np
 
 from ..model import Model, load
 from .llama_bench import default_binary, run_llama_bench
+from .peer_check import check_llama_cpp_runs
 from .runners import GGML_KV_TYPES
 from .speed import machine
 from .workload import bench_prompt, first_divergence, set_threads, spread, threads_in_use
@@ -73,6 +74,7 @@ class LlamaCppDepthRunner:
     """llama.cpp through llama-cpp-python: ``n_tokens`` set back to the depth drops the positions after it."""
 
     def __init__(self, path: Path, n_ctx: int, threads: int, flash_attn: bool, kv_type: str):
+        check_llama_cpp_runs(Path(path))  # before this process loads it: a crash here would say nothing
         import llama_cpp  # a test and bench dependency: pip install .[bench]
 
         self.name = f"llama.cpp fa={'on' if flash_attn else 'off'}"

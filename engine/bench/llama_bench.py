@@ -18,6 +18,8 @@ from pathlib import Path
 
 import platformdirs
 
+from .peer_check import describe_exit
+
 FLASH_ATTN = {0: "off", 1: "on", -1: "auto"}
 
 
@@ -54,7 +56,7 @@ def run_llama_bench(binary: Path, model: Path, prompt_tokens: int, gen_tokens: i
         cmd += ["-ctk", kv_type, "-ctv", kv_type]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0:
-        raise RuntimeError(f"llama-bench failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+        raise RuntimeError(f"llama-bench failed ({describe_exit(done.returncode)}): {done.stderr.strip()[-500:]}")
     return parse_report(done.stdout)
 
 

@@ -18,6 +18,7 @@ from ..model import Model
 from ..sampling import SamplingParams, make_sampler
 from ..sequence import Request
 from ..tokenizer import IncrementalDecoder
+from .peer_check import check_llama_cpp_runs
 
 GREEDY = SamplingParams(temperature=0.0, repeat_penalty=1.0)  # plain argmax: the peer's job too
 GGML_KV_TYPES = {"f16": 1, "f32": 0, "q8_0": 8}  # ggml_type ids of llama.cpp's -ctk / -ctv choices
@@ -75,6 +76,7 @@ class LlamaCppRunner:
     """llama.cpp through llama-cpp-python on the same file, the same thread count and the same prompt ids."""
 
     def __init__(self, path: Path, n_ctx: int, threads: int, flash_attn: bool, kv_type: str = "f16"):
+        check_llama_cpp_runs(Path(path))  # before this process loads it: a crash here would say nothing
         import llama_cpp  # a test and bench dependency: pip install .[bench]
 
         self.name = f"llama.cpp fa={'on' if flash_attn else 'off'}"

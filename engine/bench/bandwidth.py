@@ -4,8 +4,9 @@ The pass sums a buffer several times larger than the last-level cache, split ove
 as the engine decodes with, one slice per thread, in two ways taken in turn: NumPy's ``np.add.reduce`` over
 int64 words, and the C kernels' bare read loop (``kernels.read_words``), which prefetches the stream ahead as the
 decode's products do where the CPU needs it (on an Intel Xeon the hardware prefetcher alone left NumPy's pass at
-15.6-19.4 GB/s while the products read up to 22 and the C loop 20.9-24.0). Both release the GIL and do a trivial amount of work per byte;
-the ceiling is the best pass of either, so a reader that leaves bandwidth unused cannot lower it.
+15.6-19.4 GB/s while the products read up to 22 and the C loop 20.9-24.0). Both release the GIL and do a trivial
+amount of work per byte; the ceiling is the best pass of either, so a reader that leaves bandwidth unused cannot
+lower it.
 
 Python threads start milliseconds apart (each waits for the GIL in turn), so a pass timed from the first start
 to the last end counts part of the time with one thread reading alone: on a 2-core host that under-read two
@@ -47,34 +48,33 @@ def last_level_cache_bytes() -> int | None:
 
 
 def measure_read_bandwidth(threads: int, passes: int = 5, buffer_bytes: int | None = None) -> dict:
-    """Read bandwidth in GB/s (10**9 bytes per second) with ``threads`` threads.
+    """Read bandwidth in GB/s (10**9 bytes per second) with ``threads`` threads, the readers taking passes in turn.
 
     Returns:
-        ``gbps`` (best pass), ``gbps_median``, ``buffer_mb``, ``threads``, ``passes`` and ``method``.
+        ``gbps`` (best pass), ``gbps_median``, ``buffer_mb``, ``threads``, ``passes``, ``method``, every pass's
+        ``rates`` and the same per reader (``rates_by_reader``).
     """
     llc = last_level_cache_bytes()
     size = buffer_bytes or max(MIN_BUFFER_BYTES, 4 * (llc or 0))
     words = np.ones(size // 8, np.int64)  # written once, so every page is really there
     pieces = [np.array_split(part, max(1, part.nbytes // CHUNK_BYTES)) for part in np.array_split(words, threads)]
     names = ["numpy", "kernels"] if kernels.AVAILABLE else ["numpy"]
-    methods = {"numpy": "numpy np.add.reduce over int64",
-               "kernels": f"the C kernels' read loop (stream prefetched {kernels.stream_prefetch()} bytes ahead)"}
-    rates, by_reader = [], {name: [] for name in names}
-    for i in range(passes):  # the readers in turn, so a neighbour's minute weighs on both alike
-        name = names[i % len(names)]
-        rate = _one_pass(pieces, READERS[name])
-        rates.append(rate)
-        by_reader[name].append(round(rate, 2))
+    rates = [_one_pass(pieces, READERS[names[i % len(names)]]) for i in range(passes)]  # a neighbour weighs on both
     return {"gbps": round(max(rates), 2), "gbps_median": round(float(np.median(rates)), 2),
             "buffer_mb": round(words.nbytes / 2**20), "last_level_cache_mb": round(llc / 2**20, 1) if llc else None,
-            "threads": threads, "passes": passes,
-            "method": f"{' and '.join(methods[n] for n in names)} in turn, one slice per thread read {ROUNDS} times in timed {CHUNK_BYTES >> 20} MiB pieces, "
-                      "summed over the window when every thread reads; the best pass of either",
+            "threads": threads, "passes": passes, "method": _method(names),
             "rates": [round(r, 2) for r in rates],
-            "rates_by_reader": by_reader}
+            "rates_by_reader": {name: [round(r, 2) for r in rates[k::len(names)]] for k, name in enumerate(names)}}
 
 
 READERS = {"numpy": np.add.reduce, "kernels": kernels.read_words}
+
+
+def _method(names: list[str]) -> str:
+    readers = {"numpy": "numpy np.add.reduce over int64",
+               "kernels": f"the C kernels' read loop (stream prefetched {kernels.stream_prefetch()} bytes ahead)"}
+    return (f"{' and '.join(readers[n] for n in names)} in turn, one slice per thread read {ROUNDS} times in timed "
+            f"{CHUNK_BYTES >> 20} MiB pieces, summed over the window when every thread reads; the best pass")
 
 
 def _one_pass(pieces: list[list[np.ndarray]], reader) -> float:

@@ -156,10 +156,10 @@ INLINE void q4_k_r16_pass(int nb, const uint8_t *w, ptrdiff_t stride, const hk_a
 /* A tile of nt <= HK_TILE tokens against 16 rows of Q4_K's 16-row layout, straight from the loads (no decoded
    copy of the super-block). High nibbles are summed in place, masked with 0xF0: 16 times their codes' sums
    (at most 32 * 240 * 127 a sub-block, times its scale at most 63, four a super-block: under 2^28), divided
-   by 16 at the end, exactly. So the integers are q4_k_tokens', and the float steps too: the same bits. The layout is one
-   stream, prefetched ahead only where the hardware prefetcher does not follow it alone (stream_ahead); with the
-   next 16 rows prefetched, Llama-3.2-1B Q4_K_M's Q4_K products read 0.81x and its decode 0.87x on Zen (paired,
-   one process). */
+   by 16 at the end, exactly. So the integers are q4_k_tokens', and the float steps too: the same bits. The
+   layout is one stream, prefetched ahead only where the hardware prefetcher does not follow it alone
+   (stream_ahead); with the next 16 rows prefetched, Llama-3.2-1B Q4_K_M's Q4_K products read 0.81x and its
+   decode 0.87x on Zen (paired, one process). */
 INLINE void q4_k_r16_nt(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act *a, const int nt, float *out, ptrdiff_t os) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m4h = _mm512_set1_epi8((char)0xF0);
     __m512 f[2 * HK_TILE] = {0}; /* per token the sums' and the mins' products; nb = 0: zeros */

@@ -208,7 +208,8 @@ static PyObject *py_stream_prefetch(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "|l", &ahead)) return NULL;
     if (PyTuple_GET_SIZE(args) == 1) {
         if (ahead < 0 || ahead > STREAM_AHEAD_MAX || ahead % 64) {
-            PyErr_Format(PyExc_ValueError, "stream prefetch must be 0 or a multiple of 64 up to %d bytes, got %ld", STREAM_AHEAD_MAX, ahead);
+            PyErr_Format(PyExc_ValueError, "stream prefetch must be 0 or a multiple of 64 up to %d bytes, got %ld",
+                         STREAM_AHEAD_MAX, ahead);
             return NULL;
         }
         Py_BEGIN_ALLOW_THREADS
@@ -316,8 +317,9 @@ static PyObject *py_touch_pages(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLongLong(sum);
 }
 
-/* The sum of a buffer's 64-bit words (a whole number of them, modulo 2^64), read front to back with the stream prefetched
-   hk_stream_ahead bytes ahead as the 16-row kernels do: the bench's bare read pass (engine/bench/bandwidth.py). */
+/* The sum of a buffer's 64-bit words (a whole number of them, modulo 2^64), read front to back with the stream
+   prefetched hk_stream_ahead bytes ahead as the 16-row kernels do: the bench's bare read pass
+   (engine/bench/bandwidth.py). */
 static PyObject *py_read_words(PyObject *self, PyObject *args) {
     Py_buffer view;
     if (!PyArg_ParseTuple(args, "y*", &view)) return NULL;

@@ -16,6 +16,7 @@ from engine.serve.errors import APIError
 from engine.serve.host import RequestRecord
 from engine.serve.library import model_id
 from engine.thermal import ThermalMonitor, default_provider
+from tests.openai_sdk import build_sdk_models
 
 from .fake_engine import make_cool
 
@@ -167,6 +168,7 @@ def test_api_requests_and_a_chat_reply_decode_in_one_batch_of_the_apps_scheduler
         for chunk in stream:  # a story goes on past the chat's reply: the two overlap
             api[i] += chunk.choices[0].text
 
+    build_sdk_models()  # before threads parse responses at once
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
     for t in threads:
         t.start()

@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from tests.model_store import model_path
+from tests.openai_sdk import build_sdk_models
 
 from .conftest import MODEL_NAME, N_CTX
 
@@ -76,6 +77,7 @@ def test_greedy_api_tokens_are_the_cli_tokens_while_seven_other_requests_stream(
                 errors[i] = e
                 lock.notify_all()
 
+    build_sdk_models()  # before threads parse responses at once
     threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(OTHERS)]
     for t in threads:
         t.start()

@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from engine.sampling import SamplingParams
+from tests.openai_sdk import build_sdk_models
 
 from .conftest import MODEL_NAME
 
@@ -80,6 +81,7 @@ def test_greedy_output_is_unchanged_while_seven_other_requests_stream(client, re
         except Exception as e:  # noqa: BLE001 - collected and asserted on below
             errors.append(e)
 
+    build_sdk_models()  # before threads parse responses at once
     threads = [threading.Thread(target=stream_other, args=(i,)) for i in range(7)]
     for t in threads:
         t.start()

@@ -4,7 +4,7 @@ bench with a signal and no word of why.
 pip builds llama-cpp-python with ``-march=native``; on an Intel Xeon with AMX that turns on llama.cpp's AMX kernels,
 and in the versions Hearth tests against they die with SIGILL at their first tile instruction, on the first prefill
 (upstream llama.cpp PR #26954). Where the library reports ``AMX_INT8 = 1``, a child process loads the model and runs
-a 32-token prefill first; the same message explains a ``llama-bench`` or ``llama-server`` that dies the same way.
+a 32-token prefill first; the same words explain a ``llama-bench`` that dies the same way (``llama_bench.py``).
 """
 
 from __future__ import annotations

@@ -404,7 +404,13 @@ class GGUFFile:
     def release(self, view: np.ndarray) -> None:
         """The backend keeps a copy of ``view`` (tensor bytes from ``raw``) of its own: drop its whole pages from
         this process's mapping (the page cache keeps them; a later read maps them again) and leave it out of
-        ``mapped_ranges``, so resident memory holds the weights once."""
+        ``mapped_ranges``, so resident memory holds the weights once.
+
+        The dropped pages are also advised ``MADV_NOHUGEPAGE``: with the weights in 2 MiB page-cache folios
+        (``_advise_huge_pages``), reading a small tensor beside them (a norm between two repacked matrices) would
+        otherwise map its whole 2 MiB folio, copied pages and all, back into the resident set (Qwen2.5-Coder-0.5B
+        Q4_K_M on Linux 6.18: 554 MiB resident against 504 estimated). A range of its own that is not advised huge
+        is mapped in 4 KiB pages only, and a neighbour's fault never maps across it."""
         start = view.__array_interface__["data"][0] - self._array.__array_interface__["data"][0]
         end = start + view.nbytes
         if not (view.flags.c_contiguous and 0 <= start <= end <= self._array.size):
@@ -413,6 +419,11 @@ class GGUFFile:
         page = mmap.PAGESIZE
         first, last = -(-start // page) * page, end // page * page
         if last > first and hasattr(mmap, "MADV_DONTNEED"):
+            if hasattr(mmap, "MADV_NOHUGEPAGE"):
+                try:
+                    self._map.madvise(mmap.MADV_NOHUGEPAGE, first, last - first)
+                except OSError:
+                    pass  # a kernel without transparent huge pages: nothing to map back
             self._map.madvise(mmap.MADV_DONTNEED, first, last - first)
 
     def mapped_bytes(self) -> np.ndarray:

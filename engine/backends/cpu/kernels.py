@@ -84,8 +84,9 @@ def get_threads() -> int:
 
 def stream_prefetch(ahead: int | None = None) -> int:
     """Bytes ahead of the block being read that a one-token product over a repacked (16-row) matrix prefetches
-    its stream, 0 for none; with ``ahead``, set it first. The default comes from the CPU: a page on Intel cores,
-    whose hardware prefetcher does not keep up with the stream alone, none elsewhere. Results do not depend on it.
+    its stream into L1 (and four times as far into L2), 0 for none; with ``ahead``, set it first. The default
+    comes from the CPU: a page on Intel cores, whose hardware prefetcher does not keep up with the stream alone,
+    none elsewhere. Results do not depend on it.
 
     Raises:
         ValueError: ahead is negative, not a multiple of 64, or over 1 MiB.
@@ -97,7 +98,7 @@ def stream_prefetch(ahead: int | None = None) -> int:
 
 def read_words(buf) -> int:
     """The sum of a buffer's 64-bit words (a whole number of them), modulo 2**64, read front to back the way a
-    one-token product reads a repacked matrix (prefetched ``stream_prefetch()`` bytes ahead); the GIL is released.
+    one-token product reads a repacked matrix (prefetched as ``stream_prefetch`` says); the GIL is released.
     A bare read loop, for measuring read bandwidth (``python -m engine bench bandwidth``).
 
     Raises:

@@ -167,9 +167,11 @@ static inline int hk_trit(uint8_t q, uint8_t pow3) { return ((uint16_t)(uint8_t)
    when nb is odd, is head then vectors. Against head-then-vectors for every block (half the blocks' vectors split
    across two lines), one thread's Q6_K products of Llama-3.1-8B from memory ran 1.056x; Q4_0's and Q8_0's
    were unchanged from memory and faster in cache (docs/benchmarks.md). */
-/* Bytes ahead of the block being read that a 16-row layout's one-token kernel prefetches its own stream, or 0
-   for none (matmul.c sets it from the CPU's vendor; stream_ahead in kernels_avx512_rows16.inc). */
+/* Bytes ahead of the block being read that a 16-row layout's one-token kernel prefetches its own stream into
+   L1, or 0 for none; into L2 it prefetches HK_STREAM_L2_TIMES as far (matmul.c sets it from the CPU's vendor;
+   stream_ahead in kernels_avx512_rows16.inc). */
 extern int hk_stream_ahead;
+#define HK_STREAM_L2_TIMES 4
 static inline int hk_is_r16(int type) { return type >= HK_Q4_0_R16 && type <= HK_Q6_K_R16; }
 /* Where block b (of a row's nb) of a 16-row group lies in a layout with a 32-byte head: its head and its
    vectors, from the group's start; bytes = 16 * type_size, 32 more than a multiple of 64. */

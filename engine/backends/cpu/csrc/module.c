@@ -318,8 +318,8 @@ static PyObject *py_touch_pages(PyObject *self, PyObject *args) {
 }
 
 /* The sum of a buffer's 64-bit words (a whole number of them, modulo 2^64), read front to back with the stream
-   prefetched hk_stream_ahead bytes ahead as the 16-row kernels do: the bench's bare read pass
-   (engine/bench/bandwidth.py). */
+   prefetched as the 16-row kernels do (hk_stream_ahead bytes ahead into L1, HK_STREAM_L2_TIMES as far into
+   L2): the bench's bare read pass (engine/bench/bandwidth.py). */
 static PyObject *py_read_words(PyObject *self, PyObject *args) {
     Py_buffer view;
     if (!PyArg_ParseTuple(args, "y*", &view)) return NULL;
@@ -334,7 +334,10 @@ static PyObject *py_read_words(PyObject *self, PyObject *args) {
     const Py_ssize_t lines = view.len / 64, ahead = hk_stream_ahead;
     uint64_t acc[8] = {0};
     for (Py_ssize_t i = 0; i < lines; i++, p += 8) {
-        if (ahead) __builtin_prefetch((const char *)p + ahead, 0, 3);
+        if (ahead) {
+            __builtin_prefetch((const char *)p + ahead, 0, 3);                      /* into L1 */
+            __builtin_prefetch((const char *)p + HK_STREAM_L2_TIMES * ahead, 0, 2); /* into L2 */
+        }
         for (int k = 0; k < 8; k++) acc[k] += p[k];
     }
     for (Py_ssize_t k = 0; k < view.len / 8 % 8; k++) sum += p[k]; /* the words after the last whole line */

@@ -71,8 +71,10 @@ READERS = {"numpy": np.add.reduce, "kernels": kernels.read_words}
 
 
 def _method(names: list[str]) -> str:
+    ahead = kernels.stream_prefetch()
     readers = {"numpy": "numpy np.add.reduce over int64",
-               "kernels": f"the C kernels' read loop (stream prefetched {kernels.stream_prefetch()} bytes ahead)"}
+               "kernels": f"the C kernels' read loop (stream prefetched {ahead} bytes ahead into L1, {4 * ahead} "
+                          "into L2)"}
     return (f"{' and '.join(readers[n] for n in names)} in turn, one slice per thread read {ROUNDS} times in timed "
             f"{CHUNK_BYTES >> 20} MiB pieces, summed over the window when every thread reads; the best pass")
 

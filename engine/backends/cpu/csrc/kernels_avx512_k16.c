@@ -37,17 +37,19 @@
 
 #define K1_TOKENS 64 /* tokens per pass (a whole GEMM tile): their 16-row sums stay in L1 */
 
-/* Each int32 lane's low 16 bits in both halves: an int16 pair for madd / dpwssd. */
-INLINE __m512i pair16(__m512i v) { return _mm512_or_si512(_mm512_and_si512(v, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(v, 16)); }
-
-/* Byte i of each lane, zero-extended. */
-INLINE __m512i sc_byte(__m512i v, int i) { return _mm512_and_si512(_mm512_srli_epi32(v, 8 * i), _mm512_set1_epi32(0xFF)); }
-
 /* A token's two block sums i, i + 1 of super-block b as one int16 pair in every lane. */
 INLINE __m512i bsum_pair(const hk_act *at, int b, int i) {
     int32_t v;
     memcpy(&v, at->bsums + 16 * b + i, 4);
     return _mm512_set1_epi32(v);
+}
+
+/* The byte shuffle that puts byte i (0..3) of each 32-bit lane in its low byte, zeros above (pair: in both 16-bit
+   halves, an int16 pair). */
+INLINE __m512i lane_byte(int i, int pair) {
+    int v[4];
+    for (int k = 0; k < 4; k++) v[k] = (4 * k + i) | 0x80 << 8 | (pair ? 4 * k + i : 0x80) << 16 | 0x80 << 24;
+    return _mm512_broadcast_i32x4(_mm_setr_epi32(v[0], v[1], v[2], v[3]));
 }
 
 /* Sub-block scale j (0..7) of 16 Q4_K rows as int32 lanes and min j as int16 pairs, from the three words of
@@ -56,9 +58,9 @@ INLINE void k4_scales16_of(__m512i a0, __m512i a1, __m512i a2, __m512i sc[8], __
     const __m512i m6 = _mm512_set1_epi32(0x3F3F3F3F), m4 = _mm512_set1_epi32(0x0F0F0F0F), top = _mm512_set1_epi32(0x30303030);
     __m512i w[4] = {_mm512_and_si512(a0, m6), _mm512_or_si512(_mm512_and_si512(a2, m4), _mm512_and_si512(_mm512_srli_epi32(a0, 2), top)),
                     _mm512_and_si512(a1, m6), _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(a2, 4), m4), _mm512_and_si512(_mm512_srli_epi32(a1, 2), top))};
-    for (int j = 0; j < 8; j++) {
-        sc[j] = sc_byte(w[j / 4], j % 4);
-        mnp[j] = pair16(sc_byte(w[2 + j / 4], j % 4));
+    HK_UNROLL for (int j = 0; j < 8; j++) {
+        sc[j] = _mm512_shuffle_epi8(w[j / 4], lane_byte(j % 4, 0));
+        mnp[j] = _mm512_shuffle_epi8(w[2 + j / 4], lane_byte(j % 4, 1));
     }
 }
 
@@ -172,21 +174,25 @@ INLINE void q4_k_r16_nt(int nb, const uint8_t *w, ptrdiff_t stride, const hk_act
         k4_head16(1, blk, _mm512_setzero_si512(), &dw, &dm, sc, mnp);
         __m512i lo[HK_TILE], hi[HK_TILE];
         HK_UNROLL for (int t = 0; t < nt; t++) lo[t] = hi[t] = _mm512_setzero_si512();
-        for (int c = 0; c < 4; c++) {
-            __m512i sl[HK_TILE], sh[HK_TILE];
-            HK_UNROLL for (int t = 0; t < nt; t++) sl[t] = sh[t] = _mm512_setzero_si512();
+        /* chains per sum: with one or two tokens vpdpbusd's latency, not its throughput, bounds a chain of 8 */
+        const int S = nt <= 2 ? 2 : 1;
+        HK_UNROLL for (int c = 0; c < 4; c++) {
+            __m512i sl[2 * HK_TILE], sh[2 * HK_TILE];
+            HK_UNROLL for (int t = 0; t < S * nt; t++) sl[t] = sh[t] = _mm512_setzero_si512();
             HK_UNROLL for (int k = 0; k < 8; k++) {
                 const __m512i v = _mm512_loadu_si512(blk + 64 * (4 + 8 * c + k));
                 const __m512i ql = _mm512_and_si512(v, m4), qh = _mm512_and_si512(v, m4h);
                 HK_UNROLL for (int t = 0; t < nt; t++) {
                     const int8_t *aq = a[t].qs + 256 * b + 64 * c + 4 * k;
-                    sl[t] = dpbusd_bcast(sl[t], ql, aq);
-                    sh[t] = dpbusd_bcast(sh[t], qh, aq + 32);
+                    sl[S * t + k % S] = dpbusd_bcast(sl[S * t + k % S], ql, aq);
+                    sh[S * t + k % S] = dpbusd_bcast(sh[S * t + k % S], qh, aq + 32);
                 }
             }
             HK_UNROLL for (int t = 0; t < nt; t++) {
-                lo[t] = _mm512_add_epi32(lo[t], _mm512_mullo_epi32(sl[t], sc[2 * c]));
-                hi[t] = _mm512_add_epi32(hi[t], _mm512_mullo_epi32(sh[t], sc[2 * c + 1]));
+                __m512i l = sl[S * t], h = sh[S * t];
+                if (S == 2) l = _mm512_add_epi32(l, sl[S * t + 1]), h = _mm512_add_epi32(h, sh[S * t + 1]);
+                lo[t] = _mm512_add_epi32(lo[t], _mm512_mullo_epi32(l, sc[2 * c]));
+                hi[t] = _mm512_add_epi32(hi[t], _mm512_mullo_epi32(h, sc[2 * c + 1]));
             }
         }
         HK_UNROLL for (int t = 0; t < nt; t++)
